@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that print measurements side by side; none of them asserts a time."""

@@ -1,0 +1,52 @@
+"""A picture of a rank layout: one panel per kind of group, each group in its own colour.
+
+Ranks are placed on a grid: pipeline stage (pp) left to right, and top to bottom the model
+replicas (rdp), each a band of its tp ranks. Within a panel, ranks of the same colour form one
+group of that kind; the seed 000 figure draws the same groups with boundary lines.
+"""
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyBboxPatch
+
+from reference_impl.groups import RankLayout
+
+_KIND_TITLES = {
+    "TP": "TP_GROUP: shards of one layer",
+    "PP": "PP_GROUP: stages of one pipeline",
+    "DP": "DP_GROUP: same stage (RDP x TP)",
+    "RDP": "RDP_GROUP: same shard, other replicas",
+    "MP": "MP_GROUP: one whole model (TP x PP)",
+    "WORLD": "WORLD",
+}
+
+
+def plot_rank_groups(layout: RankLayout) -> Figure:
+    """Return a figure with one panel per group kind (TP, PP, DP, RDP, MP, WORLD)."""
+    rows, cols = layout.rdp * layout.tp, layout.pp
+    cell = 0.9
+    figure = Figure(figsize=(3 * max(2.2, 1.1 * cols * cell + 0.8), 2 * (0.45 * rows + 1.2)),
+                    layout="constrained")
+    figure.suptitle(f"{layout.world_size} ranks: tp={layout.tp}, pp={layout.pp}, "
+                    f"rdp={layout.rdp} (dp={layout.dp}), order {'-'.join(layout.order)}")
+    palette = [f"C{i}" for i in range(10)]
+    for axes, (kind, groups) in zip(figure.subplots(2, 3).flat, layout.groups.items()):
+        colour_of = {rank: palette[index % len(palette)]
+                     for index, group in enumerate(groups) for rank in group}
+        for coords in layout.ranks:
+            x = coords.pp_rank
+            y = coords.rdp_rank * layout.tp + coords.tp_rank + 0.25 * coords.rdp_rank
+            axes.add_patch(FancyBboxPatch((x - cell / 2, -y - 0.4), cell, 0.8,
+                                          boxstyle="round,pad=0.02",
+                                          facecolor=colour_of[coords.rank], alpha=0.75))
+            axes.text(x, -y, f"GPU{coords.rank}", ha="center", va="center", fontsize=8,
+                      color="white", fontweight="bold")
+        axes.set_xlim(-0.6, cols - 0.4)
+        axes.set_ylim(-(rows + 0.25 * layout.rdp) + 0.3, 0.6)
+        axes.set_xticks(range(cols), [f"stage {p}" for p in range(cols)], fontsize=7)
+        axes.set_yticks([])
+        axes.set_title(f"{_KIND_TITLES[kind]}\n{len(groups)} group(s) of {len(groups[0])}",
+                       fontsize=8)
+        for side in ("top", "right", "left"):
+            axes.spines[side].set_visible(False)
+    return figure

@@ -1,0 +1,265 @@
+"""The launcher's guarantees: values come back, failures name their rank, nothing hangs,
+no process is left behind. Rank functions live at module level so spawn (NCCL) can pickle them."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from reference_impl.launcher import LaunchTimeout, RankFailure, current_device, launch
+
+SLACK = 5.0  # seconds allowed beyond a launch's timeout for reporting and cleanup
+REPO = Path(__file__).resolve().parents[1]
+
+
+def child_pids() -> set[int]:
+    """Live (non-zombie) child processes of this process, read from /proc."""
+    children = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            children.add(int(stat.parent.name))
+    return children
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    if not sys.platform.startswith("linux"):
+        yield
+        return
+    before = child_pids()
+    yield
+    left = child_pids() - before
+    assert not left, f"processes left behind by the launch: {sorted(left)}"
+
+
+def wait_until_gone(pids, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        alive = [pid for pid in pids if Path(f"/proc/{pid}").exists()
+                 and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+        if not alive:
+            return []
+        time.sleep(0.1)
+    return alive
+
+
+# ----------------------------------------------------------------- rank functions
+
+def rank_sum(offset):
+    value = torch.tensor([float(dist.get_rank() + offset)], device=current_device())
+    dist.all_reduce(value)
+    return dist.get_rank(), dist.get_world_size(), value.item()
+
+
+def intra_op_threads():
+    return torch.get_num_threads()
+
+
+def rank_one_raises():
+    if dist.get_rank() == 1:
+        raise ValueError("rank one is broken on purpose")
+    dist.all_reduce(torch.ones(1, device=current_device()))
+
+
+def crossed_receives():
+    # Both ranks receive first: the classic pipeline deadlock.
+    buffer = torch.zeros(1, device=current_device())
+    dist.recv(buffer, src=1 - dist.get_rank())
+
+
+def rank_one_never_returns():
+    if dist.get_rank() == 1:
+        while True:
+            time.sleep(0.05)
+    return "done"
+
+
+def rank_one_killed():
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(1, device=current_device()))
+
+
+def unpicklable_result():
+    return lambda: None
+
+
+# ----------------------------------------------------------------------- tests
+
+@pytest.mark.parametrize("world_size", [1, 2, 4, 8])
+def test_every_rank_returns_its_value(run_on_ranks, world_size):
+    results = run_on_ranks(rank_sum, world_size, 10)
+    expected_sum = sum(rank + 10.0 for rank in range(world_size))
+    assert results == [(rank, world_size, expected_sum) for rank in range(world_size)]
+
+
+def test_one_intra_op_thread_per_rank_unless_asked():
+    assert launch(intra_op_threads, 2, backend="gloo") == [1, 1]
+    assert launch(intra_op_threads, 2, backend="gloo", threads=2) == [2, 2]
+
+
+def test_a_raising_rank_is_reported_with_its_rank_and_traceback(run_on_ranks):
+    start = time.monotonic()
+    with pytest.raises(RankFailure) as caught:
+        run_on_ranks(rank_one_raises, 2, timeout=20)
+    assert time.monotonic() - start < 20 + SLACK
+    assert caught.value.rank == 1
+    message = str(caught.value)
+    assert message.startswith("rank 1 failed: ValueError: rank one is broken on purpose")
+    assert "in rank_one_raises" in message  # the rank's own traceback
+
+
+def test_ranks_stuck_in_a_collective_time_out_showing_where(run_on_ranks):
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout) as caught:
+        run_on_ranks(crossed_receives, 2, timeout=3)
+    assert time.monotonic() - start < 3 + SLACK
+    assert caught.value.ranks == [0, 1]
+    assert "did not finish within 3 s" in str(caught.value)
+    for rank in (0, 1):
+        assert "in crossed_receives" in caught.value.stacks[rank]
+        assert "in recv" in caught.value.stacks[rank]
+
+
+def test_a_rank_that_never_returns_times_out(run_on_ranks):
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout) as caught:
+        run_on_ranks(rank_one_never_returns, 2, timeout=2)
+    assert time.monotonic() - start < 2 + SLACK
+    assert caught.value.ranks == [1]
+    assert "in rank_one_never_returns" in caught.value.stacks[1]
+
+
+def test_a_rank_killed_by_a_signal_is_reported(run_on_ranks):
+    start = time.monotonic()
+    with pytest.raises(RankFailure, match="rank 1 failed: killed by signal SIGKILL"):
+        run_on_ranks(rank_one_killed, 2, timeout=20)
+    assert time.monotonic() - start < 20 + SLACK
+
+
+def test_a_result_that_cannot_be_sent_back_is_reported(run_on_ranks):
+    with pytest.raises(RankFailure, match="rank 0 failed: .*pickle"):
+        run_on_ranks(unpicklable_result, 1, timeout=20)
+
+
+def test_functions_defined_in_a_notebook_cell_can_be_launched():
+    def local_function():  # not picklable: only the fork start method can run it
+        return dist.get_rank() * 2
+
+    assert launch(local_function, 3, backend="gloo") == [0, 2, 4]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(world_size=0), "world_size must be a positive integer, got 0"),
+    (dict(world_size=2, timeout=0), "timeout must be positive"),
+    (dict(world_size=2, backend="mpi"), "unknown backend 'mpi'"),
+])
+def test_bad_arguments_are_refused_clearly(bad, message):
+    with pytest.raises(ValueError, match=message):
+        launch(intra_op_threads, **bad)
+
+
+def test_nccl_without_enough_gpus_is_refused():
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match=f"{gpus + 1} ranks but {gpus} GPUs"):
+        launch(intra_op_threads, gpus + 1, backend="nccl")
+
+
+def test_world_size_must_match_torchrun(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    with pytest.raises(ValueError, match="asked for 2 ranks but .* WORLD_SIZE=4"):
+        launch(intra_op_threads, 2)
+
+
+# ------------------------------------------------ whole programs, in subprocesses
+
+def run_script(body: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(body)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+SUM_FOUR_RANKS = """
+    import torch, torch.distributed as dist
+    from reference_impl.launcher import launch
+    def work():
+        value = torch.tensor([dist.get_rank() + 1.0])
+        for _ in range(20):
+            dist.all_reduce(value)
+            value /= dist.get_world_size()
+        return value.item()
+    print("results", launch(work, 4, backend="gloo", timeout=30))
+"""
+
+
+def test_two_launches_at_once_do_not_collide():
+    first, second = run_script(SUM_FOUR_RANKS), run_script(SUM_FOUR_RANKS)
+    for process in (first, second):
+        output, _ = process.communicate(timeout=60)
+        assert process.returncode == 0, output
+        assert "results [2.5, 2.5, 2.5, 2.5]" in output
+
+
+SLEEPING_RANKS = """
+    import os, sys, time, torch.distributed as dist
+    from reference_impl.launcher import launch
+    def sleep_forever(folder):
+        open(os.path.join(folder, str(os.getpid())), "w").close()
+        while True:
+            time.sleep(0.05)
+    launch(sleep_forever, 3, sys.argv[1], backend="gloo", timeout=120)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("parent_signal", [signal.SIGINT, signal.SIGKILL],
+                         ids=["ctrl-c", "parent-killed"])
+def test_no_rank_outlives_its_launch(tmp_path, parent_signal):
+    script = tmp_path / "sleepers.py"
+    script.write_text(textwrap.dedent(SLEEPING_RANKS))
+    parent = subprocess.Popen([sys.executable, str(script), str(tmp_path)], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while len(list(tmp_path.glob("[0-9]*"))) < 3:
+        assert time.monotonic() < deadline and parent.poll() is None, parent.communicate()[0]
+        time.sleep(0.05)
+    rank_pids = [int(path.name) for path in tmp_path.glob("[0-9]*")]
+    parent.send_signal(parent_signal)
+    output, _ = parent.communicate(timeout=10)
+    if parent_signal == signal.SIGINT:
+        assert "KeyboardInterrupt" in output
+    assert wait_until_gone(rank_pids, SLACK) == []
+
+
+TORCHRUN_SCRIPT = """
+import torch.distributed as dist
+from reference_impl.launcher import launch
+
+def who():
+    return dist.get_rank() * 100
+
+results = launch(who, 2, timeout=30)
+if dist.get_rank() == 0:
+    print("results", results)
+"""
+
+
+def test_runs_unchanged_under_torchrun(tmp_path):
+    script = tmp_path / "under_torchrun.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    process = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(script)], cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert process.returncode == 0, process.stdout + process.stderr
+    assert "results [0, 100]" in process.stdout
