@@ -32,6 +32,7 @@ import ctypes
 import faulthandler
 import multiprocessing
 import os
+import pickle
 import shutil
 import signal
 import sys
@@ -182,13 +183,19 @@ def _run_rank(rank, world_size, backend, workdir, timeout, threads, parent_pid, 
         dist.init_process_group(
             backend, init_method="file://" + os.path.join(workdir, "store"), rank=rank,
             world_size=world_size, timeout=timedelta(seconds=timeout + _PROCESS_GROUP_SLACK))
-        sender.send(("ok", fn(*args, **kwargs)))
+        _send(sender, ("ok", fn(*args, **kwargs)))
     except BaseException as error:  # noqa: BLE001 - everything goes back to the parent
-        sender.send(("error", type(error).__name__, str(error), traceback.format_exc()))
+        _send(sender, ("error", type(error).__name__, str(error), traceback.format_exc()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
         sender.close()
+
+
+def _send(sender, message) -> None:
+    # Plain pickle copies tensors by value. The pipe's own pickler would share their storage
+    # through this process, which may have exited by the time the parent reads the message.
+    sender.send_bytes(pickle.dumps(message))
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -238,11 +245,11 @@ def _collect(processes, connections, timeout, workdir) -> list:
 
 def _receive(connection, process):
     """The rank's message, or an error message saying how it died without sending one."""
-    try:
-        if connection.poll():
-            return connection.recv()
-    except (EOFError, OSError):
-        pass
+    if connection.poll():
+        try:
+            return pickle.loads(connection.recv_bytes())
+        except EOFError:  # closed with nothing sent: the rank died
+            pass
     process.join(timeout=1.0)
     code = process.exitcode
     if code is not None and code < 0:

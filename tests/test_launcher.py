@@ -103,6 +103,19 @@ def test_every_rank_returns_its_value(run_on_ranks, world_size):
     assert results == [(rank, world_size, expected_sum) for rank in range(world_size)]
 
 
+def large_tensor():
+    return torch.arange(300_000, dtype=torch.float64) * (dist.get_rank() + 1)
+
+
+def test_tensors_come_back_by_value_after_the_rank_has_exited(run_on_ranks):
+    # Larger than a pipe's buffer, and read after the ranks are gone: the data must be copied,
+    # not shared through the rank's process.
+    for _ in range(3):
+        results = run_on_ranks(large_tensor, 4)
+        for rank, tensor in enumerate(results):
+            assert torch.equal(tensor.cpu(), torch.arange(300_000, dtype=torch.float64) * (rank + 1))
+
+
 def test_one_intra_op_thread_per_rank_unless_asked():
     assert launch(intra_op_threads, 2, backend="gloo") == [1, 1]
     assert launch(intra_op_threads, 2, backend="gloo", threads=2) == [2, 2]
