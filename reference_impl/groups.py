@@ -144,6 +144,7 @@ def build_rank_layout(world_size: int, tp: int = 1, pp: int = 1,
                          f"(tp={tp}, pp={pp})")
     axes = parse_order(order)
     sizes = {"tp": tp, "pp": pp, "rdp": world_size // (tp * pp)}
+    # BEGIN SOLUTION lab1: position[rank][axis] (mixed radix, the first axis of `axes` varying fastest), then groups[kind] for every kind in GROUP_AXES (ranks agreeing on every axis the kind does not vary; sorted tuples) and `ranks`, each rank's RankCoordinates (its index in each group)
     # Mixed-radix numbering: the first axis in `order` has stride 1, the next stride size(first), ...
     strides = {axis: prod(sizes[a] for a in axes[:i]) for i, axis in enumerate(axes)}
     position = [{axis: rank // strides[axis] % sizes[axis] for axis in AXES}
@@ -165,6 +166,7 @@ def build_rank_layout(world_size: int, tp: int = 1, pp: int = 1,
                         rdp_rank=index_in("RDP", rank), dp_rank=index_in("DP", rank),
                         mp_rank=index_in("MP", rank))
         for rank in range(world_size))
+    # END SOLUTION
     return RankLayout(world_size, tp, pp, axes, groups, ranks)
 
 

@@ -53,11 +53,13 @@ def create_process_groups(layout: RankLayout) -> ParallelGroups:
                          f"group has {dist.get_world_size()} ranks")
     rank = dist.get_rank()
     mine = {}
+    # BEGIN SOLUTION lab1: create every group of every kind with dist.new_group (all ranks, same order; WORLD is dist.group.WORLD) and keep this rank's in mine["tp"], mine["pp"], ... (keys: kind.lower())
     for kind, groups in layout.groups.items():
         for members in groups:
             group = dist.group.WORLD if kind == "WORLD" else dist.new_group(list(members))
             if rank in members:
                 mine[kind.lower()] = group
+    # END SOLUTION
     return ParallelGroups(layout=layout, coordinates=layout.coordinates(rank), **mine)
 
 

@@ -1,0 +1,185 @@
+# Student file for the labs, generated from reference_impl/groups.py by
+# `python -m reference_impl.course.make_labs`: fill in every
+# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
+"""Rank layout for tensor x pipeline x data parallelism: every rank's coordinates and groups.
+
+A pure function of (world size, tp, pp, order): no process group is needed, so the layout can
+be printed, drawn and tested anywhere. ``process_groups.py`` turns it into real
+``torch.distributed`` groups.
+
+The groups (seed 000, SageMaker model parallelism). With W ranks, tp-way tensor parallelism
+and pp-way pipeline parallelism, each rank has three coordinates, tp, pp and rdp, where rdp
+counts the W / (tp*pp) model replicas. A group is the set of ranks that agree on every
+coordinate except the ones listed:
+
+    TP_GROUP   varies tp        the tp ranks that share the shards of one layer
+    PP_GROUP   varies pp        the pp stages of one pipeline
+    RDP_GROUP  varies rdp       "reduced" data parallel: same stage, same shard, other replicas
+    DP_GROUP   varies tp, rdp   every rank of the same stage (W / pp ranks); contains TP_GROUP
+    MP_GROUP   varies tp, pp    the ranks that together store the whole model (tp*pp ranks):
+                                the union of the PP groups of the ranks in one's TP group
+    WORLD      varies all
+
+Why two data-parallel groups (seed 000): a TP-sharded parameter exists once per replica, so
+its gradient is all-reduced over RDP_GROUP; a parameter that is not sharded is also
+replicated across the TP group, so its gradient is all-reduced over the whole DP_GROUP.
+
+A rank's ``tp_rank``, ``pp_rank``, ``rdp_rank``, ``dp_rank`` and ``mp_rank`` are its index in
+that group, members in increasing order: the same number ``dist.get_rank(group)`` returns.
+
+Which global rank gets which coordinates is a convention, chosen by ``order``: the axes
+listed fastest-varying first.
+
+* ``sagemaker`` = ``pp-tp-rdp`` (seed 000): neighbouring ranks are pipeline stages, GPU1 is
+  pp_rank 1. ``python -m reference_impl.groups --world-size 8 --tp 2 --pp 2`` prints the
+  seed's 8-GPU table.
+* ``megatron`` = ``tp-rdp-pp`` (Megatron-LM's default, tp-dp-pp): neighbouring ranks are TP
+  peers, so a TP group sits inside one node's fast links. Megatron's "data-parallel group" is
+  the RDP_GROUP here, and its "model-parallel group" the MP_GROUP; SageMaker's larger DP_GROUP
+  (RDP x TP) has no name in Megatron.
+
+Any other permutation of tp, pp and rdp may be given, e.g. ``rdp-tp-pp``.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from math import prod
+
+AXES = ("tp", "pp", "rdp")
+ORDERS = {"sagemaker": ("pp", "tp", "rdp"), "megatron": ("tp", "rdp", "pp")}
+# Each kind of group: the axes along which its members differ (see the module docstring).
+GROUP_AXES = {
+    "TP": ("tp",),
+    "PP": ("pp",),
+    "DP": ("tp", "rdp"),
+    "RDP": ("rdp",),
+    "MP": ("tp", "pp"),
+    "WORLD": AXES,
+}
+
+
+@dataclass(frozen=True)
+class RankCoordinates:
+    """One rank's place in every group; each ``*_rank`` is its index in that group."""
+
+    rank: int
+    tp_rank: int
+    pp_rank: int
+    rdp_rank: int
+    dp_rank: int
+    mp_rank: int
+
+    def describe(self) -> str:
+        """The seed's notation, e.g. ``GPU2: pp_rank 0, tp_rank 1, rdp_rank 0, dp_rank 1, mp_rank 2``."""
+        return (f"GPU{self.rank}: pp_rank {self.pp_rank}, tp_rank {self.tp_rank}, "
+                f"rdp_rank {self.rdp_rank}, dp_rank {self.dp_rank}, mp_rank {self.mp_rank}")
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Every rank's coordinates and every group, for one (world size, tp, pp, order)."""
+
+    world_size: int
+    tp: int
+    pp: int
+    order: tuple[str, ...]  # axes, fastest-varying first
+    groups: dict[str, tuple[tuple[int, ...], ...]]  # kind -> all groups of that kind
+    ranks: tuple[RankCoordinates, ...]
+
+    @property
+    def rdp(self) -> int:
+        """Number of model replicas: the size of RDP_GROUP, W / (tp*pp)."""
+        return self.world_size // (self.tp * self.pp)
+
+    @property
+    def dp(self) -> int:
+        """Size of SageMaker's DP_GROUP, W / pp (it contains the TP group)."""
+        return self.world_size // self.pp
+
+    @property
+    def mp(self) -> int:
+        """Size of MP_GROUP, tp*pp: the ranks holding one whole model."""
+        return self.tp * self.pp
+
+    def coordinates(self, rank: int) -> RankCoordinates:
+        _check_rank(rank, self.world_size)
+        return self.ranks[rank]
+
+    def group_of(self, kind: str, rank: int) -> tuple[int, ...]:
+        """The members of ``rank``'s group of the given kind (``TP``, ``PP``, ``DP``, ...)."""
+        _check_rank(rank, self.world_size)
+        if kind not in self.groups:
+            raise ValueError(f"unknown group kind {kind!r}; choose one of {', '.join(self.groups)}")
+        return next(group for group in self.groups[kind] if rank in group)
+
+    def describe(self) -> str:
+        """One line per rank in the seed's notation, then every group of every kind."""
+        lines = [coords.describe() for coords in self.ranks]
+        lines.append("")
+        for kind, groups in self.groups.items():
+            label = kind if kind == "WORLD" else f"{kind}_GROUP"
+            lines.append(f"{label + ':':<11}" + " ".join(str(list(group)) for group in groups))
+        return "\n".join(lines)
+
+
+def parse_order(order: str | tuple[str, ...]) -> tuple[str, ...]:
+    """``sagemaker``, ``megatron``, or a permutation of tp, pp, rdp (fastest first)."""
+    if isinstance(order, str):
+        axes = ORDERS.get(order, tuple(order.split("-")))
+    else:
+        axes = tuple(order)
+    if sorted(axes) != sorted(AXES):
+        raise ValueError(
+            f"unknown order {order!r}: use {' or '.join(repr(name) for name in ORDERS)}, or a "
+            f"permutation of {', '.join(AXES)} written fastest-varying first, e.g. 'pp-tp-rdp'")
+    return axes
+
+
+def build_rank_layout(world_size: int, tp: int = 1, pp: int = 1,
+                      order: str | tuple[str, ...] = "sagemaker") -> RankLayout:
+    """Coordinates and groups of every rank for ``world_size`` ranks, ``tp`` x ``pp`` x the rest."""
+    for name, value in (("world size", world_size), ("tp", tp), ("pp", pp)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if world_size % (tp * pp):
+        raise ValueError(f"world size {world_size} is not divisible by tp*pp = {tp * pp} "
+                         f"(tp={tp}, pp={pp})")
+    axes = parse_order(order)
+    sizes = {"tp": tp, "pp": pp, "rdp": world_size // (tp * pp)}
+    raise NotImplementedError("lab1: position[rank][axis] (mixed radix, the first axis of `axes` varying fastest), then groups[kind] for every kind in GROUP_AXES (ranks agreeing on every axis the kind does not vary; sorted tuples) and `ranks`, each rank's RankCoordinates (its index in each group)")
+    return RankLayout(world_size, tp, pp, axes, groups, ranks)
+
+
+def _check_rank(rank: int, world_size: int) -> None:
+    if not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank!r} is out of range for world size {world_size} "
+                         f"(ranks are 0..{world_size - 1})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m reference_impl.groups",
+        description="Print every rank's coordinates and groups (seed 000 notation).")
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    parser.add_argument("--order", default="sagemaker",
+                        help="sagemaker (pp-tp-rdp), megatron (tp-rdp-pp), or a permutation "
+                             "of tp, pp, rdp, fastest-varying first")
+    parser.add_argument("--plot", metavar="FILE", help="also save a figure of the groups")
+    args = parser.parse_args(argv)
+    try:
+        layout = build_rank_layout(args.world_size, args.tp, args.pp, args.order)
+    except ValueError as error:
+        parser.error(str(error))
+    print(layout.describe())
+    if args.plot:
+        from reference_impl.groups_figure import plot_rank_groups
+
+        plot_rank_groups(layout).savefig(args.plot, dpi=120, bbox_inches="tight")
+        print(f"\nfigure saved to {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+# Student file for the labs, generated from reference_impl/process_groups.py by
+# `python -m reference_impl.course.make_labs`: fill in every
+# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
+"""Turn a :class:`~reference_impl.groups.RankLayout` into real ``torch.distributed`` groups.
+
+The thin last step after the pure layout (``groups.py``): call it on every rank, after the
+default process group is initialised (the launcher does that), with the same layout.
+
+    layout = build_rank_layout(dist.get_world_size(), tp=2, pp=2)
+    groups = create_process_groups(layout)
+    dist.all_reduce(grad, group=groups.rdp)
+
+The same layout is also a ``DeviceMesh`` (:func:`device_mesh`), PyTorch's own description of
+a multi-dimensional rank grid: its ``tp``, ``pp`` and ``rdp`` dimensions are exactly the TP,
+PP and RDP groups, and the two-axis DP and MP groups are its 2-D sub-meshes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from reference_impl.groups import GROUP_AXES, RankCoordinates, RankLayout
+
+
+@dataclass(frozen=True)
+class ParallelGroups:
+    """This rank's process group of every kind, with its coordinates."""
+
+    layout: RankLayout
+    coordinates: RankCoordinates
+    tp: dist.ProcessGroup
+    pp: dist.ProcessGroup
+    dp: dist.ProcessGroup
+    rdp: dist.ProcessGroup
+    mp: dist.ProcessGroup
+    world: dist.ProcessGroup
+
+    def of_kind(self, kind: str) -> dist.ProcessGroup:
+        """The group for a kind name of the layout (``TP``, ``PP``, ``DP``, ``RDP``, ``MP``, ``WORLD``)."""
+        return getattr(self, kind.lower())
+
+
+def create_process_groups(layout: RankLayout) -> ParallelGroups:
+    """Create every group of the layout; return the ones this rank belongs to.
+
+    ``dist.new_group`` is collective: every rank creates every group, in the same order,
+    including the groups it is not a member of.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("create_process_groups needs an initialised default process group "
+                           "(run it inside reference_impl.launcher.launch or under torchrun)")
+    if dist.get_world_size() != layout.world_size:
+        raise ValueError(f"the layout is for world size {layout.world_size} but the process "
+                         f"group has {dist.get_world_size()} ranks")
+    rank = dist.get_rank()
+    mine = {}
+    raise NotImplementedError('lab1: create every group of every kind with dist.new_group (all ranks, same order; WORLD is dist.group.WORLD) and keep this rank\'s in mine["tp"], mine["pp"], ... (keys: kind.lower())')
+    return ParallelGroups(layout=layout, coordinates=layout.coordinates(rank), **mine)
+
+
+def mesh_dim_names(layout: RankLayout, kind: str = "WORLD") -> tuple[str, ...]:
+    """The device-mesh dimensions spanned by a kind of group, in the mesh's own order."""
+    return tuple(axis for axis in reversed(layout.order) if axis in GROUP_AXES[kind])
+
+
+def device_mesh(layout: RankLayout, device_type: str = "cpu") -> DeviceMesh:
+    """The layout as a 3-D ``DeviceMesh`` named ``tp``, ``pp``, ``rdp``.
+
+    A mesh numbers ranks row-major, last dimension fastest, so its dimensions are the
+    layout's axes slowest first: sagemaker gives shape (rdp, tp, pp), megatron (pp, rdp, tp).
+    """
+    names = mesh_dim_names(layout)
+    sizes = {"tp": layout.tp, "pp": layout.pp, "rdp": layout.rdp}
+    return init_device_mesh(device_type, tuple(sizes[name] for name in names),
+                            mesh_dim_names=names)

@@ -1,0 +1,1 @@
+"""Course tooling: student-file generation and deck building."""

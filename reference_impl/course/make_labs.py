@@ -1,0 +1,138 @@
+"""Generate the student files in ``labs/`` from the solutions: the course's single source of truth.
+
+    python -m reference_impl.course.make_labs           # write labs/
+    python -m reference_impl.course.make_labs --check   # exit 1 if labs/ is out of date
+
+Two sources, marked as nbgrader marks them:
+
+* **Reference modules.** In ``reference_impl/<module>.py`` a region from
+  ``# BEGIN SOLUTION labN: <hint>`` to ``# END SOLUTION`` becomes
+  ``raise NotImplementedError("labN: <hint>")`` in ``labs/<module>.py``; the rest of the module
+  is copied as it is, so a student edits a working file with holes in it.
+* **Solved notebooks.** ``solutions/labN_*.ipynb`` becomes ``labs/labN_*.ipynb`` with outputs
+  cleared; in code cells a region from ``### BEGIN SOLUTION: <hint>`` to ``### END SOLUTION``
+  becomes a ``raise NotImplementedError`` with the hint, in markdown cells a region from
+  ``<!-- BEGIN SOLUTION -->`` to ``<!-- END SOLUTION -->`` becomes a prompt for the answer, and
+  imports of the reference modules that have exercises point at the student's own files
+  (``from reference_impl.groups import ...`` becomes ``from groups import ...``).
+
+Student files are never edited by hand: a test fails when they differ from what this writes.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCE = REPO / "reference_impl"
+LABS = REPO / "labs"
+SOLUTIONS = REPO / "solutions"
+
+_MODULE_BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<lab>lab\d+): (?P<hint>.+)$")
+_MODULE_END = re.compile(r"^\s*# END SOLUTION\s*$")
+_CELL_BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION(?::\s*(?P<hint>.*))?$")
+_CELL_END = re.compile(r"^\s*### END SOLUTION\s*$")
+_ANSWER = re.compile(r"<!-- BEGIN SOLUTION -->.*?<!-- END SOLUTION -->", re.DOTALL)
+
+
+def replace_regions(source: str, begin: re.Pattern, end: re.Pattern, stub, where: str) -> str:
+    """Replace every begin..end region of ``source`` by ``stub(match)`` (a list of lines)."""
+    lines, opened = [], None
+    for number, line in enumerate(source.splitlines(), start=1):
+        if opened is None:
+            opened = begin.match(line)
+            if opened:
+                lines.extend(stub(opened))
+                opened_at = number
+            else:
+                lines.append(line)
+        elif begin.match(line):
+            raise ValueError(f"{where}:{number}: nested BEGIN SOLUTION (the one at line "
+                             f"{opened_at} is still open)")
+        elif end.match(line):
+            opened = None
+    if opened is not None:
+        raise ValueError(f"{where}:{opened_at}: BEGIN SOLUTION without END SOLUTION")
+    return "\n".join(lines) + ("\n" if source.endswith("\n") else "")
+
+
+def student_module(path: Path) -> str:
+    """The student version of a reference module."""
+    def stub(match):
+        message = f"{match['lab']}: {match['hint']}"
+        return [f"{match['indent']}raise NotImplementedError({message!r})"]
+
+    body = replace_regions(path.read_text(), _MODULE_BEGIN, _MODULE_END, stub, str(path))
+    if "SOLUTION" in body:  # a marker not in the form above would leak its solution
+        raise ValueError(f"{path}: malformed solution marker; use '# BEGIN SOLUTION labN: hint'")
+    header = (f"# Student file for the labs, generated from reference_impl/{path.name} by\n"
+              "# `python -m reference_impl.course.make_labs`: fill in every\n"
+              "# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.\n")
+    return header + body
+
+
+def modules_with_exercises() -> list[Path]:
+    return sorted(path for path in REFERENCE.glob("*.py") if "BEGIN SOLUTION" in path.read_text())
+
+
+def student_notebook(path: Path, module_names: list[str]) -> str:
+    """The student version of a solved notebook, as the text of an .ipynb file."""
+    notebook = nbformat.read(path, as_version=4)
+    imports = re.compile(r"\breference_impl\.(" + "|".join(map(re.escape, module_names)) + r")\b")
+
+    def stub(match):
+        hint = match["hint"] or "write this part"
+        return [f"{match['indent']}# YOUR CODE HERE",
+                f"{match['indent']}raise NotImplementedError({hint!r})"]
+
+    for index, cell in enumerate(notebook.cells):
+        where = f"{path}: cell {index}"
+        if cell.cell_type == "code":
+            source = replace_regions(cell.source, _CELL_BEGIN, _CELL_END, stub, where)
+            cell.source = imports.sub(r"\1", source)
+            cell.outputs = []
+            cell.execution_count = None
+        elif cell.cell_type == "markdown":
+            cell.source = _ANSWER.sub("*Your answer here.*", cell.source)
+    return nbformat.writes(notebook) + "\n"
+
+
+def student_files() -> dict[Path, str]:
+    """Every student file in ``labs/`` and the text it must have."""
+    modules = modules_with_exercises()
+    files = {LABS / path.name: student_module(path) for path in modules}
+    names = [path.stem for path in modules]
+    for path in sorted(SOLUTIONS.glob("lab*.ipynb")):
+        files[LABS / path.name] = student_notebook(path, names)
+    return files
+
+
+def out_of_date() -> list[Path]:
+    """Student files whose committed text differs from what would be generated."""
+    return [path for path, text in student_files().items()
+            if not path.exists() or path.read_text() != text]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="only report student files that are out of date (exit 1 if any)")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = out_of_date()
+        for path in stale:
+            print(f"out of date: {path.relative_to(REPO)}")
+        return 1 if stale else 0
+    LABS.mkdir(exist_ok=True)
+    for path, text in student_files().items():
+        path.write_text(text)
+        print(f"wrote {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
