@@ -35,7 +35,7 @@ def plot_rank_groups(layout: RankLayout) -> Figure:
                      for index, group in enumerate(groups) for rank in group}
         for coords in layout.ranks:
             x = coords.pp_rank
-            y = coords.rdp_rank * layout.tp + coords.tp_rank + 0.25 * coords.rdp_rank
+            y = _row(layout, coords.rdp_rank, coords.tp_rank)
             axes.add_patch(FancyBboxPatch((x - cell / 2, -y - 0.4), cell, 0.8,
                                           boxstyle="round,pad=0.02",
                                           facecolor=colour_of[coords.rank], alpha=0.75))
@@ -44,9 +44,17 @@ def plot_rank_groups(layout: RankLayout) -> Figure:
         axes.set_xlim(-0.6, cols - 0.4)
         axes.set_ylim(-(rows + 0.25 * layout.rdp) + 0.3, 0.6)
         axes.set_xticks(range(cols), [f"stage {p}" for p in range(cols)], fontsize=7)
-        axes.set_yticks([])
+        rows_of = [(r, t) for r in range(layout.rdp) for t in range(layout.tp)]
+        axes.set_yticks([-_row(layout, r, t) for r, t in rows_of],
+                        [f"rdp {r}, tp {t}" for r, t in rows_of], fontsize=7)
         axes.set_title(f"{_KIND_TITLES[kind]}\n{len(groups)} group(s) of {len(groups[0])}",
                        fontsize=8)
+        axes.tick_params(length=0)
         for side in ("top", "right", "left"):
             axes.spines[side].set_visible(False)
     return figure
+
+
+def _row(layout: RankLayout, rdp_rank: int, tp_rank: int) -> float:
+    """Vertical position of a rank: replicas top to bottom, a small gap between them."""
+    return rdp_rank * layout.tp + tp_rank + 0.25 * rdp_rank
