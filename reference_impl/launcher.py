@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from multiprocessing.connection import wait
 
@@ -55,6 +56,7 @@ _STACK_DUMP_WAIT = 0.5  # seconds for a stuck rank to write its stack after SIGU
 _FAILURE_GRACE = 0.5  # seconds to hear from other failing ranks before choosing the cause
 # Errors a rank sees *because another rank failed* (its peer's socket closed).
 _KNOCK_ON_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError")
+_FORK_WARNING = r".*use of fork\(\) may lead to deadlocks"
 _KNOCK_ON_MESSAGES = ("Connection closed by peer", "Connection reset by peer")
 
 
@@ -137,7 +139,12 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
                 target=_run_rank, name=f"rank{rank}",
                 args=(rank, world_size, backend, workdir, timeout, threads, os.getpid(),
                       sender, fn, args, kwargs))
-            process.start()
+            with warnings.catch_warnings():
+                # Python >= 3.12 warns on every fork from a process with threads, as a Jupyter
+                # kernel always is. Forking is this launcher's choice on the CPU (notebook
+                # functions cannot be pickled); the warning would only clutter each cell.
+                warnings.filterwarnings("ignore", _FORK_WARNING, DeprecationWarning)
+                process.start()
             sender.close()
             processes.append(process)
             connections.append(receiver)
