@@ -9,35 +9,20 @@ solved notebooks themselves are checked by nbval (``pytest solutions/``).
 import re
 from pathlib import Path
 
-import ipykernel.kernelspec
 import nbformat
 import pytest
-from jupyter_client import KernelManager
-from jupyter_client.kernelspec import KernelSpecManager
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+
+from reference_impl.course.kernel import notebook_client
 
 REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = REPO / "solutions"
 LABS = REPO / "labs"
 SOLVED = sorted(path.name for path in SOLUTIONS.glob("lab*.ipynb"))
-CELL_TIMEOUT = 120  # seconds; the cells before a lab's first exercise take a few seconds
 STUB = "raise NotImplementedError"
 REGENERATE = "run `python -m reference_impl.course.make_labs` to regenerate labs/"
 
-_THIS_ENV = "python3-this-environment"
 _ANSI_COLOURS = re.compile(r"\x1b\[[0-9;]*m")
-
-
-class _ThisEnvironmentKernels(KernelSpecManager):
-    """Run notebooks on this interpreter (the one with the kit installed), whatever kernels
-    the machine has registered; nbval's --nbval-current-env does the same."""
-
-    def get_kernel_spec(self, kernel_name):
-        if kernel_name == _THIS_ENV:
-            return self.kernel_spec_class(resource_dir=ipykernel.kernelspec.RESOURCES,
-                                          **ipykernel.kernelspec.get_kernel_dict())
-        return super().get_kernel_spec(kernel_name)
 
 
 def test_every_solved_notebook_has_a_student_notebook():
@@ -55,9 +40,7 @@ def test_student_notebook_runs_up_to_its_first_exercise(name):
              if cell.cell_type == "code" and STUB in cell.source]
     assert stubs, f"labs/{name} has no exercise (no code cell with `{STUB}`): {REGENERATE}"
 
-    kernel = KernelManager(kernel_name=_THIS_ENV, kernel_spec_manager=_ThisEnvironmentKernels())
-    client = NotebookClient(notebook, km=kernel, timeout=CELL_TIMEOUT,
-                            resources={"metadata": {"path": str(LABS)}})  # cwd = labs/
+    client = notebook_client(notebook, cwd=LABS)
     with client.setup_kernel():
         for index, cell in enumerate(notebook.cells):
             if cell.cell_type != "code":
