@@ -1,0 +1,80 @@
+"""Record every collective and point-to-point call: which op, over how many ranks, how many bytes.
+
+    with CommTracer() as trace:
+        loss = model(x).sum(); loss.backward()
+    trace.count("all_reduce"), trace.total_bytes("all_reduce")
+
+While active, the tracer wraps the ``torch.distributed`` functions below, on this rank, and
+records each call before passing it on. ``nbytes`` is the payload: the tensor an all-reduce or
+broadcast operates on, the *whole* gathered output of an all-gather, the *whole* input of a
+reduce-scatter, the message of a send or receive. (What a ring then moves per rank follows
+from the payload S: 2(n-1)/n * S for an all-reduce, (n-1)/n * S for an all-gather or a
+reduce-scatter; see ``alpha_beta.py``.)
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class CommCall:
+    op: str
+    group_size: int
+    nbytes: int
+
+
+def _size(tensors) -> int:
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel() * tensors.element_size()
+    return sum(_size(t) for t in tensors)
+
+
+# op -> which argument holds the payload (0: first positional, 1: second)
+_PAYLOAD_ARGUMENT = {
+    "all_reduce": 0, "broadcast": 0, "send": 0, "recv": 0, "isend": 0, "irecv": 0,
+    "all_gather": 0,                 # the list of gathered outputs
+    "all_gather_into_tensor": 0,     # the gathered output tensor
+    "reduce_scatter": 1,             # the list of inputs
+    "reduce_scatter_tensor": 1,      # the whole input tensor
+}
+
+
+class CommTracer:
+    """A context manager recording every traced ``torch.distributed`` call on this rank."""
+
+    def __init__(self):
+        self.calls: list[CommCall] = []
+        self._originals = {}
+
+    def __enter__(self) -> "CommTracer":
+        for op, argument in _PAYLOAD_ARGUMENT.items():
+            original = getattr(dist, op)
+            self._originals[op] = original
+            setattr(dist, op, self._wrap(op, argument, original))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for op, original in self._originals.items():
+            setattr(dist, op, original)
+        self._originals.clear()
+
+    def _wrap(self, op, argument, original):
+        def traced(*args, **kwargs):
+            group = kwargs.get("group")
+            self.calls.append(CommCall(op, dist.get_world_size(group), _size(args[argument])))
+            return original(*args, **kwargs)
+        return traced
+
+    def count(self, op: str | None = None) -> int:
+        return sum(1 for call in self.calls if op is None or call.op == op)
+
+    def total_bytes(self, op: str | None = None) -> int:
+        return sum(call.nbytes for call in self.calls if op is None or call.op == op)
+
+    def summary(self) -> dict[str, int]:
+        """How many calls of each op."""
+        return dict(Counter(call.op for call in self.calls))

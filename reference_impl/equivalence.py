@@ -1,0 +1,75 @@
+"""Check a parallel module against the single-device module it was built from.
+
+The course's standard (DESIGN.md, principle 1): on the same input and the same upstream
+gradient, compare, in this order,
+
+1. the output,
+2. the gradient of the input,
+3. the gradient of every parameter (gathered to its single-device shape),
+4. every parameter after one optimizer step (SGD),
+
+and report the first difference with its likely cause. :func:`one_step_pairs` runs on every
+rank and returns (what, parallel, reference) triples; :func:`assert_equivalent` runs in the
+parent on every rank's triples, so a failure names the rank.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from reference_impl.checks import assert_close
+from reference_impl.tp_layers import full_state
+
+LIKELY_CAUSES = {
+    "output": "the forward pass: how the weights are split, or the all-reduce after the "
+              "row-parallel layer (missing, or done twice)",
+    "input grad": "the output matches, so the forward is right; the input's gradient is not: is "
+                  "the backward all-reduce of copy_to_tp missing (each rank then has only its "
+                  "shard's part)?",
+    "grad": "the output and the input's gradient match; this parameter's gradient does not: "
+            "is its shard, or its gathering, in the wrong order?",
+    "step": "the gradients match, so the optimizer step differs: is a parameter missing from "
+            "the optimizer, or updated twice?",
+}
+
+
+def one_step_pairs(reference: nn.Module, parallel: nn.Module, x: torch.Tensor, group=None,
+                   lr: float = 0.1, seed: int = 0) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Forward, backward and one SGD step on both modules; (what, parallel, reference) triples."""
+    reference = copy.deepcopy(reference)  # the caller's module is left as it was
+    inputs = {}
+    outputs = {}
+    for name, module in (("reference", reference), ("parallel", parallel)):
+        inputs[name] = x.detach().clone().requires_grad_(x.is_floating_point())
+        outputs[name] = module(inputs[name])
+    upstream = torch.randn(outputs["reference"].shape,
+                           generator=torch.Generator().manual_seed(seed)).to(x.device)
+    for name, module in (("reference", reference), ("parallel", parallel)):
+        outputs[name].backward(upstream)
+    pairs = [("output", outputs["parallel"], outputs["reference"])]
+    if x.is_floating_point():
+        pairs.append(("input grad", inputs["parallel"].grad, inputs["reference"].grad))
+    reference_parameters = dict(reference.named_parameters())
+    for name, gradient in full_state(parallel, group, grads=True).items():
+        pairs.append((f"grad of {name}", gradient, reference_parameters[name].grad))
+    for module in (reference, parallel):
+        torch.optim.SGD(module.parameters(), lr=lr).step()
+    for name, value in full_state(parallel, group).items():
+        pairs.append((f"{name} after a step", value, reference_parameters[name].detach()))
+    return [(what, a.detach().cpu(), b.detach().cpu()) for what, a, b in pairs]
+
+
+def likely_cause(what: str) -> str:
+    if what in LIKELY_CAUSES:
+        return LIKELY_CAUSES[what]
+    return LIKELY_CAUSES["grad" if what.startswith("grad of") else "step"]
+
+
+def assert_equivalent(pairs_by_rank, atol: float, rtol: float = 0.0) -> None:
+    """Raise on the first (rank, check) whose parallel value differs from the reference."""
+    for rank, pairs in enumerate(pairs_by_rank):
+        for what, parallel, reference in pairs:
+            assert_close(parallel, reference, what, rank=rank, atol=atol, rtol=rtol,
+                         likely_cause=likely_cause(what))
