@@ -1,0 +1,51 @@
+# Student file for the labs, generated from reference_impl/tp_attention.py by
+# `python -m reference_impl.course.make_labs`: fill in every
+# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
+"""Megatron tensor-parallel attention and transformer block (seed 002's lab).
+
+Attention heads are independent, so tp ranks can each compute heads/tp of them, with no
+communication, between two linear layers split the Megatron way:
+
+* the fused QKV projection is **column-parallel**, split so that rank r gets the q, k and v
+  rows of *its* heads (``blocks=3``: the [q; k; v] blocks are split one by one);
+* each rank runs causal attention on its heads only;
+* the output projection is **row-parallel**: its input is the concatenation of all heads, and
+  rank r holds exactly its heads' slice of it; one all-reduce sums the partial outputs.
+
+The forward pass is ``model.CausalSelfAttention``'s own, with ``heads`` = the local heads. A TP
+block puts attention and the TP MLP between replicated layernorms: 2 all-reduces forward (one
+after attention, one after the MLP) and 2 backward (the input gradients of QKV and of fc1).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch.distributed as dist
+from torch import nn
+
+from reference_impl.model import Block, CausalSelfAttention
+from reference_impl.tp_layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
+
+
+class ParallelSelfAttention(CausalSelfAttention):
+    """``CausalSelfAttention`` with its heads split over the TP group."""
+
+    def __init__(self, attention: CausalSelfAttention, group=None):
+        nn.Module.__init__(self)
+        tp = dist.get_world_size(group)
+        if attention.heads % tp:
+            raise ValueError(f"heads {attention.heads} is not divisible by the "
+                             f"tensor-parallel size tp = {tp}")
+        raise NotImplementedError('lab3: self.heads = the heads of this rank; self.qkv column-parallel (blocks=3, so each rank gets the q, k and v of its heads); self.proj row-parallel (input already split)')
+
+
+class ParallelBlock(Block):
+    """``model.Block`` with TP attention and a TP MLP; the layernorms stay whole on every rank."""
+
+    def __init__(self, block: Block, group=None):
+        nn.Module.__init__(self)
+        tp, hidden = dist.get_world_size(group), block.ln1.normalized_shape[0]
+        if hidden % tp:
+            raise ValueError(f"hidden size {hidden} is not divisible by the tensor-parallel "
+                             f"size tp = {tp}")
+        raise NotImplementedError("lab3: ParallelBlock: copies of the two layernorms, a ParallelSelfAttention and a ParallelMLP built from the block's")

@@ -1,0 +1,116 @@
+# Student file for the labs, generated from reference_impl/tp_layers.py by
+# `python -m reference_impl.course.make_labs`: fill in every
+# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
+"""Megatron-style tensor-parallel linear layers and MLP, built from single-device modules.
+
+A linear layer y = x W^T + b (W of shape out x in) splits two ways (seed 002, Shoeybi et al. 2019):
+
+* **ColumnParallelLinear** splits W by *output* rows: rank r holds W_r (out/tp x in) and b_r and
+  computes its slice y_r = x W_r^T + b_r of the output. The input must be whole on every rank
+  (``copy_to_tp``: identity forward, all-reduce of the input gradient backward). The output
+  stays split unless ``gather_output``.
+* **RowParallelLinear** splits W by *input* columns: rank r holds W_r (out x in/tp) and, given
+  its slice x_r of the input, computes a partial output x_r W_r^T; the partial outputs are
+  summed (``reduce_from_tp``: all-reduce forward, identity backward) and the bias, kept whole
+  on every rank, added once.
+
+Column then row needs no communication in between: the **TP MLP** (column fc1 -> GeLU -> row
+fc2) does one all-reduce forward and one backward.
+
+Each sharded parameter carries ``tp_dim`` (the dimension it is split along) and ``tp_blocks``
+(how many equal blocks the full dimension is made of, e.g. 3 for a fused [q; k; v]: each block
+is split on its own, so every rank gets its heads' q, k and v). Parameters without ``tp_dim``
+are replicated on every TP rank. :func:`shard` and :func:`unshard` convert between the two.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from reference_impl.model import MLP
+from reference_impl.tp_collectives import (all_gather_along, copy_to_tp, gather_from_tp,
+                                           reduce_from_tp, scatter_to_tp)
+
+
+def _check_divisible(size: int, tp: int, what: str) -> None:
+    if size % tp:
+        raise ValueError(f"{what} {size} is not divisible by the tensor-parallel size tp = {tp}")
+
+
+def shard(full: torch.Tensor, dim: int, rank: int, tp: int, blocks: int = 1) -> torch.Tensor:
+    """Rank ``rank``'s shard of ``full``: each of its ``blocks`` blocks along ``dim`` split in tp."""
+    pieces = [block.chunk(tp, dim=dim)[rank] for block in full.chunk(blocks, dim=dim)]
+    return torch.cat(pieces, dim=dim).clone()
+
+
+def unshard(local: torch.Tensor, parameter: nn.Parameter, group=None) -> torch.Tensor:
+    """The full tensor (a parameter's value or gradient) from every rank's shard; a replicated
+    parameter's tensor is returned as it is. Collective over the TP group."""
+    dim = getattr(parameter, "tp_dim", None)
+    if dim is None:
+        return local
+    tp, blocks = dist.get_world_size(group), parameter.tp_blocks
+    gathered = all_gather_along(local, dim, group).chunk(tp, dim=dim)  # one per rank
+    per_rank_blocks = [part.chunk(blocks, dim=dim) for part in gathered]
+    return torch.cat([torch.cat([rank_blocks[b] for rank_blocks in per_rank_blocks], dim=dim)
+                      for b in range(blocks)], dim=dim)
+
+
+def _sharded_parameter(full: torch.Tensor, dim: int, group, blocks: int = 1) -> nn.Parameter:
+    tp, rank = dist.get_world_size(group), dist.get_rank(group)
+    parameter = nn.Parameter(shard(full.detach(), dim, rank, tp, blocks))
+    parameter.tp_dim, parameter.tp_blocks = dim, blocks
+    return parameter
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T + b with W split by output rows over the TP group."""
+
+    def __init__(self, linear: nn.Linear, group=None, gather_output: bool = False,
+                 blocks: int = 1):
+        super().__init__()
+        tp = dist.get_world_size(group)
+        _check_divisible(linear.out_features // blocks, tp,
+                         "output features" + (f" per block ({blocks} blocks)" if blocks > 1 else ""))
+        self.group, self.gather_output = group, gather_output
+        self.weight = _sharded_parameter(linear.weight, 0, group, blocks)
+        self.bias = (_sharded_parameter(linear.bias, 0, group, blocks)
+                     if linear.bias is not None else None)
+
+    def forward(self, x):
+        raise NotImplementedError('lab2: ColumnParallelLinear.forward: copy_to_tp on the input, the local linear, then gather_from_tp on the last dim if self.gather_output')
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T + b with W split by input columns over the TP group; b whole on every rank."""
+
+    def __init__(self, linear: nn.Linear, group=None, input_is_parallel: bool = True):
+        super().__init__()
+        _check_divisible(linear.in_features, dist.get_world_size(group), "input features")
+        self.group, self.input_is_parallel = group, input_is_parallel
+        self.weight = _sharded_parameter(linear.weight, 1, group)
+        self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
+
+    def forward(self, x):
+        raise NotImplementedError('lab2: RowParallelLinear.forward: scatter_to_tp on the last dim unless self.input_is_parallel, the local linear without bias, reduce_from_tp, then add the bias once')
+
+
+class ParallelMLP(MLP):
+    """The TP MLP: ``model.MLP``'s forward, fc1 column-parallel and fc2 row-parallel, so the
+    GeLU runs on each rank's slice and only fc2's output is all-reduced."""
+
+    def __init__(self, mlp: MLP, group=None):
+        nn.Module.__init__(self)
+        raise NotImplementedError("lab2: ParallelMLP: fc1 a ColumnParallelLinear and fc2 a RowParallelLinear (its input already split), built from mlp's layers")
+
+
+def full_state(module: nn.Module, group=None, grads: bool = False) -> dict[str, torch.Tensor]:
+    """Every parameter (or its gradient) of a TP module, gathered to its single-device shape,
+    by name. Collective over the TP group."""
+    state = {}
+    for name, parameter in module.named_parameters():
+        local = parameter.grad if grads else parameter.detach()
+        state[name] = None if local is None else unshard(local, parameter, group)
+    return state
