@@ -1,6 +1,7 @@
 """The course pipeline itself: student files are generated, never hand-edited; every graded
 test fails on the untouched stubs with the not-implemented hint, and passes on a submission
 that holds the solutions."""
+import re
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,9 @@ import pytest
 from reference_impl.course import make_labs
 
 REPO = Path(__file__).resolve().parents[1]
-GRADED = "lab0 or lab1"
+# Every lab marker registered in pyproject.toml, e.g. "lab0 or lab1 or lab2".
+LABS = re.findall(r'^\s*"(lab\d+):', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
+GRADED = " or ".join(LABS)
 
 
 def test_student_files_are_what_the_generator_writes():
@@ -45,7 +48,8 @@ def test_graded_tests_fail_on_the_stubs_with_the_hint(tmp_path):
         assert problems, f"{name} passed on the unmodified stubs: it cannot catch a missing solution"
         text = " ".join((p.get("message") or "") + (p.text or "") for p in problems)
         assert "NotImplementedError" in text, f"{name} failed on the stubs, but not with the hint"
-    assert "lab0: 0/" in process.stdout and "lab1: 0/" in process.stdout, process.stdout
+    for lab in LABS:
+        assert f"{lab}: 0/" in process.stdout, f"no summary line for {lab}:\n{process.stdout[-2000:]}"
 
 
 def test_graded_tests_pass_on_a_submission_of_the_solutions(tmp_path):
@@ -56,8 +60,9 @@ def test_graded_tests_pass_on_a_submission_of_the_solutions(tmp_path):
     process, cases = run_graded_tests(str(submission), tmp_path)
     assert process.returncode == 0, process.stdout[-3000:]
     summary = [line for line in process.stdout.splitlines() if line.startswith("lab")]
-    assert summary and all(line.split()[1].split("/")[0] == line.split()[1].split("/")[1]
-                           for line in summary), summary
+    assert [line.split(":")[0] for line in summary] == LABS, summary
+    assert all(line.split()[1].split("/")[0] == line.split()[1].split("/")[1]
+               for line in summary), summary
 
 
 def test_a_missing_file_in_a_submission_is_named(tmp_path):
