@@ -10,20 +10,21 @@ import torch
 
 
 def assert_close(actual, expected, what: str, *, rank: int | None = None, atol: float = 1e-6,
-                 rtol: float = 1e-6, likely_cause: str = "") -> None:
+                 rtol: float = 1e-6, likely_cause: str = "",
+                 against: str = "the single-device reference") -> None:
     """Raise AssertionError unless ``actual`` is allclose to ``expected`` (|a - e| <= atol + rtol*|e|)."""
     where = f"{what}" + (f" on rank {rank}" if rank is not None else "")
     cause = f" Likely cause: {likely_cause}" if likely_cause else ""
     actual, expected = torch.as_tensor(actual), torch.as_tensor(expected)
     if actual.shape != expected.shape:
-        raise AssertionError(f"{where} has shape {tuple(actual.shape)}, the single-device "
-                             f"reference has {tuple(expected.shape)}.{cause}")
+        raise AssertionError(f"{where} has shape {tuple(actual.shape)}, {against} has "
+                             f"{tuple(expected.shape)}.{cause}")
     actual, expected = actual.detach().cpu().double(), expected.detach().cpu().double()
     if not torch.allclose(actual, expected, atol=atol, rtol=rtol):
         error = (actual - expected).abs()
         worst = tuple(int(i) for i in torch.unravel_index(error.argmax(), error.shape))
         raise AssertionError(
-            f"{where} differs from the single-device reference: max abs error "
+            f"{where} differs from {against}: max abs error "
             f"{error.max().item():.3g} at index {worst} (atol {atol:g}, rtol {rtol:g}); "
             f"{int((~torch.isclose(actual, expected, atol=atol, rtol=rtol)).sum())} of "
             f"{actual.numel()} elements off.{cause}")

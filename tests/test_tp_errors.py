@@ -1,6 +1,5 @@
 """Tensor-parallel layers refuse shapes they cannot split, naming the numbers."""
 import pytest
-import torch.distributed as dist
 from torch import nn
 
 from reference_impl.model import Block, CausalSelfAttention, ModelConfig

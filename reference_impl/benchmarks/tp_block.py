@@ -1,0 +1,243 @@
+"""Tensor-parallel transformer block: the reference against DTensor, strong scaling, bytes moved.
+
+    python -m reference_impl.benchmarks.tp_block [--hidden 256 --heads 8 --seq 128 --batch 4
+                                                  --repeats 5 --threads 1 --plot FILE]
+
+Three measurements of one training step (forward + backward, fp32) of a transformer block
+(seed 002's lab, step 3: "benchmark vs the 1-device baseline, compute scaling efficiency"):
+
+1. **Reference vs DTensor.** The reference ``ParallelBlock`` and the same block parallelized
+   by PyTorch's own TP (``parallelize_module``: qkv and fc1 ``ColwiseParallel``, proj and fc2
+   ``RowwiseParallel``; the fused qkv rows permuted so that DTensor's contiguous split gives
+   each rank its heads' q, k and v, see ``dtensor_attention``; ``tests/test_tp_dtensor.py``
+   checks this very block against the reference), built from the same weights, on the same
+   ranks, timed alternately in one launch; the median of ``--repeats`` steps each, and the
+   ratio reference/DTensor (1.0 or less: the hand-written layers cost no more than PyTorch's).
+2. **Strong scaling** of the reference block for tp = 1, 2, 4 on the same global problem
+   (batch, seq, hidden fixed): time per step T_tp and the efficiency T_1 / (tp * T_tp). The
+   tp = 1 run also times the single-device ``model.Block`` beside it (the "1-GPU baseline";
+   at tp = 1 every TP collective is the identity, so the two should take the same time).
+   ``--plot FILE`` draws both against tp to a PNG.
+3. **Bytes all-reduced** per block per step, on each rank, recorded by ``CommTracer``, against
+   the formula: forward 2 all-reduces (after attention, after the MLP) of the activation,
+   b * s * h * 4 bytes each, and backward the same 2 (the input gradients of qkv and fc1).
+   DTensor's all-reduces are counted too (``CommDebugMode``).
+
+On the CPU the ranks are processes on gloo, ``--threads`` intra-op threads each (1 by
+default: one core per rank, as one GPU per rank). Mind the machine: with 2 cores, tp = 4
+runs 4 ranks on 2 cores, oversubscribed, so its efficiency says more about the machine than
+about TP; the script prints ``os.cpu_count()`` and the threads per rank so a reader can tell.
+On a GPU machine (backend nccl) the same code times one GPU per rank. Times are printed,
+never asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.debug import CommDebugMode
+
+from reference_impl.comm_trace import CommTracer
+from reference_impl.launcher import current_device, launch
+from reference_impl.model import Block, ModelConfig
+from reference_impl.tp_attention import ParallelBlock
+from reference_impl.tp_dtensor import dtensor_block
+
+TP_DEGREES = (1, 2, 4)
+WARMUP_STEPS = 2
+LAUNCH_TIMEOUT = 300.0  # seconds; a default run takes well under a minute
+
+
+# ------------------------------------------------------------------------ measuring, per rank
+
+def _wait_for_device() -> None:
+    if current_device().type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _train_step(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor) -> None:
+    """Forward and backward, the input's gradient included (as for a block inside a model)."""
+    module.zero_grad(set_to_none=True)
+    x.grad = None
+    module(x).backward(upstream)
+
+
+def median_step_seconds(modules: dict[str, nn.Module], x, upstream, repeats: int) -> dict:
+    """Median time of one forward + backward per module. The modules take turns (their order
+    alternating between repeats) so that both see the same machine; each step starts on every
+    rank together (a barrier) and takes as long as its slowest rank (a max over ranks after
+    the timing, so no barrier is timed). Collective: call it on every rank."""
+    for module in modules.values():
+        for _ in range(WARMUP_STEPS):
+            _train_step(module, x, upstream)
+    names = list(modules)
+    times = torch.zeros(len(names), repeats, dtype=torch.float64)
+    for repeat in range(repeats):
+        for index in (range(len(names)) if repeat % 2 == 0 else reversed(range(len(names)))):
+            _wait_for_device()
+            dist.barrier()
+            start = time.perf_counter()
+            _train_step(modules[names[index]], x, upstream)
+            _wait_for_device()
+            times[index, repeat] = time.perf_counter() - start
+    times = times.to(current_device())
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    return {name: statistics.median(times[index].tolist()) for index, name in enumerate(names)}
+
+
+def measure_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> dict:
+    """Run on every rank of a launch: time the reference TP block (and, at tp > 1, the DTensor
+    block; at tp = 1, the single-device Block), and trace the reference block's all-reduces."""
+    device, tp = current_device(), dist.get_world_size()
+    torch.manual_seed(0)  # the same weights, input and upstream gradient on every rank
+    block = Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq)).to(device)
+    x = torch.randn(batch, seq, hidden, device=device, requires_grad=True)
+    upstream = torch.randn(batch, seq, hidden, device=device)
+    modules = {"reference": ParallelBlock(block)}
+    if tp == 1:
+        modules["single-device"] = block
+    else:
+        modules["dtensor"] = dtensor_block(block, init_device_mesh(device.type, (tp,)))
+    result = {"seconds": median_step_seconds(modules, x, upstream, repeats)}
+
+    with CommTracer() as forward:
+        y = modules["reference"](x)
+    with CommTracer() as backward:
+        y.backward(upstream)
+    result["reference_all_reduce_bytes"] = [t.total_bytes("all_reduce")
+                                            for t in (forward, backward)]
+    result["reference_collectives"] = [t.summary() for t in (forward, backward)]
+    if "dtensor" in modules:
+        counts = []
+        with CommDebugMode() as mode:
+            y = modules["dtensor"](x)
+        counts.append(mode.get_total_counts())
+        with CommDebugMode() as mode:
+            y.backward(upstream)
+        counts.append(mode.get_total_counts())
+        result["dtensor_collectives"] = counts
+    return result
+
+
+def all_reduce_bytes_formula(batch: int, seq: int, hidden: int, bytes_per_element: int = 4) -> int:
+    """Bytes all-reduced by a Megatron TP block in one direction (forward, or backward):
+    2 all-reduces of the activation, b * s * h elements."""
+    return 2 * batch * seq * hidden * bytes_per_element
+
+
+# ------------------------------------------------------------------------------- reporting
+
+def plot_scaling(rows: list[tuple[int, float, float]], path: str, title: str,
+                 threads: int = 1) -> None:
+    """Time per step and efficiency against tp, to a PNG (a matplotlib Figure, no pyplot);
+    the tp values whose ranks x threads exceed this machine's cores are shaded."""
+    from matplotlib.figure import Figure
+
+    tps = [tp for tp, _, _ in rows]
+    milliseconds = [1e3 * seconds for _, seconds, _ in rows]
+    efficiencies = [efficiency for _, _, efficiency in rows]
+    figure = Figure(figsize=(9, 3.8), layout="constrained")
+    time_axes, efficiency_axes = figure.subplots(1, 2)
+    time_axes.plot(tps, milliseconds, "o-", label="measured")
+    time_axes.plot(tps, [milliseconds[0] / tp for tp in tps], "--", color="gray",
+                   label="ideal  T1 / tp")
+    time_axes.set(xlabel="tensor-parallel size tp", ylabel="time per step (ms)",
+                  title="forward + backward, one block", xticks=tps)
+    time_axes.set_ylim(bottom=0)
+    efficiency_axes.plot(tps, efficiencies, "o-", label="measured")
+    efficiency_axes.axhline(1.0, linestyle="--", color="gray", label="ideal")
+    efficiency_axes.set(xlabel="tensor-parallel size tp", ylabel="efficiency  T1 / (tp · Ttp)",
+                        title="strong-scaling efficiency", xticks=tps,
+                        ylim=(0, max(1.1, max(efficiencies) * 1.1)))
+    cores = os.cpu_count() or 1
+    oversubscribed = [tp for tp in tps if tp * threads > cores]
+    for axes in (time_axes, efficiency_axes):
+        if oversubscribed:
+            axes.axvspan(min(oversubscribed) - 0.5, max(tps) + 0.5, color="tab:red", alpha=0.08,
+                         label=f"ranks x threads > {cores} cores")
+        axes.set_xlim(min(tps) - 0.5, max(tps) + 0.5)
+        axes.grid(alpha=0.3)
+        axes.legend(loc="best", fontsize="small")
+    figure.suptitle(title)
+    figure.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per module (median)")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    parser.add_argument("--plot", metavar="FILE",
+                        help="write the strong-scaling plot to FILE (PNG)")
+    args = parser.parse_args(argv)
+    shape = (args.hidden, args.heads, args.seq, args.batch)
+
+    cores = os.cpu_count()
+    print(f"TP block: hidden {args.hidden}, heads {args.heads}, seq {args.seq}, batch "
+          f"{args.batch}, fp32; forward + backward, median of {args.repeats} steps")
+    print(f"os.cpu_count() = {cores}, {args.threads} intra-op thread(s) per rank"
+          + (f"; tp = {max(TP_DEGREES)} oversubscribes the cores" if cores and
+             cores < max(TP_DEGREES) * args.threads else ""))
+
+    results = {}  # tp -> rank 0's measurements
+    for tp in TP_DEGREES:
+        results[tp] = launch(measure_on_rank, tp, *shape, args.repeats, backend=args.backend,
+                             threads=args.threads, timeout=LAUNCH_TIMEOUT)[0]
+
+    print("\nreference ParallelBlock vs DTensor parallelize_module (same ranks, same weights, "
+          "timed alternately; target reference/DTensor <= 1)")
+    print(f"{'tp':>4}  {'reference (ms)':>14}  {'DTensor (ms)':>12}  {'reference/DTensor':>17}")
+    for tp in TP_DEGREES[1:]:
+        seconds = results[tp]["seconds"]
+        print(f"{tp:>4}  {1e3 * seconds['reference']:>14.2f}  {1e3 * seconds['dtensor']:>12.2f}  "
+              f"{seconds['reference'] / seconds['dtensor']:>17.2f}")
+
+    t1 = results[1]["seconds"]["reference"]
+    rows = []
+    print("\nstrong scaling of the reference TP block (same global problem at every tp)")
+    print(f"{'tp':>4}  {'ranks x threads':>15}  {'time/step (ms)':>14}  {'speed-up':>8}  "
+          f"{'efficiency T1/(tp*Ttp)':>22}")
+    for tp in TP_DEGREES:
+        seconds = results[tp]["seconds"]["reference"]
+        rows.append((tp, seconds, t1 / (tp * seconds)))
+        oversubscribed = cores is not None and tp * args.threads > cores
+        print(f"{tp:>4}  {f'{tp} x {args.threads}':>15}  {1e3 * seconds:>14.2f}  "
+              f"{t1 / seconds:>8.2f}  {t1 / (tp * seconds):>22.2f}"
+              + (f"  (more threads than {cores} cores)" if oversubscribed else ""))
+    single = results[1]["seconds"]["single-device"]
+    print(f"single-device model.Block: {1e3 * single:.2f} ms "
+          f"(reference at tp = 1 / Block = {t1 / single:.2f})")
+
+    expected = all_reduce_bytes_formula(args.batch, args.seq, args.hidden)
+    print("\nbytes all-reduced per block per step, per rank (CommTracer) vs the formula "
+          "2 x b*s*h*4 each way")
+    print(f"{'tp':>4}  {'forward':>9}  {'formula':>9}  {'backward':>9}  {'formula':>9}  "
+          f"{'DTensor all-reduces fwd/bwd':>27}  bytes")
+    for tp in TP_DEGREES[1:]:
+        forward, backward = results[tp]["reference_all_reduce_bytes"]
+        dtensor = "/".join(str(c) for c in results[tp]["dtensor_collectives"])
+        only_two_all_reduces = all(summary == {"all_reduce": 2}
+                                   for summary in results[tp]["reference_collectives"])
+        verdict = "match" if forward == backward == expected and only_two_all_reduces else "DIFFER"
+        print(f"{tp:>4}  {forward:>9}  {expected:>9}  {backward:>9}  {expected:>9}  "
+              f"{dtensor:>27}  {verdict}")
+
+    if args.plot:
+        plot_scaling(rows, args.plot, f"TP block, hidden {args.hidden}, seq {args.seq}, batch "
+                     f"{args.batch}; {cores} cores, {args.threads} thread(s) per rank",
+                     args.threads)
+        print(f"\nplot written to {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

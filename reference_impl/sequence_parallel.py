@@ -1,0 +1,100 @@
+"""Sequence parallelism for the transformer block (Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", section 4.2.2 and its Figure 5).
+
+In a TP block (``tp_attention.ParallelBlock``) the layernorms and residual adds run on the whole
+activation (batch, seq, hidden) on every TP rank: the same work, and the same memory, tp times.
+They are independent along the sequence, so sequence parallelism (SP) splits them there: outside
+the attention and the MLP, TP rank r holds positions [r seq/tp, (r+1) seq/tp) only.
+
+A TP block's all-reduce is a reduce-scatter followed by an all-gather, and SP just moves them:
+
+    x_r -> ln1 -> g -> qkv (column) -> attention -> proj (row) -> g-bar -> + x_r = h_r
+    h_r -> ln2 -> g -> fc1 (column) -> GeLU      -> fc2 (row)  -> g-bar -> + h_r
+
+* g = ``gather_from_sp`` (all-gather along seq forward, reduce-scatter backward) takes the place
+  of the column-parallel layer's ``copy_to_tp``;
+* g-bar = ``reduce_scatter_to_sp`` (reduce-scatter along seq forward, all-gather backward) takes
+  the place of the row-parallel layer's all-reduce (``reduce_from_tp``).
+
+Per block and pass: 2 all-gathers and 2 reduce-scatters of the whole activation S instead of 2
+all-reduces of it. On a ring that is the same traffic, (n-1)/n S each against 2(n-1)/n S, while
+the layernorms' and the residuals' activations take 1/tp of the memory.
+
+**Gradient sync.** The parameters used on the sequence shard (both layernorms, and the
+row-parallel layers' biases, added after the reduce-scatter) are replicated, but each rank's
+gradient covers only its own positions. They are marked ``sequence_parallel = True`` (as in
+Megatron-LM), and :func:`sync_sequence_parallel_grads` sums their gradients over the TP group
+after the backward. Forgetting it is the classic SP bug: each rank steps with a different,
+partial gradient and the replicas drift apart.
+
+(Megatron-LM's column layer also saves only the sequence shard of its input, and all-gathers it
+again in the backward for the weight gradient; here autograd keeps the gathered input.)
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from reference_impl.model import Block
+from reference_impl.tp_attention import ParallelBlock
+from reference_impl.tp_collectives import gather_from_sp, reduce_scatter_to_sp
+from reference_impl.tp_layers import ColumnParallelLinear, RowParallelLinear
+
+SEQ_DIM = 1  # of (batch, seq, hidden)
+
+
+def _mark_sequence_parallel(*parameters) -> None:
+    for parameter in parameters:
+        if parameter is not None:
+            parameter.sequence_parallel = True
+
+
+class SequenceParallelColumnLinear(ColumnParallelLinear):
+    """Column-parallel, its input the sequence shard: all-gathered along seq (g), not copied."""
+
+    def forward(self, x):
+        return F.linear(gather_from_sp(x, SEQ_DIM, self.group), self.weight, self.bias)
+
+
+class SequenceParallelRowLinear(RowParallelLinear):
+    """Row-parallel (input already split), its output reduce-scattered along seq (g-bar), not
+    all-reduced; the bias is then added on the sequence shard, so it is sequence-parallel."""
+
+    def __init__(self, linear: nn.Linear, group=None):
+        super().__init__(linear, group, input_is_parallel=True)
+        _mark_sequence_parallel(self.bias)
+
+    def forward(self, x):
+        y = reduce_scatter_to_sp(F.linear(x, self.weight), SEQ_DIM, self.group)
+        return y + self.bias if self.bias is not None else y
+
+
+class SequenceParallelBlock(ParallelBlock):
+    """``model.Block`` (its forward as it is) with TP attention and MLP whose linear layers
+    communicate the SP way; input and output are this rank's shard along the sequence (dim 1).
+    After the backward, call :func:`sync_sequence_parallel_grads`."""
+
+    def __init__(self, block: Block, group=None):
+        super().__init__(block, group)  # the TP block: checks, layernorms, attention, MLP
+        # The same shards as the TP block's linear layers, with the SP collectives.
+        self.attn.qkv = SequenceParallelColumnLinear(block.attn.qkv, group, blocks=3)
+        self.attn.proj = SequenceParallelRowLinear(block.attn.proj, group)
+        self.mlp.fc1 = SequenceParallelColumnLinear(block.mlp.fc1, group)
+        self.mlp.fc2 = SequenceParallelRowLinear(block.mlp.fc2, group)
+        _mark_sequence_parallel(*self.ln1.parameters(), *self.ln2.parameters())
+
+
+def sync_sequence_parallel_grads(module: nn.Module, group=None) -> None:
+    """Sum over the TP group the gradients of ``module``'s parameters marked sequence_parallel,
+    in one all-reduce (they are small: latency, not bandwidth, is the cost). Call after the
+    backward, before the optimizer step; collective over the group."""
+    grads = [parameter.grad for parameter in module.parameters()
+             if getattr(parameter, "sequence_parallel", False) and parameter.grad is not None]
+    if not grads or dist.get_world_size(group) == 1:
+        return
+    flat = torch.cat([grad.flatten() for grad in grads])
+    dist.all_reduce(flat, group=group)
+    for grad, summed in zip(grads, flat.split([grad.numel() for grad in grads])):
+        grad.copy_(summed.view_as(grad))

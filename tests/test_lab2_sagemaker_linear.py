@@ -1,0 +1,127 @@
+"""Lab 2, graded: SageMaker's distributed linear (seed 001) is a data-parallel nn.Linear.
+
+Each rank of a TP group brings its own samples. The reference is data parallelism: a replica of
+the same nn.Linear on every rank, run on that rank's samples, its gradients all-reduced with a
+**sum** over the TP group (the gradient of the group's summed loss), then one SGD step. The
+distributed linear must give every rank the replica's output and input gradient, a weight
+gradient that gathers to the summed one, the summed bias gradient on every rank, and the same
+weights after the step.
+
+Tolerance (fp32): atol = 1e-6, rtol = 1e-5; only the order of the additions differs. Measured
+on CPU: outputs and input gradients within 3e-7; the weight gradient, a sum over every rank's
+samples, within 4e-6 on entries of up to ~20 (6e-7 relative), i.e. at 0.6 of atol = rtol = 1e-6,
+too close to hold on a GPU's different summation order.
+"""
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from reference_impl.checks import assert_close
+from reference_impl.comm_trace import CommTracer
+from reference_impl.launcher import current_device
+from reference_impl.tp_layers import full_state
+
+pytestmark = pytest.mark.lab2
+
+TOLERANCE = dict(atol=1e-6, rtol=1e-5)
+BATCH, SEQ, IN, OUT = 2, 3, 16, 12  # per rank; IN divisible by every tp tested
+LR = 0.1
+
+LIKELY_CAUSES = {
+    "output": "the forward pass: is the weight's input-column slice taken at this rank's "
+              "position in the group (dist.get_rank(group)), are the partial outputs "
+              "reduce-scattered along the batch dimension, and the bias added once, after?",
+    "input grad": "the output matches, so the forward is right: the all-gather of the samples "
+                  "must be undone by a reduce-scatter backward (gather_from_sp), not by keeping "
+                  "this rank's slice (gather_from_tp): every rank's columns contribute to "
+                  "every sample's input gradient",
+    "grad of weight": "the weight gradient must be that of every rank's samples (the DP sum): "
+                      "is the output gradient all-gathered in the backward of the "
+                      "reduce-scatter (reduce_scatter_to_sp)?",
+    "grad of bias": "each rank adds the bias to its own samples only; its gradient must still "
+                    "be summed over the group, as DP's all-reduce would: copy_to_tp on the bias",
+    "step": "the gradients match, so the optimizer step differs: is a parameter missing from "
+            "the optimizer, or updated twice?",
+}
+
+
+def random(shape, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(current_device())
+
+
+def data_parallel_and_distributed(impl, tp):
+    """On every rank: (what, distributed, data-parallel reference) triples, in the order of the
+    checks. Ranks 0..tp-1, tp..2tp-1, ... form the TP groups; each group has its own samples."""
+    module = impl.module("sagemaker_linear")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    groups = [dist.new_group(list(range(start, start + tp))) for start in range(0, world, tp)]
+    group = groups[rank // tp]
+    tp_rank = dist.get_rank(group)
+
+    torch.manual_seed(0)
+    linear = nn.Linear(IN, OUT).to(current_device())
+    samples = random((tp * BATCH, SEQ, IN), seed=1 + rank // tp).chunk(tp)[tp_rank]
+    upstream = random((tp * BATCH, SEQ, OUT), seed=100 + rank // tp).chunk(tp)[tp_rank]
+
+    replica = copy.deepcopy(linear)  # data parallelism: the whole layer, my samples
+    x_ref = samples.clone().requires_grad_()
+    y_ref = replica(x_ref)
+    y_ref.backward(upstream)
+    for parameter in replica.parameters():
+        dist.all_reduce(parameter.grad, group=group)  # sum over the TP group's ranks
+
+    layer = module.DistributedLinear(linear, group)
+    x = samples.clone().requires_grad_()
+    y = layer(x)
+    y.backward(upstream)
+
+    pairs = [("output", y, y_ref), ("input grad", x.grad, x_ref.grad)]
+    reference = dict(replica.named_parameters())
+    for name, gradient in full_state(layer, group, grads=True).items():
+        pairs.append((f"grad of {name}", gradient, reference[name].grad))
+    for parameters in (replica.parameters(), layer.parameters()):
+        torch.optim.SGD(parameters, lr=LR).step()
+    for name, value in full_state(layer, group).items():
+        pairs.append((f"{name} after a step", value, reference[name]))
+    return [(what, a.detach().cpu(), b.detach().cpu()) for what, a, b in pairs]
+
+
+@pytest.mark.parametrize("world, tp", [(1, 1), (2, 2), (4, 4), (4, 2)],
+                         ids=["tp1", "tp2", "tp4", "two-tp2-groups"])
+def test_distributed_linear_is_a_data_parallel_linear(impl, run_on_ranks, world, tp):
+    for rank, pairs in enumerate(run_on_ranks(data_parallel_and_distributed, world, impl, tp)):
+        for what, distributed, reference in pairs:
+            cause = LIKELY_CAUSES.get(what, LIKELY_CAUSES["step"])
+            assert_close(distributed, reference, what, rank=rank, likely_cause=cause,
+                         **TOLERANCE)
+
+
+def traced_calls(impl):
+    """The collectives of one forward and one backward: (op, payload bytes) lists."""
+    layer = impl.module("sagemaker_linear").DistributedLinear(
+        nn.Linear(IN, OUT).to(current_device()))
+    x = random((BATCH, SEQ, IN), seed=dist.get_rank()).requires_grad_()
+    with CommTracer() as forward:
+        y = layer(x)
+    with CommTracer() as backward:
+        y.backward(torch.ones_like(y))
+    return [[(call.op, call.nbytes) for call in trace.calls] for trace in (forward, backward)]
+
+
+def test_one_all_gather_and_one_reduce_scatter_per_pass(impl, run_on_ranks):
+    tp = 4
+    gathered_input = tp * BATCH * SEQ * IN * 4  # fp32 bytes of the group's samples
+    group_output = tp * BATCH * SEQ * OUT * 4  # fp32 bytes of the partial outputs
+    for rank, (forward, backward) in enumerate(run_on_ranks(traced_calls, tp, impl)):
+        assert sorted(forward) == sorted([("all_gather", gathered_input),
+                                          ("reduce_scatter", group_output)]), (
+            f"rank {rank}: the forward should all-gather the group's samples and reduce-scatter "
+            f"the partial outputs, once each; it ran {forward}")
+        assert sorted(backward) == sorted([("all_gather", group_output),
+                                           ("all_reduce", OUT * 4),
+                                           ("reduce_scatter", gathered_input)]), (
+            f"rank {rank}: the backward should all-gather the output gradients, reduce-scatter "
+            f"the input gradients and all-reduce the bias gradient, once each; it ran {backward}")
