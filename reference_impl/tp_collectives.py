@@ -90,48 +90,25 @@ class _ReduceFromTP(torch.autograd.Function):
         # END SOLUTION
 
 
-class _ScatterToTP(torch.autograd.Function):
-    @staticmethod
+def _dim_pair(name: str, forward_op, backward_op):
+    """An autograd function applying ``forward_op(x, dim, group)`` forward and
+    ``backward_op(grad, dim, group)`` backward."""
+
     def forward(ctx, x, dim, group):
         ctx.dim, ctx.group = dim, group
-        return _split(x, dim, group)
+        return forward_op(x, dim, group)
 
-    @staticmethod
     def backward(ctx, grad):
-        return all_gather_along(grad, ctx.dim, ctx.group), None, None
+        return backward_op(grad, ctx.dim, ctx.group), None, None
+
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
 
 
-class _GatherFromTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return all_gather_along(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _split(grad, ctx.dim, ctx.group), None, None
-
-
-class _ReduceScatterToSP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return _reduce_scatter(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return all_gather_along(grad, ctx.dim, ctx.group), None, None
-
-
-class _GatherFromSP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, group):
-        ctx.dim, ctx.group = dim, group
-        return all_gather_along(x, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter(grad, ctx.dim, ctx.group), None, None
+_ScatterToTP = _dim_pair("_ScatterToTP", _split, all_gather_along)
+_GatherFromTP = _dim_pair("_GatherFromTP", all_gather_along, _split)
+_ReduceScatterToSP = _dim_pair("_ReduceScatterToSP", _reduce_scatter, all_gather_along)
+_GatherFromSP = _dim_pair("_GatherFromSP", all_gather_along, _reduce_scatter)
 
 
 # ---------------------------------------------------------------------- the public API
