@@ -1,0 +1,141 @@
+"""Pictures of a pipeline timeline: a Gantt chart, and a trace for Perfetto / chrome://tracing.
+
+:func:`plot_gantt` draws one row per rank and one box per pass, F, B and W in their own
+colours with the microbatch number inside; the grey behind the boxes is the bubble, the time
+a rank waits. Several timelines (1F1B next to ZB-H1, simulated next to measured) are stacked,
+one panel each, on the same time axis when their units agree.
+
+:func:`chrome_trace` writes the same timeline in the Chrome trace-event format (one "process"
+per rank, one complete "X" event per pass, times in microseconds), which
+https://ui.perfetto.dev and chrome://tracing open; :func:`save_chrome_trace` saves it as JSON.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+
+from reference_impl.pipeline_schedules import KIND_NAMES
+from reference_impl.pipeline_simulator import TimedAction, Timeline
+
+# Per kind, one colour per model chunk, lighter for later chunks; more chunks reuse them.
+_COLOURS = {
+    "F": ("#4e79a7", "#86b0d9", "#c0daf0"),
+    "B": ("#f28e2b", "#f7b46e", "#fbd7ae"),
+    "W": ("#59a14f", "#8cc784", "#c4e4bf"),
+}
+_IDLE = "#e6e6e6"
+
+
+def _colour(event: TimedAction, ranks: int) -> str:
+    palette = _COLOURS[event.action.kind]
+    return palette[(event.action.stage // ranks) % len(palette)]
+
+
+def _axis_label(unit: str) -> str:
+    return "time (s)" if unit == "s" else "time (cost units)"
+
+
+def plot_gantt(timeline_or_list: Timeline | list[Timeline],
+               titles: list[str] | None = None) -> Figure:
+    """One panel per timeline, one row per rank (rank 0 at the top), one box per pass."""
+    timelines = (list(timeline_or_list) if isinstance(timeline_or_list, (list, tuple))
+                 else [timeline_or_list])
+    if not timelines:
+        raise ValueError("plot_gantt needs at least one timeline")
+    if titles is not None and len(titles) != len(timelines):
+        raise ValueError(f"got {len(titles)} titles for {len(timelines)} timelines")
+    same_unit = len({timeline.unit for timeline in timelines}) == 1
+    heights = [timeline.schedule.ranks + 1.2 for timeline in timelines]
+    figure = Figure(figsize=(11, 0.42 * sum(heights) + 0.6), layout="constrained")
+    panels = figure.subplots(len(timelines), 1, sharex=same_unit, squeeze=False,
+                             gridspec_kw={"height_ratios": heights})[:, 0]
+    longest = max(timeline.makespan for timeline in timelines)
+    for index, (axes, timeline) in enumerate(zip(panels, timelines)):
+        title = titles[index] if titles is not None else None
+        _draw(axes, timeline, title)
+        axes.set_xlim(0, longest if same_unit else timeline.makespan)
+        if index == len(timelines) - 1 or not same_unit:
+            axes.set_xlabel(_axis_label(timeline.unit))
+    kinds = sorted({event.action.kind for timeline in timelines for event in timeline.events},
+                   key="FBW".index)
+    handles = [Patch(facecolor=_COLOURS[kind][0], label=f"{kind}: {KIND_NAMES[kind]}")
+               for kind in kinds]
+    handles.append(Patch(facecolor=_IDLE, label="idle (bubble)"))
+    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8,
+                  frameon=False)
+    return figure
+
+
+def _draw(axes, timeline: Timeline, title: str | None) -> None:
+    schedule = timeline.schedule
+    p, start, makespan = schedule.ranks, timeline.start, timeline.makespan
+    shortest = min((e.end - e.start for e in timeline.events if e.end > e.start), default=1.0)
+    # Two digits at size f take about f points; a box is shortest/makespan of ~10 inches
+    # (720 points) wide: shrink the text to fit the narrowest box, within 4..8 points.
+    fontsize = max(4.0, min(8.0, 720 * shortest / makespan))
+    for rank in range(p):
+        axes.add_patch(Rectangle((0, rank - 0.4), makespan, 0.8, facecolor=_IDLE,
+                                 edgecolor="none", zorder=1))
+    for event in timeline.events:
+        x, width = event.start - start, event.end - event.start
+        axes.add_patch(Rectangle((x, event.rank - 0.4), width, 0.8,
+                                 facecolor=_colour(event, p), edgecolor="white",
+                                 linewidth=0.6, zorder=2))
+        axes.text(x + width / 2, event.rank, str(event.action.microbatch), ha="center",
+                  va="center", fontsize=fontsize, zorder=3,
+                  color="white" if event.action.stage % (3 * p) < p else "black")
+    axes.set_ylim(p - 0.5, -0.5)
+    axes.set_yticks(range(p), [f"rank {rank}" for rank in range(p)], fontsize=8)
+    axes.tick_params(axis="y", length=0)
+    for side in ("top", "right", "left"):
+        axes.spines[side].set_visible(False)
+    summary = f"{schedule.name}: p={p}, m={schedule.microbatches}"
+    if schedule.chunks > 1:
+        summary += f", v={schedule.chunks} (lighter: later chunks)"
+    summary += (f"; makespan {makespan:.4g} {'s' if timeline.unit == 's' else 'units'}, "
+                f"bubble {timeline.bubble_fraction:.1%}")
+    axes.set_title(f"{title}\n{summary}" if title else summary, fontsize=9, loc="left")
+
+
+def chrome_trace(timeline: Timeline, us_per_unit: float | None = None) -> dict:
+    """The timeline as Chrome trace-event JSON: process ``rank r`` per rank, an "X" per pass.
+
+    Times are in microseconds: seconds times 1e6 for a measured timeline, and one simulated
+    cost unit is drawn as ``us_per_unit`` microseconds (default 1000, one millisecond).
+    """
+    if us_per_unit is None:
+        us_per_unit = 1e6 if timeline.unit == "s" else 1000.0
+    schedule = timeline.schedule
+    events: list[dict] = []
+    for rank in range(schedule.ranks):
+        events.append({"name": "process_name", "ph": "M", "pid": rank, "tid": 0,
+                       "args": {"name": f"rank {rank}"}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": rank, "tid": 0,
+                       "args": {"sort_index": rank}})
+    for event in timeline.events:
+        action = event.action
+        name = f"{action.kind}{action.microbatch}"
+        if schedule.chunks > 1:
+            name += f" (stage {action.stage})"
+        events.append({
+            "name": name, "cat": KIND_NAMES[action.kind], "ph": "X",
+            "pid": event.rank, "tid": 0,
+            "ts": (event.start - timeline.start) * us_per_unit,
+            "dur": (event.end - event.start) * us_per_unit,
+            "args": {"microbatch": action.microbatch, "stage": action.stage,
+                     "kind": action.kind},
+        })
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"schedule": schedule.name, "ranks": schedule.ranks,
+                          "microbatches": schedule.microbatches, "chunks": schedule.chunks}}
+
+
+def save_chrome_trace(timeline: Timeline, path: str | Path,
+                      us_per_unit: float | None = None) -> Path:
+    """Write :func:`chrome_trace` to ``path`` (open it in https://ui.perfetto.dev)."""
+    path = Path(path)
+    path.write_text(json.dumps(chrome_trace(timeline, us_per_unit)))
+    return path
