@@ -120,9 +120,11 @@ def gpipe(p: int, m: int) -> Schedule:
     _check_positive(ranks=p, microbatches=m)
     actions = []
     for rank in range(p):
+        # BEGIN SOLUTION lab4: rank's GPipe actions: Action("F", i, rank) for every microbatch i, then Action("B", i, rank) for every i; append them to actions as a tuple
         forwards = [Action("F", i, rank) for i in range(m)]
         backwards = [Action("B", i, rank) for i in range(m)]
         actions.append(tuple(forwards + backwards))
+        # END SOLUTION
     return Schedule("gpipe", p, m, 1, False, tuple(actions))
 
 
@@ -136,12 +138,14 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     _check_positive(ranks=p, microbatches=m)
     actions = []
     for rank in range(p):
+        # BEGIN SOLUTION lab4: rank's 1F1B actions: min(p - rank - 1, m) warm-up forwards, then pairs (forward of the next microbatch, backward of the oldest), then the remaining backwards; append them to actions as a tuple
         warmup = min(p - rank - 1, m)
         ops = [Action("F", i, rank) for i in range(warmup)]
         for i in range(m - warmup):  # steady state: one forward, one backward
             ops += [Action("F", warmup + i, rank), Action("B", i, rank)]
         ops += [Action("B", i, rank) for i in range(m - warmup, m)]  # cool-down
         actions.append(tuple(ops))
+        # END SOLUTION
     return Schedule("1f1b", p, m, 1, False, tuple(actions))
 
 

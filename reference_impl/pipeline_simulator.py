@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from reference_impl.pipeline_schedules import Action, Schedule
-from reference_impl.pipeline_validator import validate
+from reference_impl.pipeline_validator import normalized, validate
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,7 @@ def simulate(schedule: Schedule, cost_f: float = 1.0, cost_b: float = 2.0,
              cost_w: float | None = None, comm: float = 0.0) -> Timeline:
     """The timeline of ``schedule`` (validated first) with the given pass costs (see module)."""
     validate(schedule)
+    schedule = normalized(schedule)
     if cost_w is None:
         cost_w = cost_b / 2
     for name, value in (("cost_f", cost_f), ("cost_b", cost_b), ("cost_w", cost_w),

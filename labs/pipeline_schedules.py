@@ -1,0 +1,291 @@
+# Student file for the labs, generated from reference_impl/pipeline_schedules.py by
+# `python -m reference_impl.course.make_labs`: fill in every
+# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
+"""Pipeline schedules as data: for every rank, the ordered list of passes it runs.
+
+A pipeline cuts the model into stages and sends each microbatch through them: forward from the
+first stage to the last, backward from the last to the first. A *schedule* fixes, for every
+rank, the order of its passes. Here it is plain data, with no communication at all, so one
+validator (``pipeline_validator``), one simulator (``pipeline_simulator``) and one executor
+serve every schedule (DESIGN principle 3; PyTorch's ``torch.distributed.pipelining`` and
+DeepSpeed test their schedules the same way).
+
+An :class:`Action` is one pass of one microbatch through one stage:
+
+    F  forward
+    B  backward: the input gradient; the whole backward when the schedule does not split it
+    W  weight gradient, only in schedules that split the backward (zero bubble)
+
+With ``v`` model chunks per rank there are ``p*v`` *virtual* stages and stage ``s`` runs on
+rank ``s % p`` (Megatron's interleaved placement): rank 0 holds stages 0, p, 2p, ...
+
+The generators, p ranks, m microbatches:
+
+* :func:`naive`: one microbatch (m = 1), forward through every stage, then backward;
+  only one rank works at a time.
+* :func:`gpipe` (Huang et al. 2018): all m forwards, then all m backwards. Bubble fraction
+  (p-1)/(m+p-1), and every rank holds the activations of all m microbatches.
+* :func:`one_f_one_b`, PipeDream-flush (Narayanan et al. 2021): after a warm-up of
+  p-r-1 forwards rank r alternates one forward and one backward. Same bubble as GPipe but at
+  most p microbatches in flight.
+* :func:`interleaved_one_f_one_b` (Narayanan et al. 2021, "Efficient Large-Scale Language
+  Model Training on GPU Clusters", section 2.2.2): v chunks per rank; the bubble shrinks v
+  times, for v times more point-to-point messages.
+* :func:`zb_h1` (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): the backward split into
+  B and W; W passes are postponed to fill the cool-down, bubble (p-1)(T_F + T_B - T_W)
+  instead of (p-1)(T_F + T_B + T_W), with 1F1B's activation memory.
+
+A schedule can also be written by hand, one string per rank (see :func:`schedule_from_strings`)::
+
+    >>> print(one_f_one_b(2, 3))
+    1f1b: p=2 ranks, m=3 microbatches
+    rank 0: F0 F1 B0 F2 B1 B2
+    rank 1: F0 B0 F1 B1 F2 B2
+"""
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass
+
+KINDS = ("F", "B", "W")
+KIND_NAMES = {"F": "forward", "B": "backward", "W": "weight-gradient"}
+
+
+@dataclass(frozen=True)
+class Action:
+    """One pass: ``kind`` (F, B or W) of ``microbatch`` through virtual ``stage``."""
+
+    kind: str
+    microbatch: int
+    stage: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}{self.microbatch}s{self.stage}"
+
+    def describe(self) -> str:
+        """E.g. ``B microbatch 3, stage 2``."""
+        return f"{self.kind} microbatch {self.microbatch}, stage {self.stage}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The passes of every rank, in order: ``actions[rank][step]``."""
+
+    name: str
+    ranks: int  # p, the pipeline-parallel size
+    microbatches: int  # m
+    chunks: int  # v, model chunks (virtual stages) per rank
+    split_backward: bool  # True when the backward is split into B and W
+    actions: tuple[tuple[Action, ...], ...]
+
+    @property
+    def stages(self) -> int:
+        """Number of virtual stages, p*v."""
+        return self.ranks * self.chunks
+
+    def rank_of(self, stage: int) -> int:
+        """The rank that runs virtual ``stage``: ``stage % p`` (Megatron's placement)."""
+        if not 0 <= stage < self.stages:
+            raise ValueError(f"stage {stage} is out of range: this schedule has {self.stages} "
+                             f"stages (0..{self.stages - 1})")
+        return stage % self.ranks
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """The virtual stages on ``rank``: rank, rank + p, rank + 2p, ..."""
+        return tuple(range(rank, self.stages, self.ranks))
+
+    def format(self, rank: int) -> str:
+        """``rank``'s actions as text, e.g. ``F0 F1 B0 F2 B1 B2``; ``F3s5`` when v > 1."""
+        return " ".join(_token(action, self.chunks) for action in self.actions[rank])
+
+    def __str__(self) -> str:
+        header = f"{self.name}: p={self.ranks} ranks, m={self.microbatches} microbatches"
+        if self.chunks > 1:
+            header += f", v={self.chunks} chunks per rank"
+        return "\n".join([header] + [f"rank {rank}: {self.format(rank)}"
+                                     for rank in range(self.ranks)])
+
+
+def _token(action: Action, chunks: int) -> str:
+    return f"{action.kind}{action.microbatch}" if chunks == 1 else str(action)
+
+
+def naive(p: int) -> Schedule:
+    """One microbatch: forward through stages 0..p-1, then backward from p-1 to 0."""
+    _check_positive(ranks=p)
+    actions = tuple((Action("F", 0, rank), Action("B", 0, rank)) for rank in range(p))
+    return Schedule("naive", p, 1, 1, False, actions)
+
+
+def gpipe(p: int, m: int) -> Schedule:
+    """GPipe (Huang et al. 2018): every rank runs all m forwards, then all m backwards."""
+    _check_positive(ranks=p, microbatches=m)
+    actions = []
+    for rank in range(p):
+        raise NotImplementedError('lab4: rank\'s GPipe actions: Action("F", i, rank) for every microbatch i, then Action("B", i, rank) for every i; append them to actions as a tuple')
+    return Schedule("gpipe", p, m, 1, False, tuple(actions))
+
+
+def one_f_one_b(p: int, m: int) -> Schedule:
+    """PipeDream-flush 1F1B (Narayanan et al. 2021).
+
+    Rank r runs ``min(p - r - 1, m)`` warm-up forwards, then alternates one forward and one
+    backward, then runs the cool-down backwards. A rank holds at most ``min(p - r, m)``
+    microbatches' activations, instead of GPipe's m.
+    """
+    _check_positive(ranks=p, microbatches=m)
+    actions = []
+    for rank in range(p):
+        raise NotImplementedError("lab4: rank's 1F1B actions: min(p - rank - 1, m) warm-up forwards, then pairs (forward of the next microbatch, backward of the oldest), then the remaining backwards; append them to actions as a tuple")
+    return Schedule("1f1b", p, m, 1, False, tuple(actions))
+
+
+def interleaved_one_f_one_b(p: int, m: int, v: int = 2) -> Schedule:
+    """Interleaved 1F1B with v model chunks per rank (Narayanan et al. 2021, section 2.2.2).
+
+    Stage s (of p*v) runs on rank s % p. Every rank runs its m*v forwards in the same order
+    (Megatron-LM's ``get_model_chunk_id``): groups of p microbatches, each group through
+    chunk 0, then chunk 1, ..., then the next group. The k-th forward of a rank is
+
+        chunk      (k // p) % v
+        microbatch (k // (p*v)) * p + k % p
+
+    and the k-th backward is the same with the chunks reversed (v - 1 first). Rank r warms up
+    with ``(v - 1)*p + 2*(p - r - 1)`` forwards (capped at m*v), then alternates one forward
+    and one backward, then runs the cool-down backwards. The ``(v - 1)*p`` term lets the first
+    group of microbatches reach the last chunk; the factor 2 (Megatron's) keeps every link's
+    messages in the order they are sent, which ``(v - 1)*p + (p - r - 1)`` would not for p = 2.
+    (Megatron also makes every pass warm-up when m == p; that only holds more activations,
+    so it is left out here, as in PyTorch's ``ScheduleInterleaved1F1B``.)
+
+    With v = 1 this is exactly :func:`one_f_one_b` (Megatron then uses its non-interleaved
+    schedule). Needs m to be a multiple of p, as Megatron does.
+    """
+    _check_positive(ranks=p, microbatches=m, chunks=v)
+    if m % p:
+        raise ValueError(f"interleaved 1F1B needs the number of microbatches ({m}) to be a "
+                         f"multiple of the pipeline size ({p})")
+    if v == 1:
+        return _renamed(one_f_one_b(p, m), "interleaved")
+    total = m * v  # passes of each kind on every rank
+
+    def virtual(k: int, forward: bool) -> tuple[int, int]:
+        """(microbatch, chunk) of a rank's k-th forward or backward."""
+        chunk = (k // p) % v
+        return (k // (p * v)) * p + k % p, chunk if forward else v - 1 - chunk
+
+    def action(kind: str, k: int, rank: int) -> Action:
+        microbatch, chunk = virtual(k, kind == "F")
+        return Action(kind, microbatch, chunk * p + rank)
+
+    actions = []
+    for rank in range(p):
+        warmup = min((v - 1) * p + 2 * (p - rank - 1), total)
+        ops = [action("F", k, rank) for k in range(warmup)]
+        for k in range(total - warmup):
+            ops += [action("F", warmup + k, rank), action("B", k, rank)]
+        ops += [action("B", k, rank) for k in range(total - warmup, total)]
+        actions.append(tuple(ops))
+    return Schedule("interleaved", p, m, v, False, tuple(actions))
+
+
+def zb_h1(p: int, m: int) -> Schedule:
+    """ZB-H1, the handcrafted schedule of Qi et al. 2023, "Zero Bubble Pipeline Parallelism".
+
+    The backward is split into B (gradient of the stage's input, which the previous stage is
+    waiting for) and W (gradient of the weights, which nobody waits for). The order of F and B
+    is 1F1B's, so the activation memory is the same. Rank r postpones its first r W passes:
+    the B passes travel back to rank 0 sooner, and the postponed W passes fill rank r's
+    cool-down, where 1F1B idles. From rank r's (r+1)-th B on, each B is followed by the oldest
+    W still waiting (the order of PyTorch's ``ScheduleInterleavedZeroBubble`` with one chunk,
+    the paper's ZB-H1 figure). For m >= p and
+    T_W <= min(T_F, T_B) (the paper takes them equal) the bubble is (p-1)(T_F + T_B - T_W)
+    instead of 1F1B's (p-1)(T_F + T_B + T_W): a third of it when T_F = T_B = T_W.
+    """
+    _check_positive(ranks=p, microbatches=m)
+    actions = []
+    for rank in range(p):
+        warmup = min(p - rank - 1, m)
+        ops = [Action("F", i, rank) for i in range(warmup)]
+        waiting_w: deque[int] = deque()  # microbatches whose B ran but whose W has not
+        for i in range(m):  # 1F1B's F/B order, with a W after each B from the (rank+1)-th on
+            if warmup + i < m:
+                ops.append(Action("F", warmup + i, rank))
+            ops.append(Action("B", i, rank))
+            waiting_w.append(i)
+            if i >= rank:  # the first `rank` W passes are postponed
+                ops.append(Action("W", waiting_w.popleft(), rank))
+        ops += [Action("W", i, rank) for i in waiting_w]  # they fill the cool-down
+        actions.append(tuple(ops))
+    return Schedule("zb-h1", p, m, 1, True, tuple(actions))
+
+
+SCHEDULES = {
+    "naive": naive,
+    "gpipe": gpipe,
+    "1f1b": one_f_one_b,
+    "interleaved": interleaved_one_f_one_b,
+    "zb-h1": zb_h1,
+}
+
+
+def build_schedule(name: str, p: int, m: int = 1, v: int = 1) -> Schedule:
+    """The schedule ``name`` from :data:`SCHEDULES` for p ranks, m microbatches, v chunks."""
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    if name == "interleaved":
+        return interleaved_one_f_one_b(p, m, v)
+    if v != 1:
+        raise ValueError(f"schedule {name!r} has one chunk per rank, got v={v}; "
+                         f"use 'interleaved' for v > 1")
+    if name == "naive":
+        if m != 1:
+            raise ValueError(f"the naive schedule runs a single microbatch, got m={m}; "
+                             f"use 'gpipe' or '1f1b' for m > 1")
+        return naive(p)
+    return SCHEDULES[name](p, m)
+
+
+_TOKEN = re.compile(r"^([FBW])(\d+)(?:s(\d+))?$")
+
+
+def schedule_from_strings(rows: list[str], microbatches: int, chunks: int = 1,
+                          name: str = "custom", split_backward: bool | None = None) -> Schedule:
+    """A schedule written by hand, one string per rank: ``["F0 F1 B0 B1", "F0 B0 F1 B1"]``.
+
+    Each token is a kind and a microbatch, ``F3``; with v > 1 chunks add the virtual stage,
+    ``F3s5``. Without a stage the action runs on the rank's own stage (the rank's index), which
+    is only possible with one chunk. ``split_backward`` defaults to whether any W appears.
+    The result is not checked: pass it to ``pipeline_validator.validate``.
+    """
+    actions = []
+    for rank, row in enumerate(rows):
+        ops = []
+        for token in row.split():
+            match = _TOKEN.match(token)
+            if not match:
+                raise ValueError(f"rank {rank}: cannot read {token!r}; write a kind (F, B or W) "
+                                 f"and a microbatch, e.g. 'F3', or with a stage 'F3s5'")
+            kind, microbatch, stage = match.groups()
+            if stage is None and chunks > 1:
+                raise ValueError(f"rank {rank}: {token!r} needs a stage (e.g. '{token}s{rank}') "
+                                 f"because there are {chunks} chunks per rank")
+            ops.append(Action(kind, int(microbatch), rank if stage is None else int(stage)))
+        actions.append(tuple(ops))
+    if split_backward is None:
+        split_backward = any(action.kind == "W" for ops in actions for action in ops)
+    return Schedule(name, len(rows), microbatches, chunks, split_backward, tuple(actions))
+
+
+def _renamed(schedule: Schedule, name: str) -> Schedule:
+    return Schedule(name, schedule.ranks, schedule.microbatches, schedule.chunks,
+                    schedule.split_backward, schedule.actions)
+
+
+def _check_positive(**counts: int) -> None:
+    labels = {"ranks": "the number of ranks p", "microbatches": "the number of microbatches m",
+              "chunks": "the number of chunks per rank v"}
+    for key, value in counts.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{labels[key]} must be an integer >= 1, got {value!r}")

@@ -1,0 +1,284 @@
+"""Pipeline schedules measured: bubble, activation memory, timelines, and PyTorch's pipelining.
+
+    python -m reference_impl.benchmarks.pipeline [--plot FILE] [--trace FILE] [--cost-f 0.03]
+                                                 [--skip-torch]
+
+Everything runs the reference executor (``pipeline_executor.run_schedule``) on p = 4 ranks:
+
+1. **Bubble fraction, measured vs simulated vs formula** for GPipe, 1F1B, interleaved 1F1B
+   (v = 2) and ZB-H1 at m = 4, 8, 16. The stages are *calibrated*: :class:`SleepStage`
+   sleeps a fixed time per pass (T_F = ``--cost-f``, the whole backward T_B + T_W = 2 T_F,
+   split evenly between B and W for ZB-H1, each chunk 1/v of it), so the timeline is made of
+   known costs and the point-to-point overhead is small beside them. Sleeping uses no CPU,
+   so 4 ranks on a 2-core laptop measure the schedule, not the machine. The measured bubble
+   is ``idle / (p * makespan)`` from the executor's timestamps; the simulator gets the same
+   costs; the formula is ``pipeline_simulator.bubble_formula``. The measured bubble runs a
+   little above the simulated one: every pass carries ~1 ms of overhead (Python, the sleep's
+   overshoot, one message hop) that the nominal costs leave out, and it weighs more as the
+   bubble shrinks (large m, interleaved, ZB-H1). The last column simulates again with the
+   costs *fitted* to the measured timeline (:func:`fitted_costs`: median pass durations and
+   message latency), which accounts for part of that gap.
+2. **Activation memory**: the most (microbatch, stage) entries each rank held, counted by the
+   executor, against the simulator's ``peak_in_flight`` (for v = 2 the unit is one chunk's
+   activations; ZB-H1 also keeps an entry from its B until its W).
+3. **Timelines**: 1F1B at p = 4, m = 8, simulated above measured, as a Gantt chart
+   (``--plot FILE``, PNG), and the measured one as a Chrome trace (``--trace FILE``, open it
+   in https://ui.perfetto.dev).
+4. **Reference vs ``torch.distributed.pipelining``**: the time of one training step of a GPT
+   through the reference executor and through PyTorch's ``ScheduleGPipe`` / ``Schedule1F1B``
+   (``PipelineStage`` built from the same stage modules), on the same ranks, alternately,
+   median of a few steps; the ratio reference / PyTorch. On a 2-core CPU 4 ranks are
+   oversubscribed, so the ratio says more than either time.
+
+Times are printed, never asserted (``tests/test_pipeline_measured.py`` asserts the ratios).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from reference_impl.launcher import current_device, launch
+from reference_impl.model import GPT, ModelConfig
+from reference_impl.pipeline_executor import (
+    build_gpt_stages, gpt_loss, measured_timeline, run_schedule, split_batch)
+from reference_impl.pipeline_gantt import plot_gantt, save_chrome_trace
+from reference_impl.pipeline_schedules import Action, Schedule, build_schedule
+from reference_impl.pipeline_simulator import Timeline, bubble_formula, simulate
+from reference_impl.pipeline_validator import input_message
+
+P = 4
+MICROBATCHES = (4, 8, 16)
+SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
+BOUNDARY = (1, 4)  # the tensor the sleeping stages pass on: small, so messages cost little
+LAUNCH_TIMEOUT = 300.0
+
+
+# ---------------------------------------------------------------- calibrated stages
+
+class _Sleep(torch.autograd.Function):
+    """Identity that sleeps ``forward_s`` in the forward and ``backward_s`` in the backward."""
+
+    @staticmethod
+    def forward(ctx, x, forward_s, backward_s):
+        time.sleep(forward_s)
+        ctx.backward_s = backward_s
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.backward_s)
+        return grad, None, None
+
+
+class SleepStage(nn.Module):
+    """A stage whose passes take known times: forward ``forward_s``; the backward
+    ``input_grad_s`` on the path to the input (B) plus ``weight_grad_s`` on the path to its
+    one parameter (W). A whole backward runs both; a split one runs each in its own pass."""
+
+    def __init__(self, forward_s: float, input_grad_s: float, weight_grad_s: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(()))
+        self.forward_s, self.input_grad_s, self.weight_grad_s = \
+            forward_s, input_grad_s, weight_grad_s
+
+    def forward(self, x):
+        weight = _Sleep.apply(self.weight, 0.0, self.weight_grad_s)
+        return _Sleep.apply(x, self.forward_s, self.input_grad_s) * weight
+
+
+def sleep_stages(schedule: Schedule, rank: int, cost_f: float, cost_b: float,
+                 cost_w: float | None = None) -> dict[int, SleepStage]:
+    """This rank's stages with the simulator's cost model (``pipeline_simulator.simulate``):
+    per chunk, F = cost_f / v and the whole backward cost_b / v, of which W is cost_w / v."""
+    if cost_w is None:
+        cost_w = cost_b / 2
+    v = schedule.chunks
+    return {s: SleepStage(cost_f / v, (cost_b - cost_w) / v, cost_w / v)
+            for s in schedule.stages_of(rank)}
+
+
+def run_sleeping(schedule: Schedule, cost_f: float, cost_b: float, cost_w: float | None = None):
+    """On every rank: run ``schedule`` with sleeping stages (after a warm-up with no sleep)."""
+    rank = dist.get_rank()
+    inputs = torch.ones(schedule.microbatches * BOUNDARY[0], *BOUNDARY[1:])
+
+    def once(f, b, w):
+        stages = sleep_stages(schedule, rank, f, b, w)
+        return run_schedule(schedule, stages, inputs, inputs, lambda y, t: (y * t).sum(),
+                            boundary_shape=BOUNDARY)
+
+    once(0.0, 0.0, 0.0)  # warm-up: first messages on each link, allocator, code paths
+    return once(cost_f, cost_b, cost_w)
+
+
+def fitted_costs(timeline) -> dict[str, float]:
+    """The simulator's costs as the measured timeline shows them: the median duration of each
+    kind of pass (times v: per rank's share), and ``comm``, the median time from the end of a
+    pass to the start of the pass on another rank that waited for its message."""
+    v = timeline.schedule.chunks
+    durations = {kind: statistics.median(e.end - e.start for e in timeline.events
+                                         if e.action.kind == kind) * v
+                 for kind in {e.action.kind for e in timeline.events}}
+    ended = {e.action: e.end for e in timeline.events}
+    gaps = []
+    for event in timeline.events:
+        message = input_message(timeline.schedule, event.action)
+        if message is not None:
+            kind = "F" if message.kind == "activation" else "B"
+            producer = Action(kind, message.microbatch, message.src_stage)
+            gaps.append(max(0.0, event.start - ended[producer]))
+    costs = {"cost_f": durations["F"], "cost_b": durations["B"] + durations.get("W", 0.0),
+             "comm": statistics.median(gaps) if gaps else 0.0}
+    if "W" in durations:
+        costs["cost_w"] = durations["W"]
+    return costs
+
+
+def _measure_all(cases, cost_f, cost_b):
+    return [run_sleeping(build_schedule(name, P, m, v), cost_f, cost_b)
+            for name, v, m in cases]
+
+
+# ---------------------------------------------------------------- PyTorch's pipelining
+
+def _step_times(gpt, config, m, batch, repeats):
+    """Per rank: the reference executor and torch.distributed.pipelining, alternately."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    device = current_device()
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, config.vocab_size, (batch, config.seq_len), generator=generator)
+    targets = torch.randint(0, config.vocab_size, (batch, config.seq_len), generator=generator)
+    tokens, targets = tokens.to(device), targets.to(device)
+    shape = (batch // m, config.seq_len, config.hidden)
+    times = {}
+    for name, torch_schedule in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B)):
+        schedule = build_schedule(name, p, m)
+        ours, _ = build_gpt_stages(gpt, schedule, rank)
+        theirs, _ = build_gpt_stages(gpt, schedule, rank)
+        stage = PipelineStage(theirs[rank], rank, p, device)
+        runner = torch_schedule(stage, n_microbatches=m, loss_fn=gpt_loss)
+
+        def reference():
+            run_schedule(schedule, ours, split_batch(tokens, m), split_batch(targets, m),
+                         gpt_loss, boundary_shape=shape)
+
+        def pytorch():
+            if rank == 0:
+                runner.step(tokens)
+            elif rank == p - 1:
+                runner.step(target=targets, losses=[])
+            else:
+                runner.step()
+
+        samples = {"reference": [], "pytorch": []}
+        for repeat in range(repeats + 1):  # the first of each is a warm-up
+            for label, fn in (("reference", reference), ("pytorch", pytorch)):
+                for module in (ours if label == "reference" else theirs).values():
+                    module.zero_grad(set_to_none=True)
+                dist.barrier()
+                start = time.perf_counter()
+                fn()
+                dist.barrier()
+                if repeat:
+                    samples[label].append(time.perf_counter() - start)
+        times[name] = {label: statistics.median(values) for label, values in samples.items()}
+    return times
+
+
+# ---------------------------------------------------------------- the report
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--plot", help="save the 1F1B Gantt chart (simulated vs measured) here")
+    parser.add_argument("--trace", help="save the measured 1F1B timeline as a Chrome trace")
+    parser.add_argument("--cost-f", type=float, default=0.03,
+                        help="seconds a forward sleeps (the whole backward: twice that)")
+    parser.add_argument("--skip-torch", action="store_true",
+                        help="skip the comparison with torch.distributed.pipelining")
+    args = parser.parse_args(argv)
+    cost_f, cost_b = args.cost_f, 2 * args.cost_f
+
+    print(f"pipeline benchmark: p={P} ranks (gloo on CPU, {os.cpu_count()} cores), "
+          f"sleeping stages: T_F = {cost_f * 1e3:g} ms, whole backward {cost_b * 1e3:g} ms "
+          f"(ZB-H1: B = W = {cost_b / 2 * 1e3:g} ms), 1/v of that per chunk")
+    cases = [(name, v, m) for name, v in SCHEDULES for m in MICROBATCHES]
+    started = time.perf_counter()
+    per_rank = launch(_measure_all, P, cases, cost_f, cost_b, timeout=LAUNCH_TIMEOUT)
+    print(f"(measured {len(cases)} runs in {time.perf_counter() - started:.1f} s)\n")
+
+    print("1. bubble fraction = idle / (p * makespan)")
+    print(f"{'schedule':<16}{'m':>4}{'measured':>10}{'simulated':>11}{'formula':>9}"
+          f"{'meas/sim':>10}{'makespan meas/sim':>19}{'fitted sim':>12}")
+    timelines = {}
+    for index, (name, v, m) in enumerate(cases):
+        schedule = build_schedule(name, P, m, v)
+        measured = measured_timeline(schedule, [runs[index] for runs in per_rank])
+        simulated = simulate(schedule, cost_f, cost_b)
+        timelines[(name, m)] = (schedule, measured, simulated, [r[index] for r in per_rank])
+        formula = bubble_formula(name, P, m, v, cost_f, cost_b)
+        label = f"{name} v={v}" if v > 1 else name
+        print(f"{label:<16}{m:>4}{measured.bubble_fraction:>10.3f}"
+              f"{simulated.bubble_fraction:>11.3f}{formula:>9.3f}"
+              f"{measured.bubble_fraction / simulated.bubble_fraction:>10.3f}"
+              f"{measured.makespan / simulated.makespan:>19.3f}"
+              f"{simulate(schedule, **fitted_costs(measured)).bubble_fraction:>12.3f}")
+
+    print("\n2. activation memory: most (microbatch, stage) entries held, per rank "
+          "(measured | simulator's peak_in_flight)")
+    for name, v in SCHEDULES:
+        for m in MICROBATCHES:
+            schedule, _, simulated, runs = timelines[(name, m)]
+            measured = [run.peak_saved for run in runs]
+            label = f"{name} v={v}" if v > 1 else name
+            note = ("  (unit: one chunk)" if v > 1 else
+                    "  (entries kept from B until W)" if schedule.split_backward else "")
+            print(f"{label:<16} m={m:<3} {str(measured):<18}| "
+                  f"{str(list(simulated.peak_in_flight)):<18}{note}")
+
+    schedule, measured, simulated, _ = timelines[("1f1b", 8)]
+    if args.plot:
+        in_seconds = Timeline(schedule, simulated.events, unit="s")  # costs were seconds
+        figure = plot_gantt([in_seconds, measured],
+                            titles=[f"simulated (T_F = {cost_f * 1e3:g} ms, "
+                                    f"T_B = {cost_b * 1e3:g} ms)", "measured by the executor"])
+        figure.savefig(args.plot, dpi=120)
+        print(f"\n3. Gantt chart of 1F1B p={P} m=8, simulated vs measured: {args.plot}")
+    if args.trace:
+        save_chrome_trace(measured, args.trace)
+        print(f"3. Chrome trace of the measured 1F1B p={P} m=8: {args.trace}")
+    if not (args.plot or args.trace):
+        print("\n3. (pass --plot FILE and/or --trace FILE for the 1F1B timelines)")
+
+    print(f"\n4. one training step, reference executor vs torch.distributed.pipelining, "
+          f"p={P}")
+    if args.skip_torch:
+        print("skipped (--skip-torch)")
+        return
+    config = ModelConfig(vocab_size=256, seq_len=64, hidden=128, heads=4, layers=6)
+    m, batch, repeats = 8, 32, 5
+    torch.manual_seed(0)
+    gpt = GPT(config)
+    try:
+        times = launch(_step_times, P, gpt, config, m, batch, repeats,
+                       timeout=LAUNCH_TIMEOUT)[0]
+    except Exception as error:  # noqa: BLE001 - report, do not fail the whole benchmark
+        print(f"skipped: torch.distributed.pipelining failed here: {error}".splitlines()[0])
+        return
+    print(f"GPT hidden {config.hidden}, {config.layers} blocks, seq {config.seq_len}, batch "
+          f"{batch}, m={m}; median of {repeats} steps, 1 thread per rank")
+    for name, label in (("gpipe", "ScheduleGPipe"), ("1f1b", "Schedule1F1B")):
+        ours, theirs = times[name]["reference"], times[name]["pytorch"]
+        print(f"{name:<6} reference {ours * 1e3:7.1f} ms   {label:<14}{theirs * 1e3:7.1f} ms"
+              f"   ratio reference/PyTorch {ours / theirs:.2f}")
+
+
+if __name__ == "__main__":
+    main()

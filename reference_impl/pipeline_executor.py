@@ -1,0 +1,361 @@
+"""Run a pipeline schedule for real: every rank executes its actions over point-to-point messages.
+
+The executor is the third consumer of a schedule (after ``pipeline_validator`` and
+``pipeline_simulator``), and like them it serves every schedule: naive, GPipe, 1F1B,
+interleaved 1F1B and ZB-H1 differ only in the per-rank action lists it is given (DESIGN
+principle 3). On each rank, for each of its actions in order:
+
+1. if ``input_message(schedule, action)`` names a message, receive it (a blocking receive:
+   ``irecv`` then ``wait``) from that rank; if the neighbouring stage is on this rank
+   (interleaved with p = 1), take its tensor from this rank's own hand-off dict instead;
+2. run the action: :func:`run_action`, the only place that computes (lab 4);
+3. if ``output_message(schedule, action)`` names a message, post the send as ``isend`` and
+   wait for it only at the end. A blocking send would deadlock 1F1B already at p = 2: both
+   ranks of a link would sit in ``send`` while the other waits to send too.
+
+The messages carry the schedule's unique tags, so gloo matches them by tag; NCCL matches them
+in order per link, which the validator checks (``validate(..., in_order=True)``) before a
+single message moves. A schedule that would deadlock is refused there, with the cycle named,
+instead of hanging.
+
+State per (microbatch, stage), the activation memory: an F keeps its input (``requires_grad``
+when it is floating point) and its output; the last stage's F also computes the loss, scaled
+by 1/m, so that the gradients accumulated over the m microbatches are those of the full-batch
+mean. The B of that (microbatch, stage) frees it; in schedules that split the backward (ZB-H1)
+B computes only the input gradient (``torch.autograd.grad(output, [input], grad,
+retain_graph=True)``) and the W that follows computes the weight gradients and frees it. The
+executor counts the entries held after each action: with one chunk per rank the peak is the
+number of microbatches whose activations a rank holds, the simulator's ``peak_in_flight``
+(1F1B: ``min(p - r, m)`` on rank r, GPipe: m), and, with saved-tensor hooks, the bytes that
+autograd saved for them (parameters not counted).
+
+Every rank returns a :class:`PipelineRun`: the loss (the mean of the microbatch losses,
+*broadcast from the last stage to every rank*, so each rank can log it), this rank's
+:class:`TimedAction` per action (seconds since a barrier that all ranks leave together, so the
+ranks' times share one origin to within the barrier's skew) and the peaks. In the parent,
+:func:`measured_timeline` joins the ranks' events into a ``Timeline`` with ``unit="s"``: its
+``bubble_fraction`` is the measured counterpart of the simulator's (DESIGN principle 6).
+
+:func:`pipeline_train_step` does it all for the course's GPT: cut ``gpt_layers(gpt)`` into
+p*v stages (``partition`` by parameter count), build this rank's stages from deep copies of
+the single-device GPT's layers (shard-from-full), run the schedule, and return the loss and
+the gradients by parameter name, to compare with single-device training.
+"""
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from reference_impl.launcher import current_device
+from reference_impl.pipeline_partition import gpt_layers, layer_sizes, partition
+from reference_impl.pipeline_schedules import Action, Schedule, build_schedule
+from reference_impl.pipeline_simulator import TimedAction, Timeline
+from reference_impl.pipeline_validator import input_message, output_message, validate
+
+
+class Stage(nn.Sequential):
+    """One virtual stage: a contiguous run of the model's layers, applied in order."""
+
+
+def split_batch(batch: torch.Tensor, m: int) -> list[torch.Tensor]:
+    """The batch cut along dimension 0 into ``m`` microbatches of equal size."""
+    if not isinstance(m, int) or isinstance(m, bool) or m < 1:
+        raise ValueError(f"the number of microbatches must be an integer >= 1, got {m!r}")
+    size = batch.shape[0]
+    if size % m:
+        raise ValueError(f"batch of {size} samples is not divisible into {m} microbatches")
+    return list(batch.split(size // m))
+
+
+def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every token: the single-device GPT's training loss."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+# ---------------------------------------------------------------- one action (lab 4)
+
+@dataclass
+class StepContext:
+    """What :func:`run_action` needs besides the action: this rank's share of the batch."""
+
+    microbatches: int  # m: the loss of each microbatch is scaled by 1/m
+    last_stage: int  # p*v - 1: its forward ends with the loss
+    split_backward: bool  # True: B computes the input gradient only, W the weight gradients
+    inputs: Sequence[torch.Tensor] | None  # per microbatch, on the rank of stage 0
+    targets: Sequence[torch.Tensor] | None  # per microbatch, on the rank of the last stage
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)  # microbatch -> scaled loss
+
+
+def run_action(action: Action, stage: nn.Module, received: torch.Tensor | None,
+               saved: dict, context: StepContext) -> torch.Tensor | None:
+    """Run one F, B or W of ``stage``; return what the neighbouring stage needs, or None.
+
+    ``received`` is what the action's input message brought: the activation from stage s-1
+    for an F, the gradient of this stage's output from stage s+1 for a B; None for W, for the
+    first stage's F (its input is ``context.inputs``) and for the last stage's B (it starts
+    from the loss). ``saved`` maps (microbatch, stage) to what the backward will need.
+
+    * F: forward; keep (input, output); return the output (detached) for stage s+1. The last
+      stage's output is the loss, ``loss_fn(output, target) / m``: nothing to send.
+    * B, whole backward: backward from the output with the received gradient, accumulating
+      the parameters' ``.grad``; free the entry; return the input's gradient for stage s-1.
+    * B, split (ZB-H1): only the input's gradient, keeping the graph and the received
+      gradient for W; return the input's gradient.
+    * W: the gradients of the stage's parameters, added into their ``.grad``; free the entry.
+    """
+    key = (action.microbatch, action.stage)
+    is_last = action.stage == context.last_stage
+    if action.kind == "F":
+        # BEGIN SOLUTION lab4: the forward action: x = the first stage's input (context.inputs[microbatch]) or the received activation, detached with requires_grad for floating inputs; y = stage(x); on the last stage y = loss_fn(y, target) / m, recorded in context.losses; saved[key] = (x, y); return y detached, or None on the last stage
+        x = context.inputs[action.microbatch] if action.stage == 0 else received
+        x = x.detach().requires_grad_(x.is_floating_point())
+        y = stage(x)
+        if is_last:
+            y = context.loss_fn(y, context.targets[action.microbatch]) / context.microbatches
+            context.losses[action.microbatch] = y.detach()
+        saved[key] = (x, y)
+        return None if is_last else y.detach()
+        # END SOLUTION
+
+    if action.kind == "B":
+        x, y = saved[key]
+        grad = None if is_last else received  # the loss is a scalar: d loss / d loss = 1
+        if not context.split_backward:
+            # BEGIN SOLUTION lab4: the whole backward: backward from y with the received gradient (None on the last stage: y is the loss), free saved[key], return the input's gradient (None on the first stage)
+            torch.autograd.backward(y, grad)
+            del saved[key]
+            return x.grad if action.stage > 0 else None
+            # END SOLUTION
+        input_grad = None
+        if x.requires_grad:
+            (input_grad,) = torch.autograd.grad(y, [x], grad, retain_graph=True)
+        saved[key] = (x, y, grad)
+        return input_grad if action.stage > 0 else None
+
+    # W: the weight gradients, from the graph B kept
+    x, y, grad = saved.pop(key)
+    parameters = [p for p in stage.parameters() if p.requires_grad]
+    grads = torch.autograd.grad(y, parameters, grad, allow_unused=True)
+    for parameter, g in zip(parameters, grads):
+        if g is not None:
+            parameter.grad = g if parameter.grad is None else parameter.grad + g
+    return None
+
+
+# ---------------------------------------------------------------- the executor
+
+@dataclass(frozen=True)
+class PipelineRun:
+    """One rank's view of one run of a schedule."""
+
+    rank: int  # this rank's index in the pipeline (0..p-1)
+    loss: float  # mean of the microbatch losses, on every rank (broadcast from the last stage)
+    microbatch_losses: tuple[float, ...]  # unscaled, on the last stage's rank; () elsewhere
+    events: tuple[TimedAction, ...]  # this rank's actions, seconds since the common barrier
+    peak_saved: int  # most (microbatch, stage) entries held at once: activations, in microbatches
+    peak_saved_bytes: int  # most bytes autograd saved for them at once (parameters excluded)
+
+
+def measured_timeline(schedule: Schedule, runs: Sequence[PipelineRun]) -> Timeline:
+    """Every rank's measured events as one ``Timeline`` in seconds."""
+    events = sorted((event for run in runs for event in run.events),
+                    key=lambda e: (e.rank, e.start))
+    return Timeline(schedule, tuple(events), unit="s")
+
+
+def _microbatches(data, m: int, what: str) -> list[torch.Tensor]:
+    if data is None:
+        raise ValueError(f"the rank that holds {what} needs them: got None")
+    if isinstance(data, torch.Tensor):
+        return split_batch(data, m)
+    data = list(data)
+    if len(data) != m:
+        raise ValueError(f"got {len(data)} microbatches of {what} for a schedule with m={m}")
+    return data
+
+
+class _SavedBytes:
+    """Saved-tensor hooks that add up the storage autograd saves during one forward."""
+
+    def __init__(self, parameters):
+        self.exclude = {p.untyped_storage().data_ptr() for p in parameters}
+        self.storages: dict[int, int] = {}
+
+    def pack(self, tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in self.exclude:
+            self.storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    @staticmethod
+    def unpack(tensor):
+        return tensor
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+
+def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs=None,
+                 targets=None, loss_fn: Callable = gpt_loss, *,
+                 boundary_shape: Sequence[int] | None = None,
+                 boundary_dtype: torch.dtype = torch.float32, group=None) -> PipelineRun:
+    """Run this rank's actions of ``schedule``; call it on every rank of the pipeline group.
+
+    ``stage_modules`` maps each of this rank's stages (``schedule.stages_of(rank)``) to its
+    module. ``inputs`` (needed on the rank of stage 0) and ``targets`` (on the rank of the
+    last stage) are the whole batch, split here with :func:`split_batch`, or lists of m
+    microbatches. ``boundary_shape`` and ``boundary_dtype`` describe every tensor passed
+    between stages, (micro_batch, seq, hidden) for the GPT, so receive buffers can be made
+    before the data arrives. ``group`` is the pipeline's process group (default: the world);
+    the pipeline rank is the rank in that group. Gradients are *accumulated* into the stage
+    modules' ``.grad``: zero them between steps.
+    """
+    if not dist.is_initialized():
+        validate(schedule)  # refuse a broken schedule before asking for a process group
+        raise RuntimeError("run_schedule needs an initialised process group (use launch)")
+    nccl = dist.get_backend(group) == "nccl"
+    validate(schedule, in_order=nccl)  # NCCL matches messages in order per link, not by tag
+    p, m = schedule.ranks, schedule.microbatches
+    if dist.get_world_size(group) != p:
+        raise ValueError(f"the schedule is for {p} ranks but the pipeline group has "
+                         f"{dist.get_world_size(group)}")
+    rank = dist.get_rank(group)
+    mine = schedule.stages_of(rank)
+    if set(stage_modules) != set(mine):
+        raise ValueError(f"rank {rank} runs stages {list(mine)} of {schedule.name}, but "
+                         f"got modules for stages {sorted(stage_modules)}")
+    last = schedule.stages - 1
+    if schedule.stages > 1 and p > 1 and boundary_shape is None:
+        raise ValueError("boundary_shape is needed to receive the tensors between stages, "
+                         "e.g. (micro_batch, seq, hidden)")
+    device = current_device()
+    context = StepContext(
+        microbatches=m, last_stage=last, split_backward=schedule.split_backward,
+        inputs=_microbatches(inputs, m, "the inputs") if 0 in mine else None,
+        targets=_microbatches(targets, m, "the targets") if last in mine else None,
+        loss_fn=loss_fn)
+
+    def peer(pipeline_rank: int) -> int:
+        return pipeline_rank if group is None else dist.get_global_rank(group, pipeline_rank)
+
+    def now() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    saved: dict[tuple[int, int], tuple] = {}
+    saved_bytes: dict[tuple[int, int], int] = {}
+    handoff: dict[tuple[str, int, int], torch.Tensor] = {}  # between stages on this rank
+    sends: list[tuple[dist.Work, torch.Tensor]] = []
+    events: list[TimedAction] = []
+    peak_saved = peak_bytes = 0
+
+    dist.barrier(group=group)  # the common origin of every rank's timestamps
+    origin = now()
+    for action in schedule.actions[rank]:
+        needed = input_message(schedule, action)
+        if needed is not None:
+            received = torch.empty(tuple(boundary_shape), dtype=boundary_dtype, device=device)
+            dist.irecv(received, src=peer(needed.src), group=group, tag=needed.tag).wait()
+        else:
+            received = handoff.pop((action.kind, action.microbatch, action.stage), None)
+
+        start = now()
+        if action.kind == "F":
+            counter = _SavedBytes(stage_modules[action.stage].parameters())
+            with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+                outgoing = run_action(action, stage_modules[action.stage], received, saved,
+                                      context)
+            saved_bytes[(action.microbatch, action.stage)] = counter.total
+        else:
+            outgoing = run_action(action, stage_modules[action.stage], received, saved, context)
+        end = now()
+        events.append(TimedAction(rank, action, start - origin, end - origin))
+
+        peak_saved = max(peak_saved, len(saved))
+        peak_bytes = max(peak_bytes, sum(saved_bytes.get(key, 0) for key in saved))
+        for key in [key for key in saved_bytes if key not in saved]:
+            del saved_bytes[key]
+
+        produced = output_message(schedule, action)
+        if produced is not None:
+            tensor = outgoing.contiguous()
+            work = dist.isend(tensor, dst=peer(produced.dst), group=group, tag=produced.tag)
+            sends.append((work, tensor))  # keep the tensor alive until the send is done
+        elif outgoing is not None:  # the neighbouring stage is on this rank
+            neighbour = action.stage + 1 if action.kind == "F" else action.stage - 1
+            handoff[(action.kind, action.microbatch, neighbour)] = outgoing
+        sends = [(work, tensor) for work, tensor in sends if not work.is_completed()]
+
+    for work, _ in sends:
+        work.wait()
+
+    total = sum(context.losses.values()) if last in mine else 0.0
+    loss = torch.as_tensor(total, dtype=torch.float32, device=device).reshape(())
+    dist.broadcast(loss, src=peer(schedule.rank_of(last)), group=group)
+    microbatch_losses = tuple(float(context.losses[i]) * m for i in sorted(context.losses))
+    return PipelineRun(rank, loss.item(), microbatch_losses, tuple(events), peak_saved,
+                       peak_bytes)
+
+
+# ---------------------------------------------------------------- the course's GPT
+
+def build_gpt_stages(gpt: nn.Module, schedule: Schedule,
+                     rank: int) -> tuple[dict[int, Stage], dict[int, str]]:
+    """This rank's stages of ``gpt`` (deep copies of its layers) and {id(parameter): name}.
+
+    ``gpt_layers`` (embedding, blocks, head) is cut into ``schedule.stages`` stages by
+    parameter count; the names are the single-device GPT's (``blocks.0.attn.qkv.weight``).
+    """
+    replica = copy.deepcopy(gpt)
+    names = {id(parameter): name for name, parameter in replica.named_parameters()}
+    layers = gpt_layers(replica)
+    ranges = partition(layer_sizes(layers), schedule.stages)
+    stages = {s: Stage(*layers[ranges[s].start:ranges[s].stop]).to(current_device())
+              for s in schedule.stages_of(rank)}
+    return stages, names
+
+
+@dataclass(frozen=True)
+class PipelineStepResult:
+    loss: float  # the full-batch mean loss, on every rank
+    grads: dict[str, torch.Tensor]  # this rank's parameters' gradients, by GPT parameter name
+    run: PipelineRun
+
+
+def pipeline_train_step(gpt: nn.Module, schedule: Schedule | str, tokens: torch.Tensor,
+                        targets: torch.Tensor, *, microbatches: int | None = None,
+                        chunks: int = 1, group=None) -> PipelineStepResult:
+    """One forward and backward of ``gpt`` on (tokens, targets) through a pipeline schedule.
+
+    ``schedule`` is a ``Schedule``, or a name from ``SCHEDULES`` with ``microbatches`` and
+    ``chunks`` (v), built for the group's size. Run on every rank of the pipeline group; the
+    caller's ``gpt`` is not modified. The loss is the mean of the microbatch losses, which for
+    equal microbatches is the full batch's mean cross-entropy, and the gradients are those of
+    the single-device GPT (up to fp32 rounding).
+    """
+    if isinstance(schedule, str):
+        schedule = build_schedule(schedule, dist.get_world_size(group), microbatches or 1,
+                                  chunks)
+    micro_inputs = split_batch(tokens, schedule.microbatches)
+    micro_targets = split_batch(targets, schedule.microbatches)
+    rank = dist.get_rank(group)
+    stages, names = build_gpt_stages(gpt, schedule, rank)
+    device = current_device()
+    shape = (micro_inputs[0].shape[0], micro_inputs[0].shape[1], gpt.config.hidden)
+    run = run_schedule(schedule, stages, [t.to(device) for t in micro_inputs],
+                       [t.to(device) for t in micro_targets], gpt_loss,
+                       boundary_shape=shape, group=group)
+    grads = {names[id(parameter)]: parameter.grad.detach().cpu().clone()
+             for stage in stages.values() for parameter in stage.parameters()
+             if parameter.grad is not None}
+    return PipelineStepResult(run.loss, grads, run)

@@ -1,0 +1,140 @@
+"""Lab 4, graded: the student's ``gpipe`` and ``one_f_one_b`` schedules, checked as data, with
+no communication: valid (complete, ordered, deadlock-free, every link in order) for every
+p = 1..5 and m = 1..9; the exact per-rank order on small cases; and, simulated with
+T_F = 1 and T_B = 2, the bubble fraction (p-1)/(m+p-1) and the activations each rank holds
+(m for GPipe, min(p - r, m) for 1F1B).
+
+The schedule is checked with the reference validator and simulator. A student's
+``pipeline_schedules`` module defines its own ``Action`` and ``Schedule`` classes, so each
+schedule is first rebuilt from the reference classes, field by field (``as_reference``).
+"""
+import pytest
+
+from reference_impl.pipeline_simulator import simulate
+from reference_impl.pipeline_validator import ScheduleError, normalized, validate
+
+pytestmark = pytest.mark.lab4
+
+SIZES = [(p, m) for p in range(1, 6) for m in range(1, 10)]
+
+HINTS = {
+    "gpipe": "GPipe: every rank r runs F0 F1 ... F(m-1), then B0 B1 ... B(m-1), all at its "
+             "own stage r (Action(kind, microbatch, stage=r))",
+    "one_f_one_b": "1F1B: rank r warms up with min(p - r - 1, m) forwards, then alternates the "
+                   "forward of the next microbatch and the backward of the oldest one, then runs "
+                   "the remaining backwards; every action at stage r",
+}
+
+# Derived from the reference generators (and by hand from the rules in HINTS).
+GOLDEN = {
+    ("gpipe", 1, 3): ["F0 F1 F2 B0 B1 B2"],
+    ("gpipe", 2, 3): ["F0 F1 F2 B0 B1 B2", "F0 F1 F2 B0 B1 B2"],
+    ("gpipe", 3, 2): ["F0 F1 B0 B1", "F0 F1 B0 B1", "F0 F1 B0 B1"],
+    ("one_f_one_b", 1, 3): ["F0 B0 F1 B1 F2 B2"],
+    ("one_f_one_b", 2, 3): ["F0 F1 B0 F2 B1 B2", "F0 B0 F1 B1 F2 B2"],
+    ("one_f_one_b", 3, 4): ["F0 F1 F2 B0 F3 B1 B2 B3", "F0 F1 B0 F2 B1 F3 B2 B3",
+                            "F0 B0 F1 B1 F2 B2 F3 B3"],
+    ("one_f_one_b", 4, 2): ["F0 F1 B0 B1", "F0 F1 B0 B1", "F0 F1 B0 B1", "F0 B0 F1 B1"],
+    ("one_f_one_b", 4, 6): ["F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5",
+                            "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5",
+                            "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5",
+                            "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"],
+}
+
+
+def call(impl, generator, p, m):
+    return getattr(impl.module("pipeline_schedules"), generator)(p, m)
+
+
+def as_reference(schedule, where):
+    """The student's schedule rebuilt from the reference ``Action`` and ``Schedule``."""
+    try:
+        return normalized(schedule)
+    except (AttributeError, TypeError) as error:
+        pytest.fail(f"{where} did not return a Schedule whose actions are per-rank tuples of "
+                    f"Action(kind, microbatch, stage) ({error}); keep the generator's "
+                    f"`return Schedule(...)` and append one tuple of Actions per rank")
+
+
+def row(schedule, rank):
+    return " ".join(f"{action.kind}{action.microbatch}" for action in schedule.actions[rank])
+
+
+def checked(impl, generator, p, m):
+    """The student's schedule for (p, m), validated; a failure quotes the validator and hints."""
+    where = f"{generator}(p={p}, m={m})"
+    schedule = as_reference(call(impl, generator, p, m), where)
+    try:
+        validate(schedule, in_order=True)
+    except ScheduleError as error:
+        problem = str(error)
+    else:
+        return schedule
+    listing = "\n".join(f"  rank {rank}: {row(schedule, rank)}"
+                        for rank in range(len(schedule.actions)))
+    pytest.fail(f"{where} is not a valid schedule: {problem}\nyour schedule:\n{listing}\n"
+                f"hint: {HINTS[generator]}", pytrace=False)
+
+
+def first_difference(expected, got):
+    expected, got = expected.split(), got.split()
+    for step, (want, have) in enumerate(zip(expected, got)):
+        if want != have:
+            return f"first difference at step {step}: expected {want}, got {have}"
+    if len(got) < len(expected):
+        return f"it stops after {len(got)} actions; next expected: {expected[len(got)]}"
+    return f"it has {len(got) - len(expected)} extra action(s) from step {len(expected)} on: " \
+           f"{' '.join(got[len(expected):])}"
+
+
+@pytest.mark.parametrize("generator", ["gpipe", "one_f_one_b"])
+def test_valid_for_every_size(impl, generator):
+    for p, m in SIZES:
+        schedule = checked(impl, generator, p, m)
+        assert (schedule.ranks, schedule.microbatches, schedule.chunks) == (p, m, 1), (
+            f"{generator}(p={p}, m={m}) says it is for p={schedule.ranks}, "
+            f"m={schedule.microbatches}, v={schedule.chunks}")
+
+
+@pytest.mark.parametrize("generator, p, m", sorted(GOLDEN))
+def test_golden_order_on_every_rank(impl, generator, p, m):
+    schedule = checked(impl, generator, p, m)
+    for rank, expected in enumerate(GOLDEN[generator, p, m]):
+        got = row(schedule, rank)
+        assert got == expected, (
+            f"{generator}(p={p}, m={m}) is valid, but rank {rank} runs its passes in another "
+            f"order than {'GPipe' if generator == 'gpipe' else '1F1B'}:\n"
+            f"  expected: {expected}\n  got:      {got}\n"
+            f"{first_difference(expected, got)}\nhint: {HINTS[generator]}")
+        stages = {action.stage for action in schedule.actions[rank]}
+        assert stages == {rank}, (f"{generator}(p={p}, m={m}): rank {rank}'s actions name "
+                                  f"stage(s) {sorted(stages)}; with one chunk per rank they "
+                                  f"all run at stage {rank}")
+
+
+@pytest.mark.parametrize("generator", ["gpipe", "one_f_one_b"])
+def test_simulated_bubble_is_p_minus_1_over_m_plus_p_minus_1(impl, generator):
+    for p, m in [(1, 4), (2, 1), (2, 5), (3, 3), (4, 2), (4, 8), (5, 9)]:
+        timeline = simulate(checked(impl, generator, p, m), cost_f=1.0, cost_b=2.0)
+        expected = (p - 1) / (m + p - 1)
+        assert timeline.bubble_fraction == pytest.approx(expected, abs=1e-9), (
+            f"{generator}(p={p}, m={m}), simulated with T_F = 1, T_B = 2: bubble "
+            f"{timeline.bubble_fraction:.4f} and makespan {timeline.makespan:g}; expected "
+            f"(p-1)/(m+p-1) = {expected:.4f} and (m+p-1)(T_F+T_B) = {3 * (m + p - 1)}: some rank "
+            f"waits longer than it must. hint: {HINTS[generator]}")
+
+
+@pytest.mark.parametrize("generator", ["gpipe", "one_f_one_b"])
+def test_peak_activations_in_flight(impl, generator):
+    for p, m in [(1, 3), (2, 5), (3, 2), (4, 4), (4, 8), (5, 9)]:
+        peaks = simulate(checked(impl, generator, p, m)).peak_in_flight
+        for rank, peak in enumerate(peaks):
+            if generator == "gpipe":
+                expected, why = m, "GPipe runs all m forwards before the first backward"
+            else:
+                expected, why = min(p - rank, m), ("1F1B holds its min(p - r - 1, m) warm-up "
+                                                   "forwards plus one steady-state forward")
+            assert peak == expected, (
+                f"{generator}(p={p}, m={m}): rank {rank} holds the activations of up to {peak} "
+                f"microbatches at once (forwards whose backward has not run), expected "
+                f"{expected}: {why}. hint: {HINTS[generator]}")
