@@ -56,6 +56,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from reference_impl.activation_memory import SavedActivations
 from reference_impl.launcher import current_device
 from reference_impl.pipeline_partition import gpt_layers, layer_sizes, partition
 from reference_impl.pipeline_schedules import Action, Schedule, build_schedule
@@ -172,28 +173,6 @@ def _microbatches(data, m: int, what: str) -> list[torch.Tensor]:
     return data
 
 
-class _SavedBytes:
-    """Saved-tensor hooks that add up the storage autograd saves during one forward."""
-
-    def __init__(self, parameters):
-        self.exclude = {p.untyped_storage().data_ptr() for p in parameters}
-        self.storages: dict[int, int] = {}
-
-    def pack(self, tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in self.exclude:
-            self.storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    @staticmethod
-    def unpack(tensor):
-        return tensor
-
-    @property
-    def total(self) -> int:
-        return sum(self.storages.values())
-
-
 def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs=None,
                  targets=None, loss_fn: Callable = gpt_loss, *,
                  boundary_shape: Sequence[int] | None = None,
@@ -261,8 +240,8 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
 
         start = now()
         if action.kind == "F":
-            counter = _SavedBytes(stage_modules[action.stage].parameters())
-            with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+            counter = SavedActivations(stage_modules[action.stage].parameters())
+            with counter:
                 outgoing = run_action(action, stage_modules[action.stage], received, saved,
                                       context)
             saved_bytes[(action.microbatch, action.stage)] = counter.total

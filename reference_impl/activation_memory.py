@@ -1,0 +1,151 @@
+"""Activation memory: what autograd keeps for the backward, measured, and its formulas.
+
+:class:`SavedActivations` measures the bytes autograd saves (saved-tensor hooks);
+:func:`model_activation_bytes` is this model's exact count, per block and rank, with or without
+recomputation (``recompute.py``), and :func:`activation_memory_formula` is Korthikanti et al.
+2022, Table 2 ("Reducing Activation Recomputation in Large Transformer Models").
+
+**This model's count, term by term** (one block, fp32: 4 bytes an element, s = seq, b = batch,
+h = hidden, a = heads, t = tensor-parallel size; "sbh" = one activation, b*s*h elements)::
+
+    saved tensor                            by                  elements     paper (16-bit)
+    block input x                           ln1                 sbh          2sbh
+    ln1 out                                 qkv linear          sbh          2sbh
+    q, k (contiguous copies, t-split)       q @ k^T (bmm)       2sbh/t       4sbh/t
+    softmax(scores) (t-split)               softmax, @ v        as^2b/t      2as^2b/t
+      - (no dropout)                                            -            as^2b/t mask +
+                                                                             2as^2b/t output
+    v (contiguous copy, t-split)            @ v (bmm)           sbh/t        2sbh/t
+    merged heads (t-split)                  proj linear         sbh/t        2sbh/t
+      - (no dropout after proj)                                 -            sbh mask
+    x1 = x + attn                           ln2                 sbh          2sbh
+    ln2 out                                 fc1 linear          sbh          2sbh
+    fc1 out (t-split)                       GeLU                4sbh/t       8sbh/t
+    GeLU out (t-split)                      fc2 linear          4sbh/t       8sbh/t
+      - (no dropout after fc2)                                  -            sbh mask
+    ln1, ln2 mean and 1/std (fp32, b*s)     layernorms          4sb          (ignored)
+    causal mask (bool, s*s, 1 byte each)    masked_fill         s^2 bytes    (ignored)
+
+    none:       4 (4sbh + 12sbh/t + as^2b/t) + 16sb + s^2         bytes
+    selective:  4 (4sbh + 12sbh/t)           + 16sb               (the checkpointed attention
+                core saves its inputs q, k, v: the qkv output, 3sbh/t, instead of the copies)
+    full:       4 sbh                                             (the block input only)
+
+At t = 1 that is 4 (16 sbh + as^2b) + 16sb + s^2: the paper's sbh (34 + 5as/h) is 2 (16 sbh) +
+2 sbh (two 1-byte dropout masks) + 2 * 2as^2b (softmax and dropout outputs) + as^2b (the dropout
+mask). With sequence parallelism the layernorms and their inputs are t-split, but here autograd
+keeps the *gathered* input of each column-parallel linear (see ``sequence_parallel.py``):
+4 (2sbh/t + 2sbh + 12sbh/t + as^2b/t) + 16sb/t + s^2, where Megatron-LM saves the shard and
+gathers it again in the backward (the paper's 34/t).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from reference_impl.recompute import MODES
+
+FP32 = 4  # bytes per element of this model's activations
+
+
+class SavedActivations:
+    """Context manager: the bytes autograd saves for the backward while it is open.
+
+    Saved-tensor hooks see every tensor an op keeps for its backward (also the inputs that a
+    non-reentrant checkpoint keeps). Each storage is counted once (a view saves no new memory),
+    and the storages of ``exclude`` (the parameters: they live anyway) are not counted::
+
+        with SavedActivations(block.parameters()) as saved:
+            y = block(x)
+        saved.total  # bytes
+
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+        self.exclude = {tensor.untyped_storage().data_ptr() for tensor in exclude}
+        self.storages: dict[int, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.nbytes() and storage.data_ptr() not in self.exclude:
+            self.storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    @staticmethod
+    def unpack(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+    def __enter__(self):
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+
+
+def saved_activation_bytes(module: nn.Module, *inputs: torch.Tensor) -> int:
+    """Bytes saved for the backward by one forward of ``module`` on ``inputs``, parameters
+    excluded. The forward's graph is dropped afterwards (no backward is run)."""
+    with SavedActivations(module.parameters()) as saved:
+        module(*inputs)
+    return saved.total
+
+
+# -------------------------------------------------------------------------- the formulas
+
+def model_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1,
+                           sequence_parallel: bool = False, recompute: str | None = None) -> int:
+    """Exact bytes saved for the backward by one block of *this* model (``model.Block``, fp32,
+    no dropout) on one rank of a TP group of size t; the derivation is in the module docstring.
+    s, b, h, a: sequence, micro-batch, hidden, heads (global, not per rank)."""
+    if recompute not in MODES:
+        raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")
+    if h % t or a % t or (sequence_parallel and s % t):
+        raise ValueError(f"t = {t} must divide h = {h}, a = {a} (and s = {s} with SP)")
+    sbh = s * b * h
+    if recompute == "full":
+        return FP32 * (sbh // t if sequence_parallel else sbh)
+    if sequence_parallel:  # ln inputs t-split; the linears keep the gathered ln outputs
+        replicated, layernorm_stats = 2 * sbh // t + 2 * sbh, 16 * s * b // t
+    else:
+        replicated, layernorm_stats = 4 * sbh, 16 * s * b
+    total = FP32 * (replicated + 12 * sbh // t) + layernorm_stats
+    if recompute is None:
+        total += FP32 * a * s * s * b // t + s * s  # softmax output, bool causal mask
+    return total
+
+
+def activation_memory_formula(s: int, b: int, h: int, a: int, t: int = 1,
+                              sequence_parallel: bool = False, recompute: str | None = None,
+                              bytes_per_element: int = 2, mask_bytes: int = 1) -> float:
+    """Korthikanti et al. 2022, Table 2: activation bytes per transformer layer.
+
+    With 16-bit activations (``bytes_per_element`` = 2) and 1-byte dropout masks:
+    no parallelism sbh (34 + 5as/h); TP sbh (10 + 24/t + 5as/(ht)); TP + SP sbh/t (34 + 5as/h);
+    selective recomputation drops the 5as/h term; full recomputation 2sbh (the layer input;
+    Table 2 lists it without t: with SP that input would be the 1/t shard).
+    """
+    if recompute not in MODES:
+        raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")
+    e, m, sbh = bytes_per_element, mask_bytes, s * b * h
+    if recompute == "full":
+        return e * sbh
+    # layernorm inputs 2e sbh, qkv and fc1 inputs 2e sbh, dropout masks after proj and fc2 2m sbh
+    replicated = (4 * e + 2 * m) * sbh
+    # q, k, v, proj input: 4e sbh; GeLU input and fc2 input: 8e sbh
+    split = 12 * e * sbh
+    # softmax output and dropout output 2e as^2b, dropout mask m as^2b
+    scores = (2 * e + m) * a * s * s * b
+    if sequence_parallel:
+        replicated /= t
+    total = replicated + split / t
+    if recompute is None:
+        total += scores / t
+    return total

@@ -1,0 +1,139 @@
+"""Activation memory per transformer block, measured, against this model's formula and the paper's.
+
+    python -m reference_impl.benchmarks.activation_memory [--skip-tp]
+
+For a few shapes (s = sequence, b = micro-batch, h = hidden, a = heads), one forward of one
+``model.Block`` with no, selective and full recomputation (``recompute.recompute``); the bytes
+autograd saves for the backward are measured with saved-tensor hooks
+(``recompute.SavedActivations``: each storage once, parameters excluded) and printed next to
+
+* **this model** (``recompute.model_activation_bytes``, fp32, no dropout): the exact count,
+  derived term by term in ``recompute.py``'s docstring; measured and formula must agree to the
+  byte (``tests/test_recompute.py`` asserts it);
+* **paper** (``recompute.activation_memory_formula``): Korthikanti et al. 2022, Table 2, with
+  16-bit activations and 1-byte dropout masks: sbh (34 + 5as/h), its TP and SP forms.
+
+Then the TP block (t = 2, two gloo ranks) and the SP block, per rank, the same way.
+
+The mapping: the paper's sbh terms are 16 activations of b*s*h elements (2 bytes each: 32)
+plus two dropout masks (1 byte each: 2) = 34; this model keeps the same 16 in fp32 (64 sbh) and
+has no dropout. The paper's 5as^2b is the softmax output (2), its dropout mask (1) and the
+dropout output (2); here only the fp32 softmax output (4 as^2b), which is also @ v's input. The
+paper leaves out two small terms that are measured here: the layernorms' mean and 1/std (fp32,
+4 sb elements: 16sb bytes) and the causal mask (bool, s^2 bytes). So with fp32 and no dropout,
+the ratio measured / paper tends to (64 + 4as/h) / (34 + 5as/h): a bit under 2 for small s,
+toward 0.8 when the s^2 term dominates.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.distributed as dist
+
+from reference_impl.launcher import launch
+from reference_impl.model import Block, ModelConfig
+from reference_impl.activation_memory import (
+    activation_memory_formula,
+    model_activation_bytes,
+    saved_activation_bytes,
+)
+from reference_impl.recompute import MODES, recompute
+from reference_impl.sequence_parallel import SequenceParallelBlock
+from reference_impl.tp_attention import ParallelBlock
+
+SHAPES = [(128, 4, 256, 8), (512, 1, 256, 8), (1024, 1, 512, 16)]  # (s, b, h, a)
+TP = 2
+HEADER = (f"{'s':>5} {'b':>2} {'h':>4} {'a':>3}  {'recompute':<9} {'measured B':>11} "
+          f"{'this model':>11} {'paper B':>11}  {'meas/paper':>10}")
+
+
+def _block_and_input(s, b, h, a):
+    torch.manual_seed(0)
+    block = Block(ModelConfig(seq_len=s, hidden=h, heads=a))
+    return block, torch.randn(b, s, h, requires_grad=True)
+
+
+def _name(mode) -> str:
+    return mode or "none"
+
+
+def _row(s, b, h, a, mode, measured, derived, paper) -> str:
+    mark = "" if measured == derived else "  <-- differs from the formula"
+    return (f"{s:>5} {b:>2} {h:>4} {a:>3}  {_name(mode):<9} {measured:>11,} {derived:>11,} "
+            f"{paper:>11,.0f}  {measured / paper:>10.2f}{mark}")
+
+
+def single_device() -> None:
+    print("One block on one device (fp32, no dropout), bytes saved for the backward:")
+    print(HEADER)
+    for s, b, h, a in SHAPES:
+        block, x = _block_and_input(s, b, h, a)
+        for mode in MODES:
+            measured = saved_activation_bytes(recompute(block, mode), x)
+            print(_row(s, b, h, a, mode, measured, model_activation_bytes(s, b, h, a,
+                                                                           recompute=mode),
+                       activation_memory_formula(s, b, h, a, recompute=mode)))
+
+
+def _parallel_rank(shapes, t):
+    rows = []
+    for s, b, h, a in shapes:
+        block, x = _block_and_input(s, b, h, a)
+        shard = x.detach().chunk(t, dim=1)[dist.get_rank()].clone().requires_grad_()
+        for kind, build, inputs in (("tp", ParallelBlock, x), ("sp", SequenceParallelBlock,
+                                                               shard)):
+            for mode in MODES:
+                measured = saved_activation_bytes(recompute(build(block), mode), inputs)
+                rows.append((kind, (s, b, h, a), mode, measured))
+    return rows
+
+
+def tensor_parallel(t: int = TP) -> None:
+    shapes = SHAPES[:2]
+    results = launch(_parallel_rank, t, shapes, t)
+    for kind, title in (("tp", f"TP block, t = {t}"),
+                        ("sp", f"TP + SP block, t = {t} (the input a 1/t sequence shard)")):
+        print(f"\n{title}, per rank (rank 0; every rank measured the same: "
+              f"{all(r == results[0] for r in results)}):")
+        print(HEADER)
+        for row_kind, (s, b, h, a), mode, measured in results[0]:
+            if row_kind != kind:
+                continue
+            sp = kind == "sp"
+            print(_row(s, b, h, a, mode, measured,
+                       model_activation_bytes(s, b, h, a, t, sp, mode),
+                       activation_memory_formula(s, b, h, a, t, sp, mode)))
+    print("\n  SP here keeps each column-parallel linear's *gathered* input (2 x 4sbh per rank),"
+          "\n  where Megatron-LM keeps the shard and all-gathers it again in the backward: the"
+          "\n  paper's sbh/t (34 + 5as/h) assumes the latter.")
+
+
+def legend() -> None:
+    print("""
+Columns: 'measured B' = saved-tensor hooks (each storage once, parameters excluded);
+'this model' = recompute.model_activation_bytes, exact for fp32 and no dropout:
+    none       4 (4sbh + 12sbh/t + as^2b/t) + 16sb + s^2
+    selective  4 (4sbh + 12sbh/t) + 16sb          (attention core recomputed)
+    full       4 sbh                              (block input only)
+    (SP: 4 (2sbh/t + 2sbh + 12sbh/t + as^2b/t) + 16sb/t + s^2)
+'paper B' = Korthikanti et al. 2022, Table 2 (16-bit activations, 1-byte dropout masks):
+    sbh (34 + 5as/h);  TP: sbh (10 + 24/t + 5as/(ht));  TP+SP: sbh/t (34 + 5as/h);
+    selective: without the 5as/h term;  full: 2sbh.
+Mapping: 34 sbh = 16 activations x 2 B + 2 dropout masks x 1 B; here 16 x 4 B, no masks.
+5as^2b = softmax out (2) + dropout mask (1) + dropout out (2); here the softmax out (4 B) only.
+Not in the paper: layernorm mean and 1/std (16sb) and the bool causal mask (s^2).""")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-tp", action="store_true", help="skip the 2-rank TP/SP part")
+    args = parser.parse_args(argv)
+    single_device()
+    if not args.skip_tp:
+        tensor_parallel()
+    legend()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""3D parallelism: the course's GPT trained with data x tensor x pipeline parallelism.
+
+The composition, in the spirit of seed 003's high-level API:
+
+    context = initialize_parallelism(dp=2, tp=2, pp=2)          # on every one of 8 ranks
+    model = build_3d_gpt(gpt, context, microbatches=2, schedule="1f1b")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = train_step(model, tokens, targets, optimizer)          # the global batch, every rank
+    state = gather_full_state(model)                              # the single-device state_dict
+
+What each piece does:
+
+* :func:`initialize_parallelism` lays out ``dp * tp * pp`` ranks (``groups.build_rank_layout``,
+  rank order ``"megatron"`` = tp fastest by default, or ``"sagemaker"``) and creates the process
+  groups. ``dp`` is the number of model replicas: Megatron's data-parallel degree, the size of
+  seed 000's RDP_GROUP (SageMaker's DP_GROUP would be ``dp * tp``).
+* :func:`build_3d_gpt` cuts ``gpt_layers(gpt)`` (embedding, blocks, head) into ``pp`` stages
+  by parameter count (``pipeline_partition.partition``) and builds this rank's stage from
+  tensor-parallel layers over its TP group, from the single-device weights (shard-from-full):
+  each block a ``ParallelBlock``; the embedding a ``VocabParallelEmbedding`` (position
+  embedding replicated); the head a replicated final layernorm, a ``ParallelLMHead`` and the
+  loss ``vocab_parallel_cross_entropy``, so the logits are never gathered. With
+  ``vocab_parallel=False`` embedding and head are replicated on every TP rank instead.
+* :func:`train_step` gives replica ``rdp_rank`` its slice of the global batch (the **Megatron
+  data layout**: every rank of a TP group sees the same micro-batches, the data is split over
+  the RDP group), runs the pipeline schedule over the PP group (``pipeline_executor``), where
+  the TP collectives run inside each stage, then synchronises the gradients
+  (``data_parallel.sync_gradients``, convention ``"megatron"``: every gradient averaged over
+  RDP_GROUP; see that module for why, and for seed 000's SageMaker rule) and steps.
+* :func:`gather_full_state` unshards every parameter over the TP group and collects the stages
+  over the PP group: the single-device GPT's ``state_dict`` (parameters), on every rank.
+
+Equivalence: the loss of every step and the weights after it match single-device training of
+the same GPT on the same global batch up to fp32 rounding (``tests/test_hybrid.py``).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from reference_impl.data_parallel import DEFAULT_BUCKET_BYTES, SyncReport, sync_gradients
+from reference_impl.groups import RankCoordinates, RankLayout, build_rank_layout
+from reference_impl.launcher import current_device
+from reference_impl.model import GPT, Block
+from reference_impl.pipeline_executor import Stage, gpt_loss, run_schedule, split_batch
+from reference_impl.pipeline_partition import (GPTEmbedding, GPTHead, gpt_layers, layer_sizes,
+                                               partition)
+from reference_impl.pipeline_schedules import Schedule, build_schedule
+from reference_impl.process_groups import ParallelGroups, create_process_groups
+from reference_impl.tp_attention import ParallelBlock
+from reference_impl.tp_layers import unshard
+from reference_impl.vocab_parallel import (ParallelLMHead, VocabParallelEmbedding,
+                                           vocab_parallel_cross_entropy)
+
+
+# ---------------------------------------------------------------- the context
+
+@dataclass(frozen=True)
+class ParallelContext:
+    """The layout, this rank's process groups and its coordinates."""
+
+    dp: int  # model replicas (RDP_GROUP size)
+    tp: int
+    pp: int
+    layout: RankLayout
+    groups: ParallelGroups
+
+    @property
+    def coordinates(self) -> RankCoordinates:
+        return self.groups.coordinates
+
+    @property
+    def replica(self) -> int:
+        """Which slice of the global batch this rank's replica trains on: its rdp_rank."""
+        return self.coordinates.rdp_rank
+
+    def describe(self) -> str:
+        return (f"rank {self.coordinates.rank}: replica {self.replica} of {self.dp}, "
+                f"tp_rank {self.coordinates.tp_rank} of {self.tp}, "
+                f"stage {self.coordinates.pp_rank} of {self.pp}")
+
+
+def initialize_parallelism(dp: int, tp: int = 1, pp: int = 1,
+                           order: str = "megatron") -> ParallelContext:
+    """Lay out ``dp * tp * pp`` ranks and create their process groups (call on every rank)."""
+    if not dist.is_initialized():
+        raise RuntimeError("initialize_parallelism needs an initialised default process group "
+                           "(run it inside reference_impl.launcher.launch or under torchrun)")
+    world = dist.get_world_size()
+    if dp * tp * pp != world:
+        raise ValueError(f"dp * tp * pp = {dp} * {tp} * {pp} = {dp * tp * pp}, but there are "
+                         f"{world} ranks")
+    layout = build_rank_layout(world, tp, pp, order)
+    return ParallelContext(dp, tp, pp, layout, create_process_groups(layout))
+
+
+# ---------------------------------------------------------------- the model
+
+class TPEmbedding(GPTEmbedding):
+    """Token embedding split over the vocabulary (TP group), position embedding replicated."""
+
+    def __init__(self, embedding: GPTEmbedding, group):
+        nn.Module.__init__(self)
+        self.token_embedding = VocabParallelEmbedding(embedding.token_embedding, group)
+        self.position_embedding = copy.deepcopy(embedding.position_embedding)
+
+
+class TPHead(GPTHead):
+    """Replicated final layernorm, LM head split over the vocabulary: this rank's logits."""
+
+    def __init__(self, head: GPTHead, group):
+        nn.Module.__init__(self)
+        self.ln_f = copy.deepcopy(head.ln_f)
+        self.lm_head = ParallelLMHead(head.lm_head, group)
+
+
+def tensor_parallel_layer(layer: nn.Module, group, vocab_parallel: bool = True) -> nn.Module:
+    """The TP version of one of ``gpt_layers``' layers, from its weights."""
+    if isinstance(layer, Block):
+        return ParallelBlock(layer, group)
+    if isinstance(layer, GPTEmbedding):
+        return TPEmbedding(layer, group) if vocab_parallel else copy.deepcopy(layer)
+    if isinstance(layer, GPTHead):
+        return TPHead(layer, group) if vocab_parallel else copy.deepcopy(layer)
+    raise TypeError(f"no tensor-parallel version of {type(layer).__name__}")
+
+
+def _gpt_prefix(layer_index: int, layers: int) -> str:
+    """The GPT's parameter-name prefix of layer ``layer_index`` of ``gpt_layers``: the
+    embedding and the head keep the GPT's attribute names, block i is ``blocks.i.``."""
+    return "" if layer_index in (0, layers - 1) else f"blocks.{layer_index - 1}."
+
+
+class Parallel3DModel(nn.Module):
+    """This rank's pipeline stage(s) of a GPT, made of TP layers, with what a step needs."""
+
+    def __init__(self, gpt: GPT, context: ParallelContext, microbatches: int,
+                 schedule: str | Schedule = "1f1b", chunks: int = 1, vocab_parallel: bool = True,
+                 bucket_bytes: int | None = DEFAULT_BUCKET_BYTES):
+        super().__init__()
+        self.context, self.config = context, gpt.config
+        self.vocab_parallel, self.bucket_bytes = vocab_parallel, bucket_bytes
+        self.schedule = (build_schedule(schedule, context.pp, microbatches, chunks)
+                         if isinstance(schedule, str) else schedule)
+        if self.schedule.ranks != context.pp:
+            raise ValueError(f"the schedule is for {self.schedule.ranks} ranks but pp = "
+                             f"{context.pp}")
+        layers = gpt_layers(gpt)  # shares gpt's parameters; every TP layer copies or shards
+        ranges = partition(layer_sizes(layers), self.schedule.stages)
+        device, tp_group = current_device(), context.groups.tp
+        stages, self.names = {}, {}
+        for s in self.schedule.stages_of(context.coordinates.pp_rank):
+            modules = []
+            for i in ranges[s]:
+                module = tensor_parallel_layer(layers[i], tp_group, vocab_parallel).to(device)
+                for name, parameter in module.named_parameters():
+                    self.names[id(parameter)] = _gpt_prefix(i, len(layers)) + name
+                modules.append(module)
+            stages[str(s)] = Stage(*modules)
+        self.stages = nn.ModuleDict(stages)
+
+    def stage_modules(self) -> dict[int, nn.Module]:
+        return {int(s): module for s, module in self.stages.items()}
+
+    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy of a micro-batch, from the whole or this rank's vocab slice."""
+        if not self.vocab_parallel:
+            return gpt_loss(logits, targets)
+        return vocab_parallel_cross_entropy(logits, targets, self.context.groups.tp,
+                                            self.config.vocab_size).mean()
+
+    def named_gpt_parameters(self):
+        """(single-device GPT name, this rank's parameter) for every local parameter."""
+        for parameter in self.parameters():
+            yield self.names[id(parameter)], parameter
+
+
+def build_3d_gpt(gpt: GPT, context: ParallelContext, microbatches: int,
+                 schedule: str | Schedule = "1f1b", **options) -> Parallel3DModel:
+    """This rank's part of ``gpt`` under ``context`` (see :class:`Parallel3DModel`)."""
+    return Parallel3DModel(gpt, context, microbatches, schedule, **options)
+
+
+# ---------------------------------------------------------------- training
+
+def replica_slice(batch: torch.Tensor, context: ParallelContext) -> torch.Tensor:
+    """This rank's replica's share of the global batch (Megatron layout: the data is split over
+    the RDP group; every rank of a TP group and of a pipeline gets the same slice)."""
+    return split_batch(batch, context.dp)[context.replica]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    loss: float  # the global batch's mean loss, on every rank
+    sync: SyncReport
+
+
+def train_step(model: Parallel3DModel, tokens: torch.Tensor, targets: torch.Tensor,
+               optimizer: torch.optim.Optimizer, *, convention: str = "megatron",
+               return_report: bool = False) -> float | StepResult:
+    """One optimizer step on the global batch (tokens, targets), given on every rank.
+
+    ``convention`` is passed to ``sync_gradients``; this trainer's data layout is Megatron's,
+    so ``"megatron"`` is the right one (``"sagemaker"`` is accepted to show what goes wrong).
+    """
+    context, device = model.context, current_device()
+    optimizer.zero_grad(set_to_none=True)
+    local_tokens = replica_slice(tokens, context).to(device)
+    local_targets = replica_slice(targets, context).to(device)
+    m = model.schedule.microbatches
+    micro_batch = local_tokens.shape[0] // m if local_tokens.shape[0] % m == 0 else None
+    if micro_batch is None:
+        raise ValueError(f"the replica's batch of {local_tokens.shape[0]} samples is not "
+                         f"divisible into {m} microbatches")
+    run = run_schedule(model.schedule, model.stage_modules(), local_tokens, local_targets,
+                       model.loss_fn, boundary_shape=(micro_batch, local_tokens.shape[1],
+                                                      model.config.hidden),
+                       group=context.groups.pp)
+    report = sync_gradients(list(model.stages.values()), context.groups, convention,
+                            model.bucket_bytes)
+    optimizer.step()
+    # The replica's loss is its slice's mean; the global mean averages the dp replicas.
+    loss = torch.tensor(run.loss, dtype=torch.float32, device=device)
+    if context.dp > 1:
+        dist.all_reduce(loss, group=context.groups.rdp)
+        loss /= context.dp
+    result = StepResult(loss.item(), report)
+    return result if return_report else result.loss
+
+
+def gather_full_state(model: Parallel3DModel) -> dict[str, torch.Tensor]:
+    """The single-device GPT's parameters by name (CPU tensors), on every rank. Collective over
+    the TP and PP groups (every rank must call it)."""
+    groups = model.context.groups
+    local = {}
+    for name, parameter in model.named_gpt_parameters():  # same order on every TP peer
+        full = unshard(parameter.detach(), parameter, groups.tp).cpu()
+        if name in ("token_embedding.weight", "lm_head.weight"):
+            full = full[:model.config.vocab_size]  # drop the vocabulary's padding rows
+        local[name] = full.clone()
+    if model.context.pp == 1:
+        return local
+    stages: list = [None] * model.context.pp
+    dist.all_gather_object(stages, local, group=groups.pp)
+    return {name: tensor for stage in stages for name, tensor in stage.items()}
+
+
+# ---------------------------------------------------------------- data and the oracle
+
+def make_dataset(seed: int, steps: int, batch: int, seq_len: int,
+                 vocab_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` global batches of (tokens, targets): noisy counting sequences (each token the
+    previous plus a small random step, mod vocab), targets the next tokens. Deterministic."""
+    generator = torch.Generator().manual_seed(seed)
+    data = []
+    for _ in range(steps):
+        start = torch.randint(vocab_size, (batch, 1), generator=generator)
+        steps_ = torch.randint(1, 3, (batch, seq_len), generator=generator)
+        sequence = torch.cat([start, start + steps_.cumsum(dim=1)], dim=1) % vocab_size
+        data.append((sequence[:, :-1].contiguous(), sequence[:, 1:].contiguous()))
+    return data
+
+
+def train_single_device(gpt: GPT, dataset, make_optimizer) -> tuple[list[float], dict]:
+    """The oracle: train a deep copy of ``gpt`` on the same global batches; the losses of every
+    step and the final parameters by name."""
+    model = copy.deepcopy(gpt)
+    optimizer = make_optimizer(model.parameters())
+    losses = []
+    for tokens, targets in dataset:
+        optimizer.zero_grad(set_to_none=True)
+        loss = gpt_loss(model(tokens), targets)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, {name: p.detach().clone() for name, p in model.named_parameters()}
