@@ -1,0 +1,244 @@
+"""The reference 3D trainer: the course's GPT on dp x tp x pp ranks, from the command line.
+
+Under torchrun (one process per GPU; NCCL on GPUs, gloo on CPU), one node:
+
+    torchrun --nproc-per-node 8 -m reference_impl.train --dp 2 --tp 2 --pp 2 --steps 20
+
+several nodes (run on every node, NODE_RANK = 0, 1, ...; HOST = node 0's hostname):
+
+    torchrun --nnodes 2 --nproc-per-node 8 --node-rank NODE_RANK --rdzv-backend c10d \\
+        --rdzv-endpoint HOST:29500 --rdzv-id myjob -m reference_impl.train --dp 4 --tp 2 --pp 2
+
+On a laptop, without torchrun, the same command runs the dp * tp * pp ranks itself
+(``launcher.launch``: forked gloo ranks on the CPU, or one spawned rank per GPU when there are
+enough GPUs):
+
+    python -m reference_impl.train --dp 2 --tp 2 --pp 1 --steps 5
+
+Both paths run the same code (:func:`train_on_rank`): ``hybrid.initialize_parallelism``,
+``hybrid.build_3d_gpt`` from a GPT initialised with ``--seed``, ``hybrid.train_step`` on the
+deterministic ``hybrid.make_dataset(seed, steps, batch, seq, vocab)``, so the losses printed
+are the single-device GPT's losses on the same batches (``tests/test_train.py``). Only global
+rank 0 prints: a header, one line per ``--log-every`` steps (step, loss, tokens/s, elapsed)
+and a final line.
+
+Checkpoints (``reference_impl.checkpoint``): ``--checkpoint-dir DIR`` writes ``DIR/checkpoint.pt``
+every ``--checkpoint-every`` steps and at the end, in the single-device GPT's names, so it loads
+into any layout or a plain ``model.GPT``. ``--resume`` continues from it (same ``--seed``,
+``--batch``, ``--seq``, ``--vocab``, model shape and optimizer; any layout) up to ``--steps`` in
+total: the losses are those of a run that never stopped. With ``--resume`` and no checkpoint
+yet, training starts from step 0 (so a requeued SLURM job can always pass ``--resume``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from reference_impl import checkpoint, hybrid
+from reference_impl.launcher import launch, resolve_backend, under_torchrun
+from reference_impl.model import GPT, ModelConfig
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m reference_impl.train",
+        description="Train the course's GPT with dp x tp x pp parallelism (torchrun, or "
+                    "dp*tp*pp local ranks without it).")
+    layout = parser.add_argument_group("layout")
+    layout.add_argument("--dp", type=int, default=1, help="model replicas (RDP_GROUP size)")
+    layout.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    layout.add_argument("--pp", type=int, default=1, help="pipeline stages (ranks)")
+    layout.add_argument("--order", default="megatron", choices=("megatron", "sagemaker"),
+                        help="rank order of the layout (default: megatron, tp fastest)")
+    layout.add_argument("--schedule", default="1f1b",
+                        help="pipeline schedule: gpipe, 1f1b, interleaved, zb-h1 (default 1f1b)")
+    layout.add_argument("--microbatches", type=int, default=None,
+                        help="micro-batches per replica and step (default: max(pp, 1))")
+    layout.add_argument("--chunks", type=int, default=1,
+                        help="model chunks per rank (interleaved schedule)")
+    layout.add_argument("--no-vocab-parallel", dest="vocab_parallel", action="store_false",
+                        help="replicate embedding and head instead of splitting the vocabulary")
+    model = parser.add_argument_group("model and data")
+    model.add_argument("--layers", type=int, default=4)
+    model.add_argument("--hidden", type=int, default=64)
+    model.add_argument("--heads", type=int, default=4)
+    model.add_argument("--seq", type=int, default=32)
+    model.add_argument("--vocab", type=int, default=128)
+    model.add_argument("--batch", type=int, default=16, help="global batch (samples per step)")
+    model.add_argument("--seed", type=int, default=0, help="seeds the weights and the data")
+    optim = parser.add_argument_group("optimisation")
+    optim.add_argument("--steps", type=int, default=20, help="total optimizer steps")
+    optim.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
+    optim.add_argument("--lr", type=float, default=None,
+                       help="learning rate (default: 3e-3 for adam, 0.1 for sgd)")
+    optim.add_argument("--momentum", type=float, default=0.9, help="sgd momentum")
+    optim.add_argument("--adam-eps", type=float, default=1e-8)
+    run = parser.add_argument_group("run")
+    run.add_argument("--log-every", type=int, default=1)
+    run.add_argument("--checkpoint-dir", default=None)
+    run.add_argument("--checkpoint-every", type=int, default=0,
+                     help="also save every N steps (0: only at the end)")
+    run.add_argument("--resume", action="store_true",
+                     help="continue from --checkpoint-dir's checkpoint if there is one")
+    run.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    run.add_argument("--timeout", type=float, default=1800.0,
+                     help="seconds before a stuck collective ends the run")
+    args = parser.parse_args(argv)
+    for name in ("dp", "tp", "pp", "steps", "batch", "layers", "hidden", "heads", "seq",
+                 "vocab", "log_every", "chunks"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.resume and not args.checkpoint_dir:
+        parser.error("--resume needs --checkpoint-dir")
+    if args.microbatches is None:
+        args.microbatches = max(args.pp, 1)
+    if args.lr is None:
+        args.lr = 3e-3 if args.optimizer == "adam" else 0.1
+    return args
+
+
+def world_size_of(args) -> int:
+    return args.dp * args.tp * args.pp
+
+
+def check_world_size(args, world: int) -> None:
+    if world_size_of(args) != world:
+        raise ValueError(
+            f"--dp {args.dp} x --tp {args.tp} x --pp {args.pp} = {world_size_of(args)} ranks, "
+            f"but WORLD_SIZE is {world} (torchrun's --nnodes x --nproc-per-node): make the "
+            f"product of the three degrees equal the number of processes")
+
+
+def model_config(args) -> ModelConfig:
+    return ModelConfig(vocab_size=args.vocab, seq_len=args.seq, hidden=args.hidden,
+                       heads=args.heads, layers=args.layers)
+
+
+def optimizer_info(args) -> dict:
+    hyper = ({"lr": args.lr, "eps": args.adam_eps} if args.optimizer == "adam"
+             else {"lr": args.lr, "momentum": args.momentum})
+    return {"kind": args.optimizer, "hyper": hyper}
+
+
+def make_optimizer(args, parameters) -> torch.optim.Optimizer:
+    if args.optimizer == "adam":
+        return torch.optim.Adam(parameters, lr=args.lr, eps=args.adam_eps)
+    return torch.optim.SGD(parameters, lr=args.lr, momentum=args.momentum)
+
+
+def data_info(args) -> dict:
+    return {"seed": args.seed, "batch": args.batch, "seq": args.seq, "vocab": args.vocab}
+
+
+def _check_resumable(saved: dict, args) -> None:
+    """A resume must continue the same run: same model, data stream and optimizer."""
+    wanted = {"config": dataclasses.asdict(model_config(args)), "data": data_info(args),
+              "optimizer kind": args.optimizer}
+    found = {"config": saved["config"], "data": saved["data"],
+             "optimizer kind": saved["optimizer"]["kind"]}
+    for what, value in wanted.items():
+        if value != found[what]:
+            raise ValueError(f"cannot resume: the checkpoint's {what} is {found[what]}, this "
+                             f"run's is {value}")
+    if saved["step"] > args.steps:
+        raise ValueError(f"cannot resume: the checkpoint is at step {saved['step']}, after "
+                         f"--steps {args.steps}")
+
+
+def _say(*parts) -> None:
+    if dist.get_rank() == 0:
+        print(*parts, flush=True)
+
+
+def train_on_rank(args) -> dict:
+    """The training run, on one rank of an initialised default group of dp*tp*pp ranks.
+    Returns {"start_step", "losses" (this run's steps), "seconds"} (the same on every rank)."""
+    check_world_size(args, dist.get_world_size())
+    context = hybrid.initialize_parallelism(args.dp, args.tp, args.pp, order=args.order)
+    torch.manual_seed(args.seed)
+    gpt = GPT(model_config(args))
+    saved = checkpoint.load(args.checkpoint_dir) if args.resume else None
+    start = 0
+    if saved is not None:
+        _check_resumable(saved, args)
+        gpt.load_state_dict(saved["model"])
+        torch.set_rng_state(saved["rng"])
+        start = saved["step"]
+    model = hybrid.build_3d_gpt(gpt, context, args.microbatches, args.schedule,
+                                chunks=args.chunks, vocab_parallel=args.vocab_parallel)
+    optimizer = make_optimizer(args, model.parameters())
+    if saved is not None:
+        checkpoint.load_optimizer_state(model, optimizer, gpt, saved["optimizer"]["state"])
+    del gpt, saved
+    dataset = hybrid.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
+
+    backend = dist.get_backend()
+    _say(f"training dp {args.dp} x tp {args.tp} x pp {args.pp} = {dist.get_world_size()} "
+         f"ranks ({backend}), {args.schedule} with {args.microbatches} micro-batches, "
+         + (f"steps {start + 1}..{args.steps}" if start < args.steps else "no steps left")
+         + (f" (resumed at step {start})" if start else ""))
+    tokens_per_step = args.batch * args.seq
+    losses, began = [], time.perf_counter()
+    window_start, window_steps = began, 0
+    for step in range(start, args.steps):
+        losses.append(hybrid.train_step(model, *dataset[step], optimizer))
+        done, window_steps = step + 1, window_steps + 1
+        if done % args.log_every == 0 or done == args.steps:
+            now = time.perf_counter()
+            rate = window_steps * tokens_per_step / max(now - window_start, 1e-9)
+            _say(f"step {done}/{args.steps} loss {losses[-1]:.8f} tokens/s {rate:.0f} "
+                 f"elapsed {now - began:.2f}s")
+            window_start, window_steps = now, 0
+        if args.checkpoint_dir and (done == args.steps or (
+                args.checkpoint_every and done % args.checkpoint_every == 0)):
+            path = checkpoint.save(args.checkpoint_dir, model, optimizer, done,
+                                   optimizer_info(args), data_info(args))
+            if path:
+                _say(f"saved checkpoint of step {done} to {path}")
+    seconds = time.perf_counter() - began
+    tokens = len(losses) * tokens_per_step
+    final = f"{losses[-1]:.8f}" if losses else "n/a"
+    _say(f"done: {len(losses)} steps, final loss {final}, {tokens} tokens in {seconds:.2f}s "
+         f"({tokens / max(seconds, 1e-9):.0f} tokens/s)")
+    return {"start_step": start, "losses": losses, "seconds": seconds}
+
+
+def _run_under_torchrun(args) -> dict:
+    """One rank of a torchrun job: init from the environment, train, destroy the group."""
+    world = int(os.environ["WORLD_SIZE"])
+    check_world_size(args, world)  # before any rendezvous: every rank fails the same way
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = resolve_backend(args.backend, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+    try:
+        return train_on_rank(args)
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None) -> dict:
+    """Parse ``argv`` and train; returns rank 0's (under torchrun: this rank's) summary."""
+    args = parse_args(argv)
+    if under_torchrun():
+        return _run_under_torchrun(args)
+    # No torchrun: run the dp*tp*pp ranks here (laptop mode).
+    results = launch(train_on_rank, world_size_of(args), args, backend=args.backend,
+                     timeout=args.timeout)
+    return results[0]
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except ValueError as error:  # a usage problem: say it, without a traceback per rank
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
