@@ -100,10 +100,12 @@ def gradient_plan(module: nn.Module | Iterable[nn.Module],
                     continue
                 seen.add(id(parameter))
                 full_name = prefix + (f"{module_name}.{name}" if module_name else name)
+                # BEGIN SOLUTION lab5: append (full_name, parameter) to plan["RDP"] or plan["DP"]: under "sagemaker" seed 000's rule (TP-distributed, is_tp_distributed(owner, parameter): RDP; replicated: the whole DP), under "megatron" every parameter to RDP
                 if convention == "megatron" or is_tp_distributed(owner, parameter):
                     plan["RDP"].append((full_name, parameter))
                 else:
                     plan["DP"].append((full_name, parameter))
+                # END SOLUTION
     return plan
 
 
@@ -111,8 +113,10 @@ def data_shards(groups, convention: str = "megatron") -> int:
     """The number of distinct data shards the global batch is split into (per stage): the
     divisor that turns summed gradients into the global batch's mean-loss gradient."""
     _check_convention(convention)
+    # BEGIN SOLUTION lab5: return the number of distinct data shards: the size of DP_GROUP under "sagemaker" (each rank of a TP group holds other samples), of RDP_GROUP under "megatron" (a TP group shares its samples); dist.get_world_size(groups.of_kind(kind))
     kind = "DP" if convention == "sagemaker" else "RDP"
     return dist.get_world_size(groups.of_kind(kind))
+    # END SOLUTION
 
 
 def make_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int | None) -> list[list[int]]:

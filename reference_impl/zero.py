@@ -230,23 +230,27 @@ class ZeroOptimizer:
         2) all-gather the updated parameters. Collective: every rank of the group calls it."""
         for param, shard in self.shards.items():
             if self.stage == 1:
+                # BEGIN SOLUTION lab5: ZeRO-1's gradient: skip (continue) a parameter whose .grad is None; all-reduce param.grad over self.group and divide it by self.world_size; grad = this rank's slice of it (shard.my_slice)
                 if param.grad is None:
                     continue
                 dist.all_reduce(param.grad, group=self.group)
                 param.grad.div_(self.world_size)
                 grad = shard.my_slice(param.grad)
+                # END SOLUTION
             elif shard.grad is None:
                 continue
             else:
                 grad = shard.grad
             shard.step += 1
             weights = shard.master if self.stage == 3 else shard.my_slice(param).clone()
+            # BEGIN SOLUTION lab5: update this rank's shard in place: adam_update(weights, grad, shard.exp_avg, shard.exp_avg_sq, shard.step, self.lr, self.beta1, self.beta2, self.eps, self.weight_decay); then, unless stage 3, all-gather every rank's updated shard into a buffer of shard.padded elements (over self.group) and copy its first shard.numel elements into param
             adam_update(weights, grad, shard.exp_avg, shard.exp_avg_sq, shard.step, self.lr,
                         self.beta1, self.beta2, self.eps, self.weight_decay)
             if self.stage < 3:
                 buffer = weights.new_empty(shard.padded)
                 dist.all_gather(list(buffer.chunk(self.world_size)), weights, group=self.group)
                 param.copy_(buffer[:shard.numel].view_as(param))
+            # END SOLUTION
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for param, shard in self.shards.items():

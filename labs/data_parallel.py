@@ -1,0 +1,208 @@
+# Student file for the labs, generated from reference_impl/data_parallel.py by
+# `python -m reference_impl.course.make_labs`: fill in every
+# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
+"""Data-parallel gradient synchronisation for hybrid (TP x PP x DP) parallelism.
+
+After the backward, every rank holds the gradients of *its* samples; data parallelism makes
+them the gradients of the *global* batch. Which ranks must be summed, and what to divide by,
+depends on two things: whether a parameter is split over the TP group, and which samples the
+ranks of a TP group hold. Seed 000's rule (SageMaker):
+
+    "For the model parameters that are distributed within the TP_GROUP, the gradient
+     allreduce operation is performed only for reduced data parallel group, while for the
+     parameters that are not distributed, the gradient allreduce takes place over the entire
+     DP_GROUP."
+
+That rule is right for SageMaker's *data layout*, where TP runs over data-parallel ranks
+(seed 001, ``sagemaker_linear.DistributedLinear``): the tp ranks of a TP group hold
+*different* samples. Megatron-LM's layout is different: the tp ranks of a TP group see the
+*same* micro-batch, and the data is split over the replicas (the RDP group) only. Side by
+side, for one pipeline stage, W ranks, tp x pp x rdp (``dp = tp * rdp`` = SageMaker's
+DP_GROUP size):
+
+    convention     samples of a TP group    TP-sharded parameter      replicated parameter
+                   (data split over)        (``tp_dim`` set)          (layernorm, row bias,
+                                                                       replicated embedding)
+    ------------   ----------------------   -----------------------   -----------------------
+    "sagemaker"    different on each rank   sum over RDP_GROUP        sum over DP_GROUP
+                   (DP_GROUP: dp shards)    / dp                      (= RDP x TP) / dp
+    "megatron"     the same on each rank    sum over RDP_GROUP        sum over RDP_GROUP
+                   (RDP_GROUP: rdp shards)  / rdp                     / rdp
+
+Why (local loss = the mean over the rank's own samples, global loss = mean over all B):
+
+* **sagemaker, replicated**: each rank's gradient is its own B/dp samples' mean gradient, and
+  every rank of the DP group holds different samples: average over all dp of them.
+* **sagemaker, distributed**: a distributed module runs on the samples of the *whole* TP group
+  (all-gathered), so its shard's gradient already sums the tp ranks' losses (and the bias of a
+  distributed module sums itself over the TP group with ``copy_to_tp``): tp * the TP group's
+  mean gradient. What is left is the other replicas: sum over RDP, and (tp * rdp = dp) divide
+  by dp. Summing it over the DP group too would add the same shard's gradient to other shards.
+* **megatron, both kinds**: the TP group computes one replica's forward together; a replicated
+  parameter (layernorm) gets the *same full* gradient on every TP rank (the layer input is
+  whole everywhere), a sharded one its shard of that replica's gradient. Nothing is missing
+  inside the TP group, so both are averaged over the rdp replicas only. An all-reduce over
+  the whole DP group here would sum tp identical copies (tp times too large, or, divided by
+  dp, right but tp times the traffic for nothing).
+
+The relation to seed 000: its "entire DP_GROUP" for non-distributed parameters is RDP x TP
+*because* the TP ranks hold different data; with Megatron's data layout the TP ranks' copies
+are already equal, and Megatron's "data-parallel group" is exactly seed 000's RDP_GROUP
+(``groups.py``). Either way, divide by the number of distinct data shards.
+
+Which parameters are "distributed" (seed 000's word): those carrying ``tp_dim``
+(``tp_layers``), and the other parameters *of the same module* (a distributed module's
+replicated bias, e.g. ``DistributedLinear.bias``, whose gradient is summed over the TP group
+in its backward). Everything else is replicated.
+
+Communication is **bucketed**, as DDP and Megatron do: the gradients reduced over the same
+group are flattened into buckets of at most ``bucket_bytes`` (a larger tensor gets a bucket
+of its own), one all-reduce per bucket, then copied back. Fewer, larger messages amortise
+each collective's latency (alpha in the alpha-beta model); the sums are the same.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+CONVENTIONS = ("sagemaker", "megatron")
+DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb = 25
+
+
+def _check_convention(convention: str) -> None:
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unknown convention {convention!r}; choose one of "
+                         f"{', '.join(map(repr, CONVENTIONS))} (see reference_impl.data_parallel)")
+
+
+def is_tp_distributed(module: nn.Module, parameter: nn.Parameter) -> bool:
+    """Whether ``parameter`` (owned directly by ``module``) belongs to a module distributed over
+    the TP group: it is sharded (``tp_dim``) or a sibling of a sharded parameter."""
+    if getattr(parameter, "tp_dim", None) is not None:
+        return True
+    return any(getattr(p, "tp_dim", None) is not None for p in module.parameters(recurse=False))
+
+
+def gradient_plan(module: nn.Module | Iterable[nn.Module],
+                  convention: str = "megatron") -> dict[str, list[tuple[str, nn.Parameter]]]:
+    """Which group each parameter's gradient is all-reduced over: ``{"RDP": [...], "DP": [...]}``
+    of (name, parameter), in a deterministic order (the same on every rank of a group)."""
+    _check_convention(convention)
+    modules = [module] if isinstance(module, nn.Module) else list(module)
+    plan: dict[str, list[tuple[str, nn.Parameter]]] = {"RDP": [], "DP": []}
+    seen: set[int] = set()
+    for index, root in enumerate(modules):
+        prefix = "" if len(modules) == 1 else f"{index}."
+        for module_name, owner in root.named_modules():
+            for name, parameter in owner.named_parameters(recurse=False):
+                if id(parameter) in seen or not parameter.requires_grad:
+                    continue
+                seen.add(id(parameter))
+                full_name = prefix + (f"{module_name}.{name}" if module_name else name)
+                raise NotImplementedError('lab5: append (full_name, parameter) to plan["RDP"] or plan["DP"]: under "sagemaker" seed 000\'s rule (TP-distributed, is_tp_distributed(owner, parameter): RDP; replicated: the whole DP), under "megatron" every parameter to RDP')
+    return plan
+
+
+def data_shards(groups, convention: str = "megatron") -> int:
+    """The number of distinct data shards the global batch is split into (per stage): the
+    divisor that turns summed gradients into the global batch's mean-loss gradient."""
+    _check_convention(convention)
+    raise NotImplementedError('lab5: return the number of distinct data shards: the size of DP_GROUP under "sagemaker" (each rank of a TP group holds other samples), of RDP_GROUP under "megatron" (a TP group shares its samples); dist.get_world_size(groups.of_kind(kind))')
+
+
+def make_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int | None) -> list[list[int]]:
+    """Indices of ``tensors`` grouped in order into buckets of at most ``bucket_bytes`` (one
+    tensor per bucket when None or 0; a tensor larger than a bucket gets its own; a bucket
+    holds one dtype and device)."""
+    buckets: list[list[int]] = []
+    size = 0
+    for index, tensor in enumerate(tensors):
+        nbytes = tensor.numel() * tensor.element_size()
+        current = buckets[-1] if buckets else None
+        fits = (bucket_bytes and current is not None and size + nbytes <= bucket_bytes
+                and tensors[current[0]].dtype == tensor.dtype
+                and tensors[current[0]].device == tensor.device)
+        if fits:
+            current.append(index)
+            size += nbytes
+        else:
+            buckets.append([index])
+            size = nbytes
+    return buckets
+
+
+def all_reduce_mean(tensors: Sequence[torch.Tensor], group, divisor: int,
+                    bucket_bytes: int | None = DEFAULT_BUCKET_BYTES) -> int:
+    """Sum ``tensors`` in place over ``group`` and divide by ``divisor``, one all-reduce per
+    bucket. Every rank of the group must pass tensors of the same shapes in the same order.
+    Returns the number of all-reduces run (0 for a group of one rank)."""
+    if not tensors:
+        return 0
+    single = dist.get_world_size(group) == 1
+    count = 0
+    for bucket in make_buckets(tensors, bucket_bytes):
+        members = [tensors[i] for i in bucket]
+        flat = torch.cat([t.reshape(-1) for t in members]) if len(members) > 1 else \
+            members[0].reshape(-1).clone()
+        if not single:
+            dist.all_reduce(flat, group=group)
+            count += 1
+        flat /= divisor
+        offset = 0
+        for tensor in members:
+            tensor.copy_(flat[offset:offset + tensor.numel()].view_as(tensor))
+            offset += tensor.numel()
+    return count
+
+
+@dataclass
+class SyncReport:
+    """What one :func:`sync_gradients` did: parameter names per group kind, the divisor, and
+    the number of all-reduces per group kind."""
+
+    convention: str
+    divisor: int
+    names: dict[str, list[str]] = field(default_factory=dict)
+    all_reduces: dict[str, int] = field(default_factory=dict)
+
+
+def sync_gradients(module: nn.Module | Iterable[nn.Module], groups, convention: str = "megatron",
+                   bucket_bytes: int | None = DEFAULT_BUCKET_BYTES) -> SyncReport:
+    """All-reduce every parameter's ``.grad`` over the group its distribution needs (see the
+    module docstring) and average, so that it becomes the gradient of the global batch's mean
+    loss. ``groups`` is ``process_groups.ParallelGroups``. Call on every rank after the
+    backward (a missing gradient is taken as zeros, so every rank's buckets line up)."""
+    plan = gradient_plan(module, convention)
+    divisor = data_shards(groups, convention)
+    report = SyncReport(convention, divisor)
+    for kind, named in plan.items():
+        grads = []
+        for _, parameter in named:
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+            grads.append(parameter.grad)
+        report.names[kind] = [name for name, _ in named]
+        report.all_reduces[kind] = all_reduce_mean(grads, groups.of_kind(kind), divisor,
+                                                   bucket_bytes)
+    return report
+
+
+class GradientSync:
+    """``sync_gradients`` bound to a module, its groups and a convention:
+
+        sync = GradientSync(model, groups, convention="megatron")
+        loss.backward(); sync(); optimizer.step()
+    """
+
+    def __init__(self, module, groups, convention: str = "megatron",
+                 bucket_bytes: int | None = DEFAULT_BUCKET_BYTES):
+        _check_convention(convention)
+        self.module, self.groups = module, groups
+        self.convention, self.bucket_bytes = convention, bucket_bytes
+
+    def __call__(self) -> SyncReport:
+        return sync_gradients(self.module, self.groups, self.convention, self.bucket_bytes)

@@ -1,0 +1,266 @@
+"""Lab 5, graded: the data-parallel gradient sync of hybrid parallelism (``data_parallel.py``)
+and ZeRO-1's step (``zero.py``).
+
+* **SageMaker's layout** (seed 000 and 001): 4 CPU ranks, tp = 2, rdp = 2 (SageMaker's
+  dp = 4); every rank holds its own 2 samples, a ``DistributedLinear`` over the TP group
+  gathers the TP group's samples. After the student's ``sync_gradients(..., "sagemaker")``
+  every parameter's gradient must be the single-device gradient of the whole batch.
+* **Megatron's layout**: 4 CPU ranks, tp = 2, rdp = 2; a TP group shares its samples, a
+  ``ParallelMLP`` is split over it. After ``sync_gradients(..., "megatron")`` the same.
+* **ZeRO-1**: on 2 and 4 ranks, 3 Adam steps give the parameters of unsharded
+  ``torch.optim.Adam`` on the averaged gradients, and each rank holds the fp32 formula's bytes.
+
+When a gradient is wrong, the test works out *what* the student's sync did: it compares the
+result with every candidate (summed over RDP_GROUP or DP_GROUP, divided by either group's
+size, or not reduced) and names the one that matches.
+
+Tolerances (fp32): gradients atol = rtol = 1e-6 (only the order of a sum changes; observed
+~1e-8); ZeRO parameters after 3 steps at lr 1e-2: 1e-6 (Adam's own arithmetic per element).
+"""
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from reference_impl.checks import assert_close
+from reference_impl.groups import build_rank_layout
+from reference_impl.model import MLP
+from reference_impl.process_groups import create_process_groups
+from reference_impl.sagemaker_linear import DistributedLinear
+from reference_impl.tp_layers import ParallelMLP, unshard
+
+pytestmark = pytest.mark.lab5
+
+VOCAB, HIDDEN, SEQ, BATCH = 32, 16, 8, 8
+TOLERANCE = dict(atol=1e-6, rtol=1e-6)
+TIMEOUT = 120
+
+
+# ----------------------------------------------------------------- a small model, its data
+
+class Toy(nn.Module):
+    """Replicated embedding, a linear layer (TP-distributed on the ranks), layernorm, head."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, HIDDEN)
+        self.fc = nn.Linear(HIDDEN, HIDDEN)
+        self.ln = nn.LayerNorm(HIDDEN)
+        self.mlp = MLP(HIDDEN, 2 * HIDDEN)
+        self.head = nn.Linear(HIDDEN, VOCAB)
+
+    def forward(self, tokens):
+        x = torch.tanh(self.fc(self.embedding(tokens)))
+        return self.head(self.ln(x + self.mlp(x)))
+
+
+def toy_and_batch():
+    torch.manual_seed(1)
+    toy = Toy()
+    generator = torch.Generator().manual_seed(5)
+    tokens, targets = (torch.randint(0, VOCAB, (BATCH, SEQ), generator=generator)
+                       for _ in range(2))
+    return toy, tokens, targets
+
+
+def toy_loss(model, tokens, targets):
+    return F.cross_entropy(model(tokens).reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def single_device_grads():
+    toy, tokens, targets = toy_and_batch()
+    toy_loss(toy, tokens, targets).backward()
+    return {name: p.grad.clone() for name, p in toy.named_parameters()}
+
+
+# ----------------------------------------------------------------- what a sync may have done
+
+# (group summed over, group whose size divides): the plausible syncs a student may write
+CANDIDATES = [("RDP", "DP"), ("DP", "DP"), ("RDP", "RDP"), ("DP", "RDP"), (None, None)]
+
+
+def candidate_grads(model, groups):
+    """Every parameter's gradient under every candidate sync, unsharded (collective)."""
+    result = {}
+    for name, p in model.named_parameters():
+        for summed, divided in CANDIDATES:
+            grad = p.grad.clone()
+            if summed is not None:
+                dist.all_reduce(grad, group=groups.of_kind(summed))
+                grad /= dist.get_world_size(groups.of_kind(divided))
+            result[name, summed, divided] = unshard(grad, p, groups.tp)
+    return result
+
+
+def diagnose(name, distributed, convention, actual, candidates, sizes):
+    """What the student's sync did to ``name``'s gradient, as a likely cause."""
+    for summed, divided in CANDIDATES:
+        if torch.allclose(actual, candidates[name, summed, divided], **TOLERANCE):
+            break
+    else:
+        return ("it matches no all-reduce over RDP_GROUP or DP_GROUP divided by either group's "
+                "size: are the gradients copied back in place, in the plan's order?")
+    kind = "TP-distributed" if distributed else "replicated across the TP group"
+    if summed is None:
+        return "it was not reduced at all: is it missing from gradient_plan?"
+    where = f"reduced over {summed}_GROUP"
+    if convention == "sagemaker":
+        if summed == "RDP" and not distributed:
+            return (f"{where} but it is {kind}, whose ranks hold other samples: seed 000 "
+                    "all-reduces it over the whole DP_GROUP")
+        if summed == "DP" and distributed:
+            return (f"{where} but it is {kind}: the TP peers hold *other* shards, which must "
+                    "not be added to it; seed 000 all-reduces it over RDP_GROUP only")
+    elif summed == "DP":
+        return (f"{where} but under Megatron's layout the TP peers hold the same samples (their "
+                f"copies of a replicated gradient are equal, a sharded one is another shard): "
+                "every gradient is all-reduced over RDP_GROUP")
+    if divided != ("DP" if convention == "sagemaker" else "RDP"):
+        right = "DP" if convention == "sagemaker" else "RDP"
+        return (f"{where} (the right group) but divided by the {divided}_GROUP size "
+                f"{sizes[divided]}, not by the number of data shards, the {right}_GROUP size "
+                f"{sizes[right]}: see data_shards")
+    return f"{where}, divided by the {divided}_GROUP size"
+
+
+# ----------------------------------------------------------------- the two layouts
+
+def synced_grads(impl, convention):
+    """4 ranks, tp = 2, rdp = 2. ``convention`` picks the data layout, the TP layers and the
+    sync convention together."""
+    data_parallel = impl.module("data_parallel")
+    layout = build_rank_layout(4, tp=2, pp=1, order=convention)
+    groups = create_process_groups(layout)
+    toy, tokens, targets = toy_and_batch()
+    model = copy.deepcopy(toy)
+    coordinates = groups.coordinates
+    if convention == "sagemaker":  # every DP rank its own 2 samples; fc gathers the TP group's
+        model.fc = DistributedLinear(toy.fc, groups.tp)
+        shard = slice(coordinates.dp_rank * 2, coordinates.dp_rank * 2 + 2)
+    else:  # every replica its own 4 samples, the same on both TP ranks; the MLP is TP-split
+        model.mlp = ParallelMLP(toy.mlp, groups.tp)
+        shard = slice(coordinates.rdp_rank * 4, coordinates.rdp_rank * 4 + 4)
+    toy_loss(model, tokens[shard], targets[shard]).backward()
+    candidates = candidate_grads(model, groups)
+    distributed = {name: data_parallel.is_tp_distributed(owner, p)
+                   for owner_name, owner in model.named_modules()
+                   for name, p in ((f"{owner_name}.{n}" if owner_name else n, p)
+                                   for n, p in owner.named_parameters(recurse=False))}
+    data_parallel.sync_gradients(model, groups, convention, bucket_bytes=None)
+    grads = {name: unshard(p.grad, p, groups.tp) for name, p in model.named_parameters()}
+    sizes = {kind: dist.get_world_size(groups.of_kind(kind)) for kind in ("RDP", "DP")}
+    return grads, candidates, distributed, sizes
+
+
+@pytest.mark.parametrize("convention", ["sagemaker", "megatron"])
+def test_sync_gives_the_single_device_gradients(impl, run_on_ranks, convention):
+    expected = single_device_grads()
+    results = run_on_ranks(synced_grads, 4, impl, convention, timeout=TIMEOUT)
+    for rank, (grads, candidates, distributed, sizes) in enumerate(results):
+        assert set(grads) == set(expected), f"rank {rank}: parameter names differ"
+        for name, value in expected.items():
+            if torch.allclose(grads[name].double(), value.double(), **TOLERANCE):
+                continue
+            cause = diagnose(name, distributed[name], convention, grads[name], candidates,
+                             sizes)
+            assert_close(grads[name], value, f"{convention} layout, tp=2, rdp=2: {name} grad",
+                         rank=rank, likely_cause=cause, **TOLERANCE)
+
+
+def test_gradient_plan_follows_seed_000_and_megatron(impl):
+    """Which parameter goes to which group, without any communication."""
+    data_parallel = impl.module("data_parallel")
+    toy, _, _ = toy_and_batch()
+    toy.fc.weight.tp_dim = 1  # as DistributedLinear marks its shard: fc is TP-distributed
+    sagemaker = data_parallel.gradient_plan(toy, "sagemaker")
+    rdp = [name for name, _ in sagemaker["RDP"]]
+    dp = [name for name, _ in sagemaker["DP"]]
+    assert rdp == ["fc.weight", "fc.bias"], (
+        f"sagemaker plan: RDP_GROUP gets {rdp}; seed 000: only the TP-distributed module's "
+        "parameters (fc.weight, sharded, and its bias) are reduced over RDP_GROUP")
+    assert dp == [n for n, _ in toy.named_parameters() if not n.startswith("fc.")], (
+        f"sagemaker plan: DP_GROUP gets {dp}; seed 000: every replicated parameter, in the "
+        "module's order")
+    megatron = data_parallel.gradient_plan(toy, "megatron")
+    assert [n for n, _ in megatron["DP"]] == [], (
+        "megatron plan: nothing goes over DP_GROUP (a TP group shares its samples: an "
+        "all-reduce over DP_GROUP would sum tp equal copies)")
+    assert [n for n, _ in megatron["RDP"]] == [n for n, _ in toy.named_parameters()], (
+        "megatron plan: every parameter over RDP_GROUP, in the module's order")
+
+
+# ----------------------------------------------------------------- ZeRO-1
+
+FFN, ZERO_HIDDEN, STEPS, LR = 36, 10, 3, 1e-2  # 10 is not a multiple of 4: padding is exercised
+
+
+def zero_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.LayerNorm(ZERO_HIDDEN), MLP(ZERO_HIDDEN, FFN),
+                         nn.LayerNorm(ZERO_HIDDEN))
+
+
+def zero_batch(step: int, replica: int):
+    generator = torch.Generator().manual_seed(1000 * step + replica)
+    return (torch.randn(2, 6, ZERO_HIDDEN, generator=generator),
+            torch.randn(2, 6, ZERO_HIDDEN, generator=generator))
+
+
+def unsharded_adam(replicas: int) -> dict:
+    model = zero_model()
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+    for step in range(STEPS):
+        grads = []
+        for replica in range(replicas):
+            model.zero_grad()
+            x, upstream = zero_batch(step, replica)
+            model(x).backward(upstream)
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for index, param in enumerate(model.parameters()):
+            param.grad = sum(g[index] for g in grads) / replicas
+        optimizer.step()
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def zero1_on_rank(impl):
+    zero = impl.module("zero")
+    model = zero_model()
+    optimizer = zero.ZeroOptimizer(model, stage=1, lr=LR)
+    memory = None
+    for step in range(STEPS):
+        x, upstream = zero_batch(step, dist.get_rank())
+        model(x).backward(upstream)
+        optimizer.step()
+        if step == 0:
+            memory = zero.model_state_bytes(model, optimizer)
+        optimizer.zero_grad()
+    return {name: p.detach().clone() for name, p in model.named_parameters()}, memory
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_zero1_matches_unsharded_adam_and_the_formula(impl, run_on_ranks, world_size):
+    zero = impl.module("zero")
+    results = run_on_ranks(zero1_on_rank, world_size, impl, timeout=TIMEOUT)
+    expected = unsharded_adam(world_size)
+    model = zero_model()
+    num_params = sum(p.numel() for p in model.parameters())
+    padded = zero.padded_numel(model, world_size)
+    formula = zero.zero_memory_formula(num_params, world_size, 1, mixed_precision=False,
+                                       padded_num_params=padded)
+    for rank, (state, memory) in enumerate(results):
+        for name, value in expected.items():
+            assert_close(state[name], value, f"ZeRO-1 parameter {name} after {STEPS} steps "
+                         f"(N={world_size})", rank=rank, atol=1e-6, rtol=1e-6,
+                         against="unsharded torch.optim.Adam on the averaged gradients",
+                         likely_cause="the gradient summed but not averaged, a shard updated "
+                                      "with another slice of m, v or the gradient, or the "
+                                      "all-gathered parameter not copied back (padding "
+                                      "included?)")
+        assert memory["total"] == formula, (
+            f"rank {rank}: ZeRO-1 holds {memory} bytes of model states; the fp32 formula "
+            f"8 + 8/N bytes per parameter gives {formula} ({num_params} parameters, {padded} "
+            f"after padding each to a multiple of N = {world_size}): does each rank keep m and "
+            "v for its shard only?")
