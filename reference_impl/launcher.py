@@ -28,6 +28,7 @@ parent itself is killed.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import faulthandler
 import multiprocessing
@@ -174,10 +175,18 @@ def _run_as_torchrun_rank(fn, world_size, args, kwargs, backend, timeout):
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+        # Whoever initialises the group ends it: left to the interpreter's exit, gloo's
+        # threads can be torn down mid-flight and abort the process.
+        atexit.register(_destroy_process_group)
     result = fn(*args, **kwargs)
     results = [None] * world_size
     dist.all_gather_object(results, result)
     return results
+
+
+def _destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _run_rank(rank, world_size, backend, workdir, timeout, threads, parent_pid, sender,
@@ -205,8 +214,7 @@ def _run_rank(rank, world_size, backend, workdir, timeout, threads, parent_pid, 
     except BaseException as error:  # noqa: BLE001 - everything goes back to the parent
         _send(sender, ("error", type(error).__name__, str(error), traceback.format_exc()))
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _destroy_process_group()
         sender.close()
 
 
