@@ -73,3 +73,21 @@ def assert_equivalent(pairs_by_rank, atol: float, rtol: float = 0.0) -> None:
         for what, parallel, reference in pairs:
             assert_close(parallel, reference, what, rank=rank, atol=atol, rtol=rtol,
                          likely_cause=likely_cause(what))
+
+
+def train_on_averaged_gradients(module: nn.Module, optimizer: torch.optim.Optimizer, steps: int,
+                                replicas: int, batch) -> dict[str, torch.Tensor]:
+    """What ``replicas`` data-parallel ranks compute, on one device: at every step the gradient
+    averaged over the replicas' batches (``batch(step, replica)`` gives (x, upstream gradient)),
+    then one optimizer step. Returns the parameters after the last step, by name."""
+    for step in range(steps):
+        grads = []
+        for replica in range(replicas):
+            module.zero_grad()
+            x, upstream = batch(step, replica)
+            module(x).backward(upstream)
+            grads.append([parameter.grad.clone() for parameter in module.parameters()])
+        for index, parameter in enumerate(module.parameters()):
+            parameter.grad = sum(g[index] for g in grads) / replicas
+        optimizer.step()
+    return {name: parameter.detach() for name, parameter in module.named_parameters()}

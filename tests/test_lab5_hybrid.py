@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.checks import assert_close
+from reference_impl.equivalence import train_on_averaged_gradients
 from reference_impl.groups import build_rank_layout
 from reference_impl.model import MLP
 from reference_impl.process_groups import create_process_groups
@@ -211,18 +212,8 @@ def zero_batch(step: int, replica: int):
 
 def unsharded_adam(replicas: int) -> dict:
     model = zero_model()
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    for step in range(STEPS):
-        grads = []
-        for replica in range(replicas):
-            model.zero_grad()
-            x, upstream = zero_batch(step, replica)
-            model(x).backward(upstream)
-            grads.append([p.grad.clone() for p in model.parameters()])
-        for index, param in enumerate(model.parameters()):
-            param.grad = sum(g[index] for g in grads) / replicas
-        optimizer.step()
-    return {name: p.detach() for name, p in model.named_parameters()}
+    return train_on_averaged_gradients(model, torch.optim.Adam(model.parameters(), lr=LR), STEPS,
+                                       replicas, zero_batch)
 
 
 def zero1_on_rank(impl):

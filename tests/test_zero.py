@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from reference_impl.checks import assert_close
+from reference_impl.equivalence import train_on_averaged_gradients
 from reference_impl.comm_trace import CommTracer
 from reference_impl.groups import build_rank_layout
 from reference_impl.model import MLP, Block, ModelConfig
@@ -48,18 +49,8 @@ def batch(step: int, replica: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def reference_adam(model: nn.Module, replicas: int, steps: int = STEPS) -> dict:
     """Unsharded Adam on gradients averaged over the replicas' data."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
-    for step in range(steps):
-        grads = []
-        for replica in range(replicas):
-            model.zero_grad()
-            x, upstream = batch(step, replica)
-            model(x).backward(upstream)
-            grads.append([p.grad.clone() for p in model.parameters()])
-        for index, param in enumerate(model.parameters()):
-            param.grad = sum(g[index] for g in grads) / replicas
-        optimizer.step()
-    return {name: p.detach() for name, p in model.named_parameters()}
+    return train_on_averaged_gradients(model, torch.optim.Adam(model.parameters(), lr=LR), steps,
+                                       replicas, batch)
 
 
 def owners(model: nn.Module) -> list[nn.Module]:
