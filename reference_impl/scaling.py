@@ -1,0 +1,251 @@
+"""Strong and weak scaling of TP attention and of data parallelism, and an alpha-beta prediction.
+
+    python -m reference_impl.scaling [--sizes 1 2 4 --hidden 128 --heads 8 --seq 64 --batch 8
+                                      --repeats 5 --plot FILE]
+
+Seed 002, step 3: "benchmark on N devices vs the 1-device baseline; compute scaling efficiency".
+
+* **TP** (a ``ParallelBlock``, forward + backward, timed by ``benchmarks.tp_block``'s
+  ``median_step_seconds``). *Strong*: the same block and batch at every N, efficiency
+  T_1 / (N * T_N). *Weak*: the batch grows with N (batch * N), so each rank's share of the
+  GEMMs stays the same, efficiency T_1 / T_N.
+* **DP** (every rank a whole ``model.Block``; a step is its forward + backward and one
+  all-reduce of all gradients, flattened, as a DDP bucket would be). *Strong*: the global
+  batch split over N ranks; *weak*: ``batch`` per rank.
+
+For N > 1 the all-reduce itself is measured over a range of sizes (``alpha_beta.time_all_reduce``)
+and fitted (``fit_alpha_beta``); the alpha-beta model (``ring_all_reduce_seconds``) then
+*predicts* the communication of a DP step (one all-reduce of the gradient bytes) and of a TP
+block step (4 all-reduces of b*s*h*4 bytes: the bytes ``CommTracer`` records), compared
+with the communication time measured in those steps (every ``dist.all_reduce`` timed), error
+(predicted - measured) / measured. On a CPU with few cores the ranks compete for cores (see
+``benchmarks.tp_block``): the numbers say as much about the machine as about the method.
+Times are printed, never asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from reference_impl.alpha_beta import fit_alpha_beta, ring_all_reduce_seconds, time_all_reduce
+from reference_impl.benchmarks.tp_block import _wait_for_device, median_step_seconds
+from reference_impl.comm_trace import CommTracer
+from reference_impl.launcher import current_device, launch
+from reference_impl.model import Block, ModelConfig
+from reference_impl.tp_attention import ParallelBlock
+
+FIT_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20)  # bytes of the fitted all-reduces
+
+
+class AllReduceTimer:
+    """While active, time every ``dist.all_reduce`` on this rank (seconds summed)."""
+
+    def __enter__(self):
+        self.seconds, self._original = 0.0, dist.all_reduce
+
+        def timed(*args, **kwargs):
+            _wait_for_device()
+            start = time.perf_counter()
+            result = self._original(*args, **kwargs)
+            _wait_for_device()
+            self.seconds += time.perf_counter() - start
+            return result
+        dist.all_reduce = timed
+        return self
+
+    def __exit__(self, *exc_info):
+        dist.all_reduce = self._original
+
+
+def _slowest(values: list[float]) -> float:
+    """The median over repeats, then the max over ranks (a step is as slow as its slowest rank)."""
+    value = torch.tensor([statistics.median(values)], dtype=torch.float64,
+                         device=current_device())
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value.item()
+
+
+def _fit(n: int, repeats: int):
+    if n == 1:
+        return None
+    seconds = time_all_reduce(list(FIT_SIZES), repeats=repeats)
+    return fit_alpha_beta(list(FIT_SIZES), seconds, n)
+
+
+def tp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> dict:
+    """Strong and weak TP step times on N ranks, the all-reduce bytes and the measured comm."""
+    device, n = current_device(), dist.get_world_size()
+    torch.manual_seed(0)
+    block = ParallelBlock(Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq))).to(device)
+    result = {"n": n, "fit": _fit(n, repeats)}
+    for mode, b in (("strong", batch), ("weak", batch * n)):
+        x = torch.randn(b, seq, hidden, device=device, requires_grad=True)
+        upstream = torch.randn(b, seq, hidden, device=device)
+        result[mode] = median_step_seconds({"tp": block}, x, upstream, repeats)["tp"]
+        if mode == "strong":
+            with CommTracer() as tracer:
+                block(x).backward(upstream)
+            result["all_reduce_bytes"] = [c.nbytes for c in tracer.calls if c.op == "all_reduce"]
+            comm = []
+            for _ in range(repeats):
+                dist.barrier()
+                with AllReduceTimer() as timer:
+                    block(x).backward(upstream)
+                comm.append(timer.seconds)
+            result["comm"] = _slowest(comm)
+    return result
+
+
+def dp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> dict:
+    """Strong (global ``batch`` split) and weak (``batch`` per rank) DP step times, the gradient
+    bytes and the measured all-reduce time of a step."""
+    device, n = current_device(), dist.get_world_size()
+    torch.manual_seed(0)
+    block = Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq)).to(device)
+    parameters = list(block.parameters())
+    result = {"n": n, "fit": _fit(n, repeats),
+              "grad_bytes": sum(p.numel() * p.element_size() for p in parameters)}
+
+    def step(x):
+        block.zero_grad(set_to_none=True)
+        block(x).sum().backward()
+        flat = torch.cat([p.grad.reshape(-1) for p in parameters])
+        dist.all_reduce(flat)
+
+    for mode, b in (("strong", max(1, batch // n)), ("weak", batch)):
+        x = torch.randn(b, seq, hidden, device=device)
+        step(x)  # warm-up
+        times, comm = [], []
+        for _ in range(repeats):
+            _wait_for_device()
+            dist.barrier()
+            with AllReduceTimer() as timer:
+                start = time.perf_counter()
+                step(x)
+                _wait_for_device()
+            times.append(time.perf_counter() - start)
+            comm.append(timer.seconds)
+        result[mode] = _slowest(times)
+        if mode == "strong":
+            result["comm"] = _slowest(comm)
+    return result
+
+
+@dataclass(frozen=True)
+class ScalingRow:
+    method: str         # "TP" or "DP"
+    n: int              # ranks
+    strong_s: float     # time per step, same global problem
+    strong_eff: float   # T1 / (N * TN)
+    weak_s: float       # time per step, problem grown with N
+    weak_eff: float     # T1 / TN
+    comm_s: float       # measured all-reduce time in a (strong) step
+    predicted_s: float | None  # alpha-beta prediction of comm_s (None at N = 1)
+
+    @property
+    def error(self) -> float | None:
+        if self.predicted_s is None or not self.comm_s:
+            return None
+        return (self.predicted_s - self.comm_s) / self.comm_s
+
+
+def predicted_comm(result: dict, method: str) -> float | None:
+    """The alpha-beta model's communication time of one step, from the fitted alpha and B."""
+    if result["fit"] is None:
+        return None
+    alpha, bandwidth = result["fit"]
+    sizes = result["all_reduce_bytes"] if method == "TP" else [result["grad_bytes"]]
+    return sum(ring_all_reduce_seconds(size, result["n"], alpha, bandwidth) for size in sizes)
+
+
+def measure(sizes=(1, 2, 4), hidden=128, heads=8, seq=64, batch=8, repeats=5,
+            backend="auto", threads=1) -> list[ScalingRow]:
+    """Launch every method at every size; one :class:`ScalingRow` per (method, N)."""
+    rows = []
+    for method, on_rank in (("TP", tp_on_rank), ("DP", dp_on_rank)):
+        results = [launch(on_rank, n, hidden, heads, seq, batch, repeats, backend=backend,
+                          threads=threads, timeout=300.0)[0] for n in sizes]
+        base = results[0]  # sizes[0] is the baseline, normally 1
+        for result in results:
+            n = result["n"] / base["n"]
+            rows.append(ScalingRow(method, result["n"], result["strong"],
+                                   base["strong"] / (n * result["strong"]), result["weak"],
+                                   base["weak"] / result["weak"], result["comm"],
+                                   predicted_comm(result, method)))
+    return rows
+
+
+def format_table(rows: list[ScalingRow]) -> str:
+    lines = [f"{'method':>6}  {'N':>3}  {'strong (ms)':>11}  {'eff T1/(N*TN)':>13}  "
+             f"{'weak (ms)':>9}  {'eff T1/TN':>9}  {'comm (ms)':>9}  {'alpha-beta (ms)':>15}  "
+             f"{'error':>7}"]
+    for r in rows:
+        predicted = "-" if r.predicted_s is None else f"{1e3 * r.predicted_s:.3f}"
+        error = "-" if r.error is None else f"{r.error:+.0%}"
+        lines.append(f"{r.method:>6}  {r.n:>3}  {1e3 * r.strong_s:>11.2f}  {r.strong_eff:>13.2f}  "
+                     f"{1e3 * r.weak_s:>9.2f}  {r.weak_eff:>9.2f}  {1e3 * r.comm_s:>9.3f}  "
+                     f"{predicted:>15}  {error:>7}")
+    return "\n".join(lines)
+
+
+def plot(rows: list[ScalingRow], title: str = ""):
+    """Efficiency against N (strong and weak, TP and DP) and the measured vs predicted
+    communication: a matplotlib Figure (no pyplot)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(10, 3.8), layout="constrained")
+    efficiency, comm = figure.subplots(1, 2)
+    for method, marker in (("TP", "o"), ("DP", "s")):
+        mine = [r for r in rows if r.method == method]
+        ns = [r.n for r in mine]
+        efficiency.plot(ns, [r.strong_eff for r in mine], marker + "-", label=f"{method} strong")
+        efficiency.plot(ns, [r.weak_eff for r in mine], marker + "--", label=f"{method} weak")
+        predicted = [r for r in mine if r.predicted_s is not None]
+        comm.plot([r.n for r in predicted], [1e3 * r.comm_s for r in predicted], marker + "-",
+                  label=f"{method} measured")
+        comm.plot([r.n for r in predicted], [1e3 * r.predicted_s for r in predicted],
+                  marker + ":", label=f"{method} alpha-beta")
+    efficiency.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+    efficiency.set(xlabel="ranks N", ylabel="efficiency", title="scaling efficiency",
+                   xticks=sorted({r.n for r in rows}), ylim=(0, None))
+    comm.set(xlabel="ranks N", ylabel="all-reduce time per step (ms)",
+             title="communication: measured vs predicted", xticks=sorted({r.n for r in rows}))
+    for axes in (efficiency, comm):
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small")
+    if title:
+        figure.suptitle(title)
+    return figure
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    parser.add_argument("--plot", metavar="FILE", help="write the plot to FILE (PNG)")
+    args = parser.parse_args(argv)
+    rows = measure(tuple(args.sizes), args.hidden, args.heads, args.seq, args.batch,
+                   args.repeats, args.backend, args.threads)
+    print(f"block hidden {args.hidden}, heads {args.heads}, seq {args.seq}, batch {args.batch}; "
+          f"os.cpu_count() = {os.cpu_count()}, {args.threads} thread(s) per rank")
+    print(format_table(rows))
+    if args.plot:
+        plot(rows, f"hidden {args.hidden}, seq {args.seq}, batch {args.batch}").savefig(
+            args.plot, dpi=120)
+        print(f"plot written to {args.plot}")
+
+
+if __name__ == "__main__":
+    main()
