@@ -365,6 +365,23 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, tp: int | None =
                                           p.memory_bytes))
 
 
+def recommend(model: ModelSpec, cluster: Cluster, global_batch: int) -> Plan:
+    """Seed 002's rules, in their order: TP as large as a node allows (the largest divisor of
+    the GPUs per node that also divides the heads: TP's per-layer all-reduces stay on the fast
+    intra-node links), then the smallest PP for which the model fits ("PP degree determined by
+    memory needs"), then DP fills the rest; among those layouts, the fastest by the estimate
+    (ZeRO stage, micro-batch, recomputation).
+
+    :func:`plan` ranks every layout by the estimated step time alone; where its fastest has a
+    smaller TP, the difference is within what the estimate cannot see (it holds MFU fixed and
+    overlaps no communication), which is why the rules, not the estimate, pick the layout.
+    """
+    tp = max(t for t in divisors(cluster.gpus_per_node) if model.heads % t == 0)
+    fitting = plan(model, cluster, global_batch, tp=tp)
+    smallest_pp = min(p.layout.pp for p in fitting)
+    return next(p for p in fitting if p.layout.pp == smallest_pp)
+
+
 def explain(plan: Plan) -> str:
     """The math behind ``plan``, term by term, with the numbers filled in."""
     mo, cl, lay = plan.model, plan.cluster, plan.layout
@@ -456,11 +473,15 @@ def main(argv: list[str] | None = None) -> None:
         plans = plan(model, cluster, args.global_batch, args.tp, args.pp)
     except ValueError as error:
         parser.error(str(error))
-    print(f"{len(plans)} layouts fit; the {min(args.top, len(plans))} fastest:")
+    print(f"{len(plans)} layouts fit; the {min(args.top, len(plans))} fastest by the estimate:")
     print(table(plans[:args.top]))
+    chosen = plans[0] if args.tp or args.pp else recommend(model, cluster, args.global_batch)
+    if not (args.tp or args.pp):
+        print("\nrecommended by seed 002's rules (TP inside a node, PP from memory, DP the rest):")
+        print(table([chosen]))
     if args.explain:
         print()
-        print(explain(plans[0]))
+        print(explain(chosen))
 
 
 if __name__ == "__main__":

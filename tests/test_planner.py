@@ -7,7 +7,7 @@ from reference_impl.activation_memory import activation_memory_formula
 from reference_impl.alpha_beta import ring_all_reduce_seconds
 from reference_impl.pipeline_simulator import bubble_formula
 from reference_impl.planner import (Cluster, Layout, ModelSpec, evaluate, explain,
-                                    get_model, main, plan)
+                                    get_model, main, plan, recommend)
 from reference_impl.zero import zero_memory_formula
 
 H100 = Cluster(gpus_per_node=8, nodes=16, gpu_memory_gib=80)
@@ -33,6 +33,15 @@ def test_70b_on_16_nodes_of_8_h100_follows_the_seed_rules():
     assert lay.pp <= 8, "PP stays small"
     assert lay.tp * lay.pp * lay.dp == 128, "DP fills the rest"
     assert best.fits
+
+
+def test_70b_on_16_nodes_of_8_h100_is_recommended_tp_8_small_pp_dp_the_rest():
+    chosen = recommend(get_model("70b"), H100, global_batch=1024)
+    tp, pp, dp = chosen.layout.tp, chosen.layout.pp, chosen.layout.dp
+    assert (tp, tp * pp * dp) == (8, 128), f"TP {tp} x PP {pp} x DP {dp}: TP must fill the node"
+    assert pp <= 8 and dp == 128 // (tp * pp) and chosen.fits
+    # PP from memory: with TP 8, no smaller PP fits.
+    assert all(p.layout.pp >= pp for p in plan(get_model("70b"), H100, 1024, tp=8))
 
 
 def test_70b_with_tp_fixed_to_the_node_gives_small_pp_and_dp_for_the_rest():
