@@ -1,4 +1,5 @@
-"""Strong and weak scaling of TP attention and of data parallelism, and an alpha-beta prediction.
+"""Strong and weak scaling of TP attention, of the pipeline and of data parallelism, and an
+alpha-beta prediction of the communication.
 
     python -m reference_impl.scaling [--sizes 1 2 4 --hidden 128 --heads 8 --seq 64 --batch 8
                                       --repeats 5 --plot FILE]
@@ -9,6 +10,8 @@ Seed 002, step 3: "benchmark on N devices vs the 1-device baseline; compute scal
   ``median_step_seconds``). *Strong*: the same block and batch at every N, efficiency
   T_1 / (N * T_N). *Weak*: the batch grows with N (batch * N), so each rank's share of the
   GEMMs stays the same, efficiency T_1 / T_N.
+* **PP** (a 1F1B pipeline of the GPT over the N ranks, ``pp_on_rank``). *Strong*: the same
+  4-block model and batch at every N; *weak*: 2 blocks per rank, the model deeper with N.
 * **DP** (every rank a whole ``model.Block``; a step is its forward + backward and one
   all-reduce of all gradients, flattened, as a DDP bucket would be). *Strong*: the global
   batch split over N ranks; *weak*: ``batch`` per rank.
@@ -37,7 +40,8 @@ from reference_impl.alpha_beta import fit_alpha_beta, ring_all_reduce_seconds, t
 from reference_impl.benchmarks.tp_block import _wait_for_device, median_step_seconds
 from reference_impl.comm_trace import CommTracer
 from reference_impl.launcher import current_device, launch
-from reference_impl.model import Block, ModelConfig
+from reference_impl.model import GPT, Block, ModelConfig
+from reference_impl.pipeline_executor import pipeline_train_step
 from reference_impl.tp_attention import ParallelBlock
 
 FIT_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20)  # bytes of the fitted all-reduces
@@ -137,6 +141,31 @@ def dp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> d
     return result
 
 
+def pp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> dict:
+    """Strong and weak step times of a 1F1B pipeline over the N ranks: a GPT of 2 blocks a
+    stage (``pipeline_executor.pipeline_train_step``, N microbatches). *Strong*: 4 blocks at
+    every N (N <= 6) and the global ``batch``; *weak*: 2 blocks per rank, so the model grows
+    with N. Its communication is point-to-point, not all-reduces: no alpha-beta row."""
+    n = dist.get_world_size()
+    result = {"n": n, "fit": None, "comm": None}
+    for mode, layers in (("strong", 4), ("weak", 2 * n)):
+        torch.manual_seed(0)
+        gpt = GPT(ModelConfig(vocab_size=64, seq_len=seq, hidden=hidden, heads=heads,
+                              layers=layers))
+        tokens = torch.randint(0, 64, (batch, seq))
+        pipeline_train_step(gpt, "1f1b", tokens, tokens, microbatches=n)  # warm-up
+        times = []
+        for _ in range(repeats):
+            _wait_for_device()
+            dist.barrier()
+            start = time.perf_counter()
+            pipeline_train_step(gpt, "1f1b", tokens, tokens, microbatches=n)
+            _wait_for_device()
+            times.append(time.perf_counter() - start)
+        result[mode] = _slowest(times)
+    return result
+
+
 @dataclass(frozen=True)
 class ScalingRow:
     method: str         # "TP" or "DP"
@@ -145,12 +174,12 @@ class ScalingRow:
     strong_eff: float   # T1 / (N * TN)
     weak_s: float       # time per step, problem grown with N
     weak_eff: float     # T1 / TN
-    comm_s: float       # measured all-reduce time in a (strong) step
+    comm_s: float | None  # measured all-reduce time in a (strong) step (None: PP)
     predicted_s: float | None  # alpha-beta prediction of comm_s (None at N = 1)
 
     @property
     def error(self) -> float | None:
-        if self.predicted_s is None or not self.comm_s:
+        if self.predicted_s is None or not self.comm_s:  # also PP: no all-reduces
             return None
         return (self.predicted_s - self.comm_s) / self.comm_s
 
@@ -168,7 +197,7 @@ def measure(sizes=(1, 2, 4), hidden=128, heads=8, seq=64, batch=8, repeats=5,
             backend="auto", threads=1) -> list[ScalingRow]:
     """Launch every method at every size; one :class:`ScalingRow` per (method, N)."""
     rows = []
-    for method, on_rank in (("TP", tp_on_rank), ("DP", dp_on_rank)):
+    for method, on_rank in (("TP", tp_on_rank), ("DP", dp_on_rank), ("PP", pp_on_rank)):
         results = [launch(on_rank, n, hidden, heads, seq, batch, repeats, backend=backend,
                           threads=threads, timeout=300.0)[0] for n in sizes]
         base = results[0]  # sizes[0] is the baseline, normally 1
@@ -187,9 +216,10 @@ def format_table(rows: list[ScalingRow]) -> str:
              f"{'error':>7}"]
     for r in rows:
         predicted = "-" if r.predicted_s is None else f"{1e3 * r.predicted_s:.3f}"
+        comm = "-" if r.comm_s is None else f"{1e3 * r.comm_s:.3f}"
         error = "-" if r.error is None else f"{r.error:+.0%}"
         lines.append(f"{r.method:>6}  {r.n:>3}  {1e3 * r.strong_s:>11.2f}  {r.strong_eff:>13.2f}  "
-                     f"{1e3 * r.weak_s:>9.2f}  {r.weak_eff:>9.2f}  {1e3 * r.comm_s:>9.3f}  "
+                     f"{1e3 * r.weak_s:>9.2f}  {r.weak_eff:>9.2f}  {comm:>9}  "
                      f"{predicted:>15}  {error:>7}")
     return "\n".join(lines)
 
@@ -201,7 +231,7 @@ def plot(rows: list[ScalingRow], title: str = ""):
 
     figure = Figure(figsize=(10, 3.8), layout="constrained")
     efficiency, comm = figure.subplots(1, 2)
-    for method, marker in (("TP", "o"), ("DP", "s")):
+    for method, marker in (("TP", "o"), ("DP", "s"), ("PP", "^")):
         mine = [r for r in rows if r.method == method]
         ns = [r.n for r in mine]
         efficiency.plot(ns, [r.strong_eff for r in mine], marker + "-", label=f"{method} strong")

@@ -13,18 +13,20 @@ def rows():
 
 
 def test_a_row_per_method_and_size(rows):
-    assert [(r.method, r.n) for r in rows] == [("TP", 1), ("TP", 2), ("DP", 1), ("DP", 2)]
+    assert [(r.method, r.n) for r in rows] == [("TP", 1), ("TP", 2), ("DP", 1), ("DP", 2),
+                                               ("PP", 1), ("PP", 2)]
     for r in rows:
-        assert r.strong_s > 0 and r.weak_s > 0 and r.comm_s >= 0
+        assert r.strong_s > 0 and r.weak_s > 0
+        assert (r.comm_s is None) == (r.method == "PP") and (r.comm_s is None or r.comm_s >= 0)
         assert math.isfinite(r.strong_eff) and math.isfinite(r.weak_eff)
-    for method in ("TP", "DP"):
+    for method in ("TP", "DP", "PP"):
         base = next(r for r in rows if r.method == method and r.n == 1)
         assert base.strong_eff == pytest.approx(1.0) and base.weak_eff == pytest.approx(1.0)
 
 
 def test_prediction_and_error_are_reported(rows):
     for r in rows:
-        if r.n == 1:
+        if r.n == 1 or r.method == "PP":  # PP communicates point to point: no all-reduce model
             assert r.predicted_s is None and r.error is None
         else:
             assert r.predicted_s is not None and math.isfinite(r.predicted_s)
