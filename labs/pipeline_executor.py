@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.activation_memory import SavedActivations
-from reference_impl.launcher import current_device
+from reference_impl.launcher import current_device, wait_for_device
 from reference_impl.pipeline_partition import gpt_layers, layer_sizes, partition
 from reference_impl.pipeline_schedules import Action, Schedule, build_schedule
 from reference_impl.pipeline_simulator import TimedAction, Timeline
@@ -217,8 +217,7 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
         return pipeline_rank if group is None else dist.get_global_rank(group, pipeline_rank)
 
     def now() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        wait_for_device()
         return time.perf_counter()
 
     saved: dict[tuple[int, int], tuple] = {}

@@ -55,7 +55,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.tp_collectives import copy_to_tp, gather_from_sp, reduce_scatter_to_sp
-from reference_impl.tp_layers import _check_divisible, _sharded_parameter
+from reference_impl.tp_layers import check_divisible, sharded_parameter
 
 BATCH_DIM = 0
 
@@ -70,10 +70,10 @@ class DistributedLinear(nn.Module):
     def __init__(self, linear: nn.Linear, group=None):
         super().__init__()
         tp = dist.get_world_size(group)
-        _check_divisible(linear.in_features, tp, "input features")
+        check_divisible(linear.in_features, tp, "input features")
         self.group = group
         self.columns = linear.in_features // tp  # this rank's slice of the input features
-        self.weight = _sharded_parameter(linear.weight, 1, group)  # W[:, cols_r]
+        self.weight = sharded_parameter(linear.weight, 1, group)  # W[:, cols_r]
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
 
     def forward(self, x):

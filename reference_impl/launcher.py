@@ -110,6 +110,13 @@ def current_device() -> torch.device:
     return torch.device("cpu")
 
 
+def wait_for_device() -> None:
+    """Wait until this rank's GPU has finished its queued work (nothing to wait for on a CPU):
+    call before reading a clock."""
+    if current_device().type == "cuda":
+        torch.cuda.synchronize()
+
+
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 

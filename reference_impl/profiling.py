@@ -75,7 +75,7 @@ import torch.distributed as dist
 from torch import nn
 
 from reference_impl.comm_trace import _PAYLOAD_ARGUMENT
-from reference_impl.launcher import current_device
+from reference_impl.launcher import current_device, wait_for_device
 
 #: the torch.distributed functions given a range: CommTracer's table (so both see the same calls)
 COMM_OPS = tuple(_PAYLOAD_ARGUMENT)
@@ -457,8 +457,7 @@ def profile_tp_block_on_rank(out_dir: str, steps: int = 3, hidden: int = 64, hea
         for _ in range(steps):
             block.zero_grad(set_to_none=True)
             block(x).backward(upstream)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        wait_for_device()
     return {"path": profiler.path, "all_reduces": tracer.count("all_reduce"),
             "collectives": tracer.summary()}
 

@@ -37,9 +37,9 @@ import torch
 import torch.distributed as dist
 
 from reference_impl.alpha_beta import fit_alpha_beta, ring_all_reduce_seconds, time_all_reduce
-from reference_impl.benchmarks.tp_block import _wait_for_device, median_step_seconds
+from reference_impl.benchmarks.tp_block import median_step_seconds
 from reference_impl.comm_trace import CommTracer
-from reference_impl.launcher import current_device, launch
+from reference_impl.launcher import current_device, launch, wait_for_device
 from reference_impl.model import GPT, Block, ModelConfig
 from reference_impl.pipeline_executor import pipeline_train_step
 from reference_impl.tp_attention import ParallelBlock
@@ -54,10 +54,10 @@ class AllReduceTimer:
         self.seconds, self._original = 0.0, dist.all_reduce
 
         def timed(*args, **kwargs):
-            _wait_for_device()
+            wait_for_device()
             start = time.perf_counter()
             result = self._original(*args, **kwargs)
-            _wait_for_device()
+            wait_for_device()
             self.seconds += time.perf_counter() - start
             return result
         dist.all_reduce = timed
@@ -127,12 +127,12 @@ def dp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> d
         step(x)  # warm-up
         times, comm = [], []
         for _ in range(repeats):
-            _wait_for_device()
+            wait_for_device()
             dist.barrier()
             with AllReduceTimer() as timer:
                 start = time.perf_counter()
                 step(x)
-                _wait_for_device()
+                wait_for_device()
             times.append(time.perf_counter() - start)
             comm.append(timer.seconds)
         result[mode] = _slowest(times)
@@ -156,11 +156,11 @@ def pp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> d
         pipeline_train_step(gpt, "1f1b", tokens, tokens, microbatches=n)  # warm-up
         times = []
         for _ in range(repeats):
-            _wait_for_device()
+            wait_for_device()
             dist.barrier()
             start = time.perf_counter()
             pipeline_train_step(gpt, "1f1b", tokens, tokens, microbatches=n)
-            _wait_for_device()
+            wait_for_device()
             times.append(time.perf_counter() - start)
         result[mode] = _slowest(times)
     return result

@@ -31,7 +31,7 @@ from reference_impl.tp_collectives import (all_gather_along, copy_to_tp, gather_
                                            reduce_from_tp, scatter_to_tp)
 
 
-def _check_divisible(size: int, tp: int, what: str) -> None:
+def check_divisible(size: int, tp: int, what: str) -> None:
     if size % tp:
         raise ValueError(f"{what} {size} is not divisible by the tensor-parallel size tp = {tp}")
 
@@ -55,7 +55,7 @@ def unshard(local: torch.Tensor, parameter: nn.Parameter, group=None) -> torch.T
                       for b in range(blocks)], dim=dim)
 
 
-def _sharded_parameter(full: torch.Tensor, dim: int, group, blocks: int = 1) -> nn.Parameter:
+def sharded_parameter(full: torch.Tensor, dim: int, group, blocks: int = 1) -> nn.Parameter:
     tp, rank = dist.get_world_size(group), dist.get_rank(group)
     parameter = nn.Parameter(shard(full.detach(), dim, rank, tp, blocks))
     parameter.tp_dim, parameter.tp_blocks = dim, blocks
@@ -69,11 +69,11 @@ class ColumnParallelLinear(nn.Module):
                  blocks: int = 1):
         super().__init__()
         tp = dist.get_world_size(group)
-        _check_divisible(linear.out_features // blocks, tp,
+        check_divisible(linear.out_features // blocks, tp,
                          "output features" + (f" per block ({blocks} blocks)" if blocks > 1 else ""))
         self.group, self.gather_output = group, gather_output
-        self.weight = _sharded_parameter(linear.weight, 0, group, blocks)
-        self.bias = (_sharded_parameter(linear.bias, 0, group, blocks)
+        self.weight = sharded_parameter(linear.weight, 0, group, blocks)
+        self.bias = (sharded_parameter(linear.bias, 0, group, blocks)
                      if linear.bias is not None else None)
 
     def forward(self, x):
@@ -88,9 +88,9 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, group=None, input_is_parallel: bool = True):
         super().__init__()
-        _check_divisible(linear.in_features, dist.get_world_size(group), "input features")
+        check_divisible(linear.in_features, dist.get_world_size(group), "input features")
         self.group, self.input_is_parallel = group, input_is_parallel
-        self.weight = _sharded_parameter(linear.weight, 1, group)
+        self.weight = sharded_parameter(linear.weight, 1, group)
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
 
     def forward(self, x):

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.tp_collectives import reduce_from_tp
-from reference_impl.tp_layers import ColumnParallelLinear, _sharded_parameter
+from reference_impl.tp_layers import ColumnParallelLinear, sharded_parameter
 
 
 def padded_vocab_size(vocab_size: int, tp: int) -> int:
@@ -65,7 +65,7 @@ class VocabParallelEmbedding(nn.Module):
         super().__init__()
         self.group, self.vocab_size = group, embedding.num_embeddings
         rows = padded_vocab_size(self.vocab_size, dist.get_world_size(group))
-        self.weight = _sharded_parameter(_pad_rows(embedding.weight, rows), 0, group)
+        self.weight = sharded_parameter(_pad_rows(embedding.weight, rows), 0, group)
 
     def forward(self, tokens):
         start, end = _vocab_range(self.weight.shape[0], self.group)

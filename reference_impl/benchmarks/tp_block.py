@@ -44,7 +44,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 
 from reference_impl.comm_trace import CommTracer
-from reference_impl.launcher import current_device, launch
+from reference_impl.launcher import current_device, launch, wait_for_device
 from reference_impl.model import Block, ModelConfig
 from reference_impl.tp_attention import ParallelBlock
 from reference_impl.tp_dtensor import dtensor_block
@@ -55,11 +55,6 @@ LAUNCH_TIMEOUT = 300.0  # seconds; a default run takes well under a minute
 
 
 # ------------------------------------------------------------------------ measuring, per rank
-
-def _wait_for_device() -> None:
-    if current_device().type == "cuda":
-        torch.cuda.synchronize()
-
 
 def _train_step(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor) -> None:
     """Forward and backward, the input's gradient included (as for a block inside a model)."""
@@ -80,11 +75,11 @@ def median_step_seconds(modules: dict[str, nn.Module], x, upstream, repeats: int
     times = torch.zeros(len(names), repeats, dtype=torch.float64)
     for repeat in range(repeats):
         for index in (range(len(names)) if repeat % 2 == 0 else reversed(range(len(names)))):
-            _wait_for_device()
+            wait_for_device()
             dist.barrier()
             start = time.perf_counter()
             _train_step(modules[names[index]], x, upstream)
-            _wait_for_device()
+            wait_for_device()
             times[index, repeat] = time.perf_counter() - start
     times = times.to(current_device())
     dist.all_reduce(times, op=dist.ReduceOp.MAX)
