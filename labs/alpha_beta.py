@@ -20,6 +20,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from reference_impl.launcher import current_device, wait_for_device
+
 
 def ring_all_reduce_seconds(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
     """Predicted time of a ring all-reduce of ``nbytes`` over ``n`` ranks."""
@@ -33,18 +35,21 @@ def fit_alpha_beta(nbytes: list[float], seconds: list[float], n: int) -> tuple[f
 
 def time_all_reduce(nbytes: list[int], repeats: int = 5, group=None) -> list[float]:
     """Median seconds of ``dist.all_reduce`` for each message size (float32), on every rank."""
+    device = current_device()
     medians = []
     for size in nbytes:
-        tensor = torch.ones(max(1, size // 4), dtype=torch.float32)
+        tensor = torch.ones(max(1, size // 4), dtype=torch.float32, device=device)
         dist.all_reduce(tensor, group=group)  # warm-up: connections, allocations
         times = []
         for _ in range(repeats):
+            wait_for_device()
             dist.barrier(group=group)
             start = time.perf_counter()
             dist.all_reduce(tensor, group=group)
+            wait_for_device()
             times.append(time.perf_counter() - start)
         # The slowest rank sets the time of a collective.
-        slowest = torch.tensor([statistics.median(times)], dtype=torch.float64)
+        slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
         medians.append(slowest.item())
     return medians

@@ -6,7 +6,8 @@
 After the backward, every rank holds the gradients of *its* samples; data parallelism makes
 them the gradients of the *global* batch. Which ranks must be summed, and what to divide by,
 depends on two things: whether a parameter is split over the TP group, and which samples the
-ranks of a TP group hold. Seed 000's rule (SageMaker):
+ranks of a TP group hold. The rule of the SageMaker model parallelism library documentation
+("Ranking Mechanism when Using a Combination of Pipeline Parallelism and Tensor Parallelism"):
 
     "For the model parameters that are distributed within the TP_GROUP, the gradient
      allreduce operation is performed only for reduced data parallel group, while for the
@@ -14,11 +15,11 @@ ranks of a TP group hold. Seed 000's rule (SageMaker):
      DP_GROUP."
 
 That rule is right for SageMaker's *data layout*, where TP runs over data-parallel ranks
-(seed 001, ``sagemaker_linear.DistributedLinear``): the tp ranks of a TP group hold
-*different* samples. Megatron-LM's layout is different: the tp ranks of a TP group see the
-*same* micro-batch, and the data is split over the replicas (the RDP group) only. Side by
-side, for one pipeline stage, W ranks, tp x pp x rdp (``dp = tp * rdp`` = SageMaker's
-DP_GROUP size):
+(SageMaker's "How Tensor Parallelism Works", ``sagemaker_linear.DistributedLinear``): the tp
+ranks of a TP group hold *different* samples. Megatron-LM's layout is different: the tp ranks
+of a TP group see the *same* micro-batch, and the data is split over the replicas (the RDP
+group) only. Side by side, for one pipeline stage, W ranks, tp x pp x rdp (``dp = tp * rdp``
+= SageMaker's DP_GROUP size):
 
     convention     samples of a TP group    TP-sharded parameter      replicated parameter
                    (data split over)        (``tp_dim`` set)          (layernorm, row bias,
@@ -45,12 +46,12 @@ Why (local loss = the mean over the rank's own samples, global loss = mean over 
   the whole DP group here would sum tp identical copies (tp times too large, or, divided by
   dp, right but tp times the traffic for nothing).
 
-The relation to seed 000: its "entire DP_GROUP" for non-distributed parameters is RDP x TP
-*because* the TP ranks hold different data; with Megatron's data layout the TP ranks' copies
-are already equal, and Megatron's "data-parallel group" is exactly seed 000's RDP_GROUP
-(``groups.py``). Either way, divide by the number of distinct data shards.
+The relation to SageMaker's ranking page: its "entire DP_GROUP" for non-distributed parameters
+is RDP x TP *because* the TP ranks hold different data; with Megatron's data layout the TP
+ranks' copies are already equal, and Megatron's "data-parallel group" is exactly SageMaker's
+RDP_GROUP (``groups.py``). Either way, divide by the number of distinct data shards.
 
-Which parameters are "distributed" (seed 000's word): those carrying ``tp_dim``
+Which parameters are "distributed" (SageMaker's word): those carrying ``tp_dim``
 (``tp_layers``), and the other parameters *of the same module* (a distributed module's
 replicated bias, e.g. ``DistributedLinear.bias``, whose gradient is summed over the TP group
 in its backward). Everything else is replicated.
@@ -103,7 +104,7 @@ def gradient_plan(module: nn.Module | Iterable[nn.Module],
                     continue
                 seen.add(id(parameter))
                 full_name = prefix + (f"{module_name}.{name}" if module_name else name)
-                raise NotImplementedError('lab5: append (full_name, parameter) to plan["RDP"] or plan["DP"]: under "sagemaker" seed 000\'s rule (TP-distributed, is_tp_distributed(owner, parameter): RDP; replicated: the whole DP), under "megatron" every parameter to RDP')
+                raise NotImplementedError('lab5: append (full_name, parameter) to plan["RDP"] or plan["DP"]: under "sagemaker" SageMaker\'s rule (TP-distributed, is_tp_distributed(owner, parameter): RDP; replicated: the whole DP), under "megatron" every parameter to RDP')
     return plan
 
 

@@ -7,10 +7,11 @@ A pure function of (world size, tp, pp, order): no process group is needed, so t
 be printed, drawn and tested anywhere. ``process_groups.py`` turns it into real
 ``torch.distributed`` groups.
 
-The groups (seed 000, SageMaker model parallelism). With W ranks, tp-way tensor parallelism
-and pp-way pipeline parallelism, each rank has three coordinates, tp, pp and rdp, where rdp
-counts the W / (tp*pp) model replicas. A group is the set of ranks that agree on every
-coordinate except the ones listed:
+The groups (the SageMaker model parallelism library documentation, "Ranking Mechanism when
+Using a Combination of Pipeline Parallelism and Tensor Parallelism"). With W ranks, tp-way
+tensor parallelism and pp-way pipeline parallelism, each rank has three coordinates, tp, pp
+and rdp, where rdp counts the W / (tp*pp) model replicas. A group is the set of ranks that
+agree on every coordinate except the ones listed:
 
     TP_GROUP   varies tp        the tp ranks that share the shards of one layer
     PP_GROUP   varies pp        the pp stages of one pipeline
@@ -20,8 +21,8 @@ coordinate except the ones listed:
                                 the union of the PP groups of the ranks in one's TP group
     WORLD      varies all
 
-Why two data-parallel groups (seed 000): a TP-sharded parameter exists once per replica, so
-its gradient is all-reduced over RDP_GROUP; a parameter that is not sharded is also
+Why two data-parallel groups (SageMaker's ranking page): a TP-sharded parameter exists once per
+replica, so its gradient is all-reduced over RDP_GROUP; a parameter that is not sharded is also
 replicated across the TP group, so its gradient is all-reduced over the whole DP_GROUP.
 
 A rank's ``tp_rank``, ``pp_rank``, ``rdp_rank``, ``dp_rank`` and ``mp_rank`` are its index in
@@ -30,9 +31,9 @@ that group, members in increasing order: the same number ``dist.get_rank(group)`
 Which global rank gets which coordinates is a convention, chosen by ``order``: the axes
 listed fastest-varying first.
 
-* ``sagemaker`` = ``pp-tp-rdp`` (seed 000): neighbouring ranks are pipeline stages, GPU1 is
+* ``sagemaker`` = ``pp-tp-rdp`` (SageMaker's): neighbouring ranks are pipeline stages, GPU1 is
   pp_rank 1. ``python -m reference_impl.groups --world-size 8 --tp 2 --pp 2`` prints the
-  seed's 8-GPU table.
+  ranking page's 8-GPU table.
 * ``megatron`` = ``tp-rdp-pp`` (Megatron-LM's default, tp-dp-pp): neighbouring ranks are TP
   peers, so a TP group sits inside one node's fast links. Megatron's "data-parallel group" is
   the RDP_GROUP here, and its "model-parallel group" the MP_GROUP; SageMaker's larger DP_GROUP
@@ -71,7 +72,7 @@ class RankCoordinates:
     mp_rank: int
 
     def describe(self) -> str:
-        """The seed's notation, e.g. ``GPU2: pp_rank 0, tp_rank 1, rdp_rank 0, dp_rank 1, mp_rank 2``."""
+        """SageMaker's notation, e.g. ``GPU2: pp_rank 0, tp_rank 1, rdp_rank 0, dp_rank 1, mp_rank 2``."""
         return (f"GPU{self.rank}: pp_rank {self.pp_rank}, tp_rank {self.tp_rank}, "
                 f"rdp_rank {self.rdp_rank}, dp_rank {self.dp_rank}, mp_rank {self.mp_rank}")
 
@@ -114,7 +115,7 @@ class RankLayout:
         return next(group for group in self.groups[kind] if rank in group)
 
     def describe(self) -> str:
-        """One line per rank in the seed's notation, then every group of every kind."""
+        """One line per rank in SageMaker's notation, then every group of every kind."""
         lines = [coords.describe() for coords in self.ranks]
         lines.append("")
         for kind, groups in self.groups.items():
@@ -160,7 +161,7 @@ def _check_rank(rank: int, world_size: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m reference_impl.groups",
-        description="Print every rank's coordinates and groups (seed 000 notation).")
+        description="Print every rank's coordinates and groups (SageMaker's notation).")
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")

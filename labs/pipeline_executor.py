@@ -5,8 +5,8 @@
 
 The executor is the third consumer of a schedule (after ``pipeline_validator`` and
 ``pipeline_simulator``), and like them it serves every schedule: naive, GPipe, 1F1B,
-interleaved 1F1B and ZB-H1 differ only in the per-rank action lists it is given (DESIGN
-principle 3). On each rank, for each of its actions in order:
+interleaved 1F1B and ZB-H1 differ only in the per-rank action lists it is given (schedules are
+data). On each rank, for each of its actions in order:
 
 1. if ``input_message(schedule, action)`` names a message, receive it (a blocking receive:
    ``irecv`` then ``wait``) from that rank; if the neighbouring stage is on this rank
@@ -37,7 +37,8 @@ Every rank returns a :class:`PipelineRun`: the loss (the mean of the microbatch 
 :class:`TimedAction` per action (seconds since a barrier that all ranks leave together, so the
 ranks' times share one origin to within the barrier's skew) and the peaks. In the parent,
 :func:`measured_timeline` joins the ranks' events into a ``Timeline`` with ``unit="s"``: its
-``bubble_fraction`` is the measured counterpart of the simulator's (DESIGN principle 6).
+``bubble_fraction`` is the measured counterpart of the simulator's (the course
+measures every formula it states and checks that the two agree).
 
 :func:`pipeline_train_step` does it all for the course's GPT: cut ``gpt_layers(gpt)`` into
 p*v stages (``partition`` by parameter count), build this rank's stages from deep copies of

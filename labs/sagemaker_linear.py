@@ -1,13 +1,15 @@
 # Student file for the labs, generated from reference_impl/sagemaker_linear.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
-"""SageMaker's distributed linear layer: tensor parallelism *over data-parallel ranks* (seed 001).
+"""SageMaker's distributed linear layer: tensor parallelism *over data-parallel ranks*.
+
+After the SageMaker model parallelism library documentation, "How Tensor Parallelism Works".
 
 Every rank of the TP group holds its own data samples, as in data parallelism, but only 1/tp of
-the linear layer y = x W^T + b. Seed 001: "each tp_rank collects the relevant half of all data
-samples and passes it through their half of the nn.Linear module. The result needs to be
-reduce-scattered (with summation as the reduction operation) so that each rank has the final
-linear output for their own data samples."
+the linear layer y = x W^T + b. In the documentation's words: "each tp_rank collects the
+relevant half of all data samples and passes it through their half of the nn.Linear module.
+The result needs to be reduce-scattered (with summation as the reduction operation) so that each
+rank has the final linear output for their own data samples."
 
 Which half? The reduction is a *sum*, so each rank must compute a *partial* product: W is split
 by **input columns**, rank r holding W_r = W[:, cols_r] (out x in/tp). Then, with X the
@@ -20,8 +22,8 @@ samples of the whole group stacked along the batch dimension,
 
 (Split by output rows instead, each rank would hold *complete* outputs of some features for
 every sample, and giving each rank its samples back would be an all-to-all, with nothing to sum.
-Taking the column slice after the all-gather keeps the seed's all-gather; an all-to-all of the
-slices would move 1/tp of the bytes.)
+Taking the column slice after the all-gather keeps the documentation's all-gather; an
+all-to-all of the slices would move 1/tp of the bytes.)
 
 Backward, each collective has the conjugate of :mod:`tp_collectives`' sequence-parallel pair,
 applied along the batch dimension instead of the sequence:
@@ -45,8 +47,8 @@ What the gradients are, for the summed loss L = sum_r L_r(y_r) of the group's sa
 So the layer is equivalent to a replicated nn.Linear under data parallelism with the gradients
 **summed** over the TP group (DDP's default *averages*: divide by tp, e.g. by scaling the loss).
 In SageMaker's layout what is left of the data-parallel reduction for these parameters runs
-over the *reduced* data-parallel group (RDP, seed 000): the ranks holding the same shard in
-other TP groups.
+over the *reduced* data-parallel group (RDP, as SageMaker's ranking page defines
+it): the ranks holding the same shard in other TP groups.
 """
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
 # Student file for the labs, generated from reference_impl/tp_attention.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
-"""Megatron tensor-parallel attention and transformer block (seed 002's lab).
+"""Megatron tensor-parallel attention and transformer block.
+
+The lab "Implement Tensor-Parallel Attention" of the course notes "Week 15 - Tensor Parallelism and
+Pipeline Parallelism".
 
 Attention heads are independent, so tp ranks can each compute heads/tp of them, with no
 communication, between two linear layers split the Megatron way:

@@ -1,11 +1,13 @@
 # Student file for the labs, generated from reference_impl/zero.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
-"""ZeRO: data parallelism that shards the model states over the data-parallel ranks (seed 003).
+"""ZeRO: data parallelism that shards the model states over the data-parallel ranks.
 
-Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
-Models". Plain data parallelism keeps every model state whole on each of the N ranks. ZeRO
-keeps each rank's 1/N *shard* of some of them, in three stages:
+ApX Machine Learning's masterclass on hybrid parallelism counts it among the hybrid strategies:
+not a parallelism dimension but a way to save data parallelism's memory. Rajbhandari et al.
+2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models". Plain data
+parallelism keeps every model state whole on each of the N ranks. ZeRO keeps each rank's 1/N
+*shard* of some of them, in three stages:
 
     stage 1  optimizer states sharded. Gradients are all-reduced (averaged) in full; each rank
              runs Adam on its shard only (its slice of m and v), then the updated slices are

@@ -1,7 +1,8 @@
 """Check a parallel module against the single-device module it was built from.
 
-The course's standard (DESIGN.md, principle 1): on the same input and the same upstream
-gradient, compare, in this order,
+The course's standard (every parallel component is built from a single-device module's weights
+and checked against that module): on the same input and the same upstream gradient, compare,
+in this order,
 
 1. the output,
 2. the gradient of the input,

@@ -2,7 +2,8 @@
 
 Ranks are placed on a grid: pipeline stage (pp) left to right, and top to bottom the model
 replicas (rdp), each a band of its tp ranks. Within a panel, ranks of the same colour form one
-group of that kind; the seed 000 figure draws the same groups with boundary lines.
+group of that kind; the figure of the SageMaker model parallelism documentation's "Ranking
+Mechanism" page draws the same groups with boundary lines.
 """
 from __future__ import annotations
 

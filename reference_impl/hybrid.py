@@ -1,6 +1,7 @@
 """3D parallelism: the course's GPT trained with data x tensor x pipeline parallelism.
 
-The composition, in the spirit of seed 003's high-level API:
+The composition, in the spirit of the high-level API of ApX Machine Learning's masterclass on
+hybrid parallelism:
 
     context = initialize_parallelism(dp=2, tp=2, pp=2)          # on every one of 8 ranks
     model = build_3d_gpt(gpt, context, microbatches=2, schedule="1f1b")
@@ -13,7 +14,7 @@ What each piece does:
 * :func:`initialize_parallelism` lays out ``dp * tp * pp`` ranks (``groups.build_rank_layout``,
   rank order ``"megatron"`` = tp fastest by default, or ``"sagemaker"``) and creates the process
   groups. ``dp`` is the number of model replicas: Megatron's data-parallel degree, the size of
-  seed 000's RDP_GROUP (SageMaker's DP_GROUP would be ``dp * tp``).
+  SageMaker's RDP_GROUP (SageMaker's DP_GROUP would be ``dp * tp``).
 * :func:`build_3d_gpt` cuts ``gpt_layers(gpt)`` (embedding, blocks, head) into ``pp`` stages
   by parameter count (``pipeline_partition.partition``) and builds this rank's stage from
   tensor-parallel layers over its TP group, from the single-device weights (shard-from-full):
@@ -26,7 +27,7 @@ What each piece does:
   the RDP group), runs the pipeline schedule over the PP group (``pipeline_executor``), where
   the TP collectives run inside each stage, then synchronises the gradients
   (``data_parallel.sync_gradients``, convention ``"megatron"``: every gradient averaged over
-  RDP_GROUP; see that module for why, and for seed 000's SageMaker rule) and steps.
+  RDP_GROUP; see that module for why, and for SageMaker's rule) and steps.
 * :func:`gather_full_state` unshards every parameter over the TP group and collects the stages
   over the PP group: the single-device GPT's ``state_dict`` (parameters), on every rank.
 

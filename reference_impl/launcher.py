@@ -4,16 +4,29 @@
     results = launch(fn, 4, x)      # results[r] is fn(x) as returned on rank r
 
 Inside ``fn`` the default process group is initialised, so ``dist.get_rank()`` and every
-collective just work.
+collective just work, and ``current_device()`` is the device this rank computes on.
+
+How ranks start: from a *rank server*, a clean process started once (at the first launch)
+that imports torch and waits (Python's ``forkserver`` start method). Each launch forks its
+ranks from that server, so
+
+* start-up stays fast (8 ranks in a fraction of a second after the first launch), and
+* no rank is ever forked from the caller's process. That matters on any machine with a GPU:
+  once a process has run a backward pass, autograd's device threads are live, and a process
+  forked from it fails at its first backward ("Unable to handle autograd's threading in
+  combination with fork-based multiprocessing"); a CUDA context does not survive a fork
+  either. A notebook that has trained a model can still launch ranks.
+
+``fn``, its arguments and its return value travel by value (cloudpickle), so a function
+defined in a notebook cell or a script's ``__main__`` can be launched; functions from
+modules are imported by name in the rank.
 
 Where it runs:
 
-* **CPU** (backend ``gloo``): ranks are *forked*, so a function defined in a notebook cell
-  can be launched (spawn would have to pickle it). Start-up is well under a second for 8
-  ranks. Each rank uses ``threads`` intra-op threads (1 by default) so N ranks on a laptop
-  do not fight over its cores.
-* **CUDA** (backend ``nccl``): ranks are *spawned* (CUDA cannot be forked), rank r uses
-  GPU r, and ``fn`` must be picklable (defined in a module, not a notebook).
+* **CPU** (backend ``gloo``): each rank uses ``threads`` intra-op threads (1 by default) so
+  N ranks on a laptop do not fight over its cores.
+* **CUDA** (backend ``nccl``): rank r uses GPU r (``device_id`` is given to the process
+  group, so NCCL never guesses). Results come back to the caller on the CPU.
 * **Under torchrun** (``RANK`` and ``WORLD_SIZE`` in the environment) nothing is started:
   this process is one rank, the process group is initialised from the environment
   (``LOCAL_RANK`` picks the GPU), and every rank receives the list of all ranks' results.
@@ -24,31 +37,46 @@ does not return within ``timeout`` seconds (stuck in a collective, or looping) e
 launch with :class:`LaunchTimeout`, which shows where each stuck rank was. The first rank
 to fail raises :class:`RankFailure` in the parent with its rank and traceback. Either way
 the other ranks are ended, and no process outlives the launch, also on Ctrl-C or when the
-parent itself is killed.
+parent itself is killed (each rank holds a "lifeline" pipe from the caller and exits when
+it closes).
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import faulthandler
+import importlib
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import pickle
+import re
 import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 import traceback
+import types
 import warnings
 from datetime import timedelta
 from multiprocessing.connection import wait
 
+import cloudpickle
 import torch
 import torch.distributed as dist
 
 DEFAULT_TIMEOUT = 60.0  # seconds a launch may take, from start to the last rank's return
 BACKENDS = ("auto", "gloo", "nccl")
+START_METHODS = ("forkserver", "spawn", "fork")
+
+# What the rank server imports once, so that a rank forked from it starts in milliseconds.
+# torch imports torch._dynamo lazily at the first optimizer step, which would cost every
+# rank seconds (measured: 4 s for a 2-rank launch against 0.07 s).
+_RANK_SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "cloudpickle",
+                        "reference_impl.launcher"]
 
 # The process group's own timeout is a backstop only: the parent's deadline comes first,
 # so a hang is always reported the same way, with every stuck rank's stack.
@@ -91,11 +119,15 @@ class LaunchTimeout(TimeoutError):
         super().__init__(message)
 
 
+def gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def resolve_backend(backend: str, world_size: int) -> str:
     """``auto`` is NCCL when there is a GPU for every rank, gloo on the CPU otherwise."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = gpu_count()
     if backend == "auto":
         return "nccl" if gpus >= world_size else "gloo"
     if backend == "nccl" and gpus < world_size:
@@ -121,12 +153,26 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def default_start_method() -> str:
+    """The rank server where the platform has one (Linux, macOS), else spawn (Windows)."""
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def start_rank_server() -> None:
+    """Start the rank server now rather than at the first launch (it lives as long as this
+    process, and ends with it)."""
+    if default_start_method() == "forkserver":
+        _context("forkserver")
+        multiprocessing.forkserver.ensure_running()
+
+
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = DEFAULT_TIMEOUT,
            threads: int = 1, start_method: str | None = None, **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return the list of results by rank.
 
-    ``start_method`` overrides the default (fork on CPU, spawn for NCCL), e.g. ``"spawn"``
-    on a platform where forking is unsafe; spawned ranks need a picklable ``fn``.
+    ``start_method`` overrides how ranks start: ``"forkserver"`` (the default: forked from the
+    rank server), ``"spawn"`` (a fresh interpreter per rank: slower), or ``"fork"`` (forked
+    from this process: refused on a machine with a GPU, where it breaks autograd and CUDA).
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
@@ -135,38 +181,115 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
     if under_torchrun():
         return _run_as_torchrun_rank(fn, world_size, args, kwargs, backend, timeout)
     backend = resolve_backend(backend, world_size)
-    if start_method is None:
-        start_method = "spawn" if backend == "nccl" else "fork"
-    if start_method == "fork":
-        # torch imports torch._dynamo lazily, at the first optimizer step; in every forked rank
-        # that costs seconds (measured here: 4 s for a 2-rank launch against 0.07 s). Import
-        # it once here, and every rank inherits it.
-        import torch._dynamo  # noqa: F401
-    context = multiprocessing.get_context(start_method)
+    start_method = _check_start_method(start_method or default_start_method())
+    payload = _pickle_the_work(fn, args, kwargs)
+    context = _context(start_method)
     workdir = tempfile.mkdtemp(prefix="launch-")
+    lifeline, lifeline_end = context.Pipe(duplex=False)  # closed when this process ends
     processes, connections = [], []
+    expected_parent = os.getpid() if start_method != "forkserver" else None
     try:
-        for rank in range(world_size):
-            receiver, sender = context.Pipe(duplex=False)
-            process = context.Process(
-                target=_run_rank, name=f"rank{rank}",
-                args=(rank, world_size, backend, workdir, timeout, threads, os.getpid(),
-                      sender, fn, args, kwargs))
-            with warnings.catch_warnings():
-                # Python >= 3.12 warns on every fork from a process with threads, as a Jupyter
-                # kernel always is. Forking is this launcher's choice on the CPU (notebook
-                # functions cannot be pickled); the warning would only clutter each cell.
-                warnings.filterwarnings("ignore", _FORK_WARNING, DeprecationWarning)
+        with _main_module_hidden(), warnings.catch_warnings():
+            # Python >= 3.12 warns on every fork from a process with threads; only the "fork"
+            # method forks this process, and it is refused where that is unsafe.
+            warnings.filterwarnings("ignore", _FORK_WARNING, DeprecationWarning)
+            for rank in range(world_size):
+                receiver, sender = context.Pipe(duplex=False)
+                process = context.Process(
+                    target=_run_rank, name=f"rank{rank}",
+                    args=(rank, world_size, backend, workdir, timeout, threads, expected_parent,
+                          lifeline, dict(os.environ), sender, payload))
                 process.start()
-            sender.close()
-            processes.append(process)
-            connections.append(receiver)
+                sender.close()
+                processes.append(process)
+                connections.append(receiver)
+        lifeline.close()
         return _collect(processes, connections, timeout, workdir)
     finally:
         _end(processes)
         for connection in connections:
             connection.close()
+        lifeline_end.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _check_start_method(start_method: str) -> str:
+    if start_method not in START_METHODS:
+        raise ValueError(f"unknown start_method {start_method!r}; choose one of "
+                         f"{', '.join(START_METHODS)}")
+    if start_method not in multiprocessing.get_all_start_methods():
+        raise ValueError(f"start_method {start_method!r} is not available on {sys.platform}")
+    if start_method == "fork" and gpu_count() > 0:
+        raise ValueError(
+            f"start_method 'fork' is refused on a machine with a GPU ({gpu_count()} here): a "
+            "process forked after this one ran a backward pass or touched CUDA fails in its "
+            "first backward. Use the default (forkserver) or 'spawn'.")
+    return start_method
+
+
+def _context(start_method: str):
+    context = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        context.set_forkserver_preload(_RANK_SERVER_PRELOAD)  # only before the server starts
+    return context
+
+
+def _pickle_the_work(fn, args, kwargs) -> bytes:
+    """``fn`` and its arguments by value, so that a function defined in a notebook cell or a
+    script's ``__main__`` reaches the ranks; CUDA tensors among the arguments travel on the
+    CPU (each rank moves what it needs to its own device)."""
+    fn = _by_name_if_main_is_a_module(fn)
+    try:
+        return cloudpickle.dumps((fn, _on_cpu(args), _on_cpu(kwargs)))
+    except Exception as error:  # noqa: BLE001 - re-raised with what to do about it
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise TypeError(
+            f"launch cannot send {name} and its arguments to the ranks: {type(error).__name__}: "
+            f"{error}. They travel to every rank by value (pickled), so pass data (tensors, "
+            "numbers, modules) rather than open files, locks, threads or processes.") from error
+
+
+def _by_name_if_main_is_a_module(fn):
+    """Under ``python -m package.module``, a function of that module is sent as
+    ``package.module.<name>`` (imported by name in the rank, like every module's function)
+    rather than by value: the ranks then see the module's globals as they are, whatever
+    they hold."""
+    main = sys.modules["__main__"]
+    module_name = getattr(getattr(main, "__spec__", None), "name", None)
+    if getattr(fn, "__module__", None) != "__main__" or not module_name \
+            or module_name.endswith("__main__"):
+        return fn
+    found = importlib.import_module(module_name)
+    for part in getattr(fn, "__qualname__", "<local>").split("."):
+        found = getattr(found, part, None)
+    return found if callable(found) else fn
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """Multiprocessing re-runs the caller's ``__main__`` script in every rank it starts
+    without fork (so that functions defined there can be found); here they travel by value,
+    so ranks are started with an empty ``__main__``: a script needs no main guard, and no
+    rank re-imports a notebook kernel."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def _on_cpu(value):
+    """``value`` with every tensor in it (also inside lists, tuples and dicts) on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value if value.device.type == "cpu" else value.detach().cpu()
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_on_cpu(item) for item in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(item) for item in value)
+    if isinstance(value, dict):
+        return type(value)((key, _on_cpu(item)) for key, item in value.items())
+    return value
 
 
 def _run_as_torchrun_rank(fn, world_size, args, kwargs, backend, timeout):
@@ -178,17 +301,25 @@ def _run_as_torchrun_rank(fn, world_size, args, kwargs, backend, timeout):
     if not dist.is_initialized():
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         gpus_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        backend = resolve_backend(backend, gpus_per_node)
-        if backend == "nccl":
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout))
+        _init_process_group(resolve_backend(backend, gpus_per_node), local_rank,
+                            timeout=timedelta(seconds=timeout))
         # Whoever initialises the group ends it: left to the interpreter's exit, gloo's
         # threads can be torn down mid-flight and abort the process.
         atexit.register(_destroy_process_group)
-    result = fn(*args, **kwargs)
+    result = _on_cpu(fn(*args, **kwargs))
     results = [None] * world_size
     dist.all_gather_object(results, result)
     return results
+
+
+def _init_process_group(backend: str, local_rank: int, **options) -> None:
+    """Under NCCL, bind this rank to GPU ``local_rank`` before and in the process group
+    (``device_id``), so NCCL never has to guess the rank's GPU."""
+    if backend == "nccl":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        options["device_id"] = device
+    dist.init_process_group(backend, **options)
 
 
 def _destroy_process_group() -> None:
@@ -196,25 +327,27 @@ def _destroy_process_group() -> None:
         dist.destroy_process_group()
 
 
-def _run_rank(rank, world_size, backend, workdir, timeout, threads, parent_pid, sender,
-              fn, args, kwargs):
-    """Body of one rank's process: set up, run ``fn``, send back ("ok", value) or the error."""
-    _die_with_parent(parent_pid)
+def _run_rank(rank, world_size, backend, workdir, timeout, threads, expected_parent, lifeline,
+              environment, sender, payload):
+    """Body of one rank's process: set up, run the work, send back ("ok", value) or the error."""
+    _die_with_parent(expected_parent)
+    threading.Thread(target=_exit_when_caller_exits, args=(lifeline,), daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     try:
-        torch.set_num_threads(threads)
+        os.environ.clear()  # the caller's environment now, not the rank server's
+        os.environ.update(environment)
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-        if backend == "nccl":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            backend, init_method="file://" + os.path.join(workdir, "store"), rank=rank,
+        torch.set_num_threads(threads)
+        fn, args, kwargs = _unpickle_the_work(payload)
+        _init_process_group(
+            backend, rank, init_method="file://" + os.path.join(workdir, "store"), rank=rank,
             world_size=world_size, timeout=timedelta(seconds=timeout + _PROCESS_GROUP_SLACK))
         # Gloo may return from init on one rank while a peer is still completing its side of
         # their connection; a rank that then ran a short fn and exited would break it.
         dist.barrier()
-        _send(sender, ("ok", fn(*args, **kwargs)))
+        _send(sender, ("ok", _on_cpu(fn(*args, **kwargs))))
         # The result is sent; now wait for the peers, so that no rank closes its connections
         # while another may still be reading from them.
         dist.barrier()
@@ -225,19 +358,47 @@ def _run_rank(rank, world_size, backend, workdir, timeout, threads, parent_pid, 
         sender.close()
 
 
+class WorkNotLoadable(RuntimeError):
+    """A rank could not rebuild the launched function or its arguments."""
+
+
+def _unpickle_the_work(payload: bytes):
+    try:
+        return cloudpickle.loads(payload)
+    except Exception as error:  # noqa: BLE001 - re-raised with what to do about it
+        raise WorkNotLoadable(
+            f"the rank could not load the launched function or its arguments: "
+            f"{type(error).__name__}: {error}. Functions and classes defined in a notebook or "
+            "script travel by value, but those of a module are imported by name in every "
+            "rank: that module must be importable there (the rank has the caller's sys.path "
+            "and working directory), so not a file loaded by path or a module that exists "
+            "only in memory.") from error
+
+
 def _send(sender, message) -> None:
-    # Plain pickle copies tensors by value. The pipe's own pickler would share their storage
+    # By value (cloudpickle, which plain pickle can read): tensors are copied, not shared
     # through this process, which may have exited by the time the parent reads the message.
-    sender.send_bytes(pickle.dumps(message))
+    sender.send_bytes(cloudpickle.dumps(message))
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to kill this rank if the parent dies (e.g. SIGKILL), so none is orphaned."""
+def _die_with_parent(expected_parent: int | None) -> None:
+    """Ask Linux to kill this rank if its parent process dies (e.g. SIGKILL). That parent is
+    the caller (fork, spawn) or the rank server, which itself ends with the caller."""
     if sys.platform.startswith("linux"):
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os._exit(1)  # the caller died before prctl took effect
+
+
+def _exit_when_caller_exits(lifeline) -> None:
+    """Only the caller holds the lifeline's other end: end of file means it has exited
+    (or ended the launch), and this rank must not outlive it."""
+    try:
+        lifeline.recv_bytes()
+    except (EOFError, OSError):
+        pass
+    os._exit(1)
 
 
 def _collect(processes, connections, timeout, workdir) -> list:
@@ -318,9 +479,18 @@ def _dump_stacks(processes, ranks, workdir) -> dict[int, str]:
                 stack = handle.read()
         except OSError:
             stack = ""
-        # Frames below the rank's entry point are the launcher's own start-up: drop them.
-        stacks[rank] = stack.split(f"  File \"{__file__}\"")[0] or "(the rank did not answer)"
+        stacks[rank] = _the_work_s_frames(stack) or "(the rank did not answer)"
     return stacks
+
+
+def _the_work_s_frames(stack: str) -> str:
+    """From faulthandler's dump of every thread, the frames of the launched work: the
+    lifeline's thread is left out, and so are the frames below the rank's entry point (the
+    launcher's own start-up)."""
+    threads = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack.strip())
+    kept = [thread.split(f'  File "{__file__}"')[0] for thread in threads
+            if _exit_when_caller_exits.__name__ not in thread]
+    return "\n".join(part for part in kept if part.strip())
 
 
 def _end(processes) -> None:

@@ -4,8 +4,8 @@ A pipeline cuts the model into stages and sends each microbatch through them: fo
 first stage to the last, backward from the last to the first. A *schedule* fixes, for every
 rank, the order of its passes. Here it is plain data, with no communication at all, so one
 validator (``pipeline_validator``), one simulator (``pipeline_simulator``) and one executor
-serve every schedule (DESIGN principle 3; PyTorch's ``torch.distributed.pipelining`` and
-DeepSpeed test their schedules the same way).
+serve every schedule (PyTorch's ``torch.distributed.pipelining`` and DeepSpeed test their
+schedules the same way).
 
 An :class:`Action` is one pass of one microbatch through one stage:
 

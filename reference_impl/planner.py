@@ -1,7 +1,8 @@
 """A 3D-parallelism planner: which TP x PP x DP layout (and ZeRO stage, micro-batch size,
 activation recomputation) to use for a model on a cluster, with the math written out.
 
-Seed 002, 15.5 (the production slice): "for your hardware (e.g., 8x H100 per node, 16 nodes),
+The course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism", 15.5 (the production
+slice): "for your hardware (e.g., 8x H100 per node, 16 nodes),
 what TP/PP/DP degrees do you choose for a 70B model? Document the math." Its rules (15.2):
 TP degree <= GPUs per node (NVLink scope); PP degree from memory; DP fills the rest.
 
@@ -235,7 +236,7 @@ def get_model(preset: str) -> ModelSpec:
 
 
 def check_layout(model: ModelSpec, cluster: Cluster, layout: Layout) -> None:
-    """Seed 002's rules, and what the model allows; a ValueError names the numbers."""
+    """The Week 15 notes' rules, and what the model allows; a ValueError names the numbers."""
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     for name in ("tp", "pp", "dp", "micro_batch"):
         value = getattr(layout, name)
@@ -366,11 +367,11 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, tp: int | None =
 
 
 def recommend(model: ModelSpec, cluster: Cluster, global_batch: int) -> Plan:
-    """Seed 002's rules, in their order: TP as large as a node allows (the largest divisor of
-    the GPUs per node that also divides the heads: TP's per-layer all-reduces stay on the fast
-    intra-node links), then the smallest PP for which the model fits ("PP degree determined by
-    memory needs"), then DP fills the rest; among those layouts, the fastest by the estimate
-    (ZeRO stage, micro-batch, recomputation).
+    """The Week 15 notes' rules, in their order: TP as large as a node allows (the largest
+    divisor of the GPUs per node that also divides the heads: TP's per-layer all-reduces stay on
+    the fast intra-node links), then the smallest PP for which the model fits ("PP degree
+    determined by memory needs"), then DP fills the rest; among those layouts, the fastest by the
+    estimate (ZeRO stage, micro-batch, recomputation).
 
     :func:`plan` ranks every layout by the estimated step time alone; where its fastest has a
     smaller TP, the difference is within what the estimate cannot see (it holds MFU fixed and
@@ -477,7 +478,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table(plans[:args.top]))
     chosen = plans[0] if args.tp or args.pp else recommend(model, cluster, args.global_batch)
     if not (args.tp or args.pp):
-        print("\nrecommended by seed 002's rules (TP inside a node, PP from memory, DP the rest):")
+        print("\nrecommended by the Week 15 notes' rules "
+              "(TP inside a node, PP from memory, DP the rest):")
         print(table([chosen]))
     if args.explain:
         print()

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from reference_impl.groups import GROUP_AXES, RankCoordinates, RankLayout
+from reference_impl.launcher import current_device
 
 
 @dataclass(frozen=True)
@@ -68,13 +69,15 @@ def mesh_dim_names(layout: RankLayout, kind: str = "WORLD") -> tuple[str, ...]:
     return tuple(axis for axis in reversed(layout.order) if axis in GROUP_AXES[kind])
 
 
-def device_mesh(layout: RankLayout, device_type: str = "cpu") -> DeviceMesh:
-    """The layout as a 3-D ``DeviceMesh`` named ``tp``, ``pp``, ``rdp``.
+def device_mesh(layout: RankLayout, device_type: str | None = None) -> DeviceMesh:
+    """The layout as a 3-D ``DeviceMesh`` named ``tp``, ``pp``, ``rdp``, on ``device_type``
+    (default: the type of this rank's ``current_device()``, "cuda" under NCCL, else "cpu").
 
     A mesh numbers ranks row-major, last dimension fastest, so its dimensions are the
     layout's axes slowest first: sagemaker gives shape (rdp, tp, pp), megatron (pp, rdp, tp).
     """
     names = mesh_dim_names(layout)
+    device_type = device_type or current_device().type
     sizes = {"tp": layout.tp, "pp": layout.pp, "rdp": layout.rdp}
     return init_device_mesh(device_type, tuple(sizes[name] for name in names),
                             mesh_dim_names=names)

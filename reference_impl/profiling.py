@@ -5,7 +5,8 @@
     prof.export_chrome_trace(f"rank{rank}.json")          # or: with rank_trace(out_dir): ...
     merge_traces([...], "merged.json"); print(summarize("merged.json"))
 
-Seed 002's diagnostic drill: *see the timeline of all-reduce vs compute; tensor parallelism's
+The diagnostic drill of the course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism":
+*see the timeline of all-reduce vs compute; tensor parallelism's
 signature is short, frequent all-reduces.* :func:`profiled` puts a named range
 
 * around the forward and the backward of chosen modules ("attn forward", "mlp backward"):
@@ -17,11 +18,12 @@ signature is short, frequent all-reduces.* :func:`profiled` puts a named range
   wrapped, so that its ``wait()`` gets a range too ("irecv wait"): that is where a pipeline
   stage sits idle, waiting for its neighbour.
 
-The ranges are ``torch.profiler.record_function`` on the CPU (they show up as
-``user_annotation`` events in a ``torch.profiler.profile`` run, exported per rank as a
-Chrome/Perfetto JSON trace by :func:`rank_trace`), ``torch.cuda.nvtx.range_push/pop`` on a GPU
-(for Nsight Systems). Out of the context, or with ``enabled=False``, nothing is left behind:
-every hook is removed and every ``torch.distributed`` function restored.
+The ranges are ``torch.profiler.record_function`` ranges (they show up as ``user_annotation``
+events in a ``torch.profiler.profile`` run, exported per rank as a Chrome/Perfetto JSON trace by
+:func:`rank_trace`); on a GPU each is also an NVTX range (``torch.cuda.nvtx.range_push/pop``,
+for Nsight Systems), opened and closed with it, so the same names reach both tools. Out of the
+context, or with ``enabled=False``, nothing is left behind: every hook is removed and every
+``torch.distributed`` function restored.
 
 **On GPUs, with Nsight Systems.** Profile each rank under torchrun, capturing only the steps
 between ``torch.cuda.profiler.start()`` and ``stop()`` (warm-up excluded)::
@@ -51,12 +53,16 @@ open them together in the Nsight Systems GUI, "Add report to timeline".) What to
 On the CPU (gloo) the same picture comes from :func:`rank_trace`'s per-rank JSON traces:
 :func:`merge_traces` puts them in one file, one process row per rank, to open in
 https://ui.perfetto.dev or chrome://tracing, and :func:`summarize` tabulates time in
-compute vs communication per rank.
+compute vs communication per rank. On a GPU the same works, the traces also holding the
+kernels (and the profiler's GPU-side copies of the ranges, category ``gpu_user_annotation``);
+:func:`summarize` reads the CPU-side ranges, i.e. the host's view: kernels and NCCL
+collectives run asynchronously, so there a range times what the host launched and waited for,
+Nsight Systems (or the GPU rows of the trace) the GPU's own work.
 
     python -m reference_impl.profiling --tp 2 --steps 3 --out DIR
 
-profiles a TP block on ``--tp`` CPU ranks (gloo) and writes ``DIR/rank{r}.json``,
-``DIR/merged.json`` and prints the summary.
+profiles a TP block on ``--tp`` CPU ranks (gloo; ``--backend nccl``: one GPU per rank) and
+writes ``DIR/rank{r}.json``, ``DIR/merged.json`` and prints the summary.
 """
 from __future__ import annotations
 
@@ -83,6 +89,7 @@ _ASYNC_OPS = ("isend", "irecv")
 WAIT_SUFFIX = " wait"
 COMPUTE_SUFFIXES = (" forward", " backward")
 RANGE_CATEGORY = "user_annotation"  # how record_function ranges appear in a torch.profiler trace
+RANGE_KINDS = ("record_function", "nvtx", "both")  # what profiled(ranges=...) opens, besides "auto"
 
 
 def range_kind(name: str) -> str | None:
@@ -100,24 +107,28 @@ def range_kind(name: str) -> str | None:
 # ------------------------------------------------------------------------------ the ranges
 
 class _Ranges:
-    """Open and close named ranges: NVTX on a GPU, record_function on the CPU."""
+    """Open and close named ranges: record_function (torch.profiler), NVTX (Nsight Systems),
+    or both at once ("both", what a GPU rank uses): the NVTX range is pushed first and popped
+    last, so the two nest the same way."""
 
     def __init__(self, kind: str):
-        if kind not in ("nvtx", "record_function"):
-            raise ValueError(f"ranges must be 'auto', 'nvtx' or 'record_function', got {kind!r}")
+        if kind not in RANGE_KINDS:
+            raise ValueError(f"ranges must be 'auto', 'record_function', 'nvtx' or 'both', "
+                             f"got {kind!r}")
         self.kind = kind
+        self.record = kind in ("record_function", "both")
+        self.nvtx = kind in ("nvtx", "both")
 
     def open(self, name: str):
-        if self.kind == "nvtx":
+        if self.nvtx:
             torch.cuda.nvtx.range_push(name)
-            return None
-        return torch.ops.profiler._record_function_enter_new(name, None)
+        return torch.ops.profiler._record_function_enter_new(name, None) if self.record else None
 
     def close(self, handle) -> None:
-        if self.kind == "nvtx":
-            torch.cuda.nvtx.range_pop()
-        else:
+        if self.record:
             torch.ops.profiler._record_function_exit._RecordFunction(handle)
+        if self.nvtx:
+            torch.cuda.nvtx.range_pop()
 
     @contextlib.contextmanager
     def range(self, name: str):
@@ -157,8 +168,9 @@ class profiled(contextlib.ContextDecorator):  # noqa: N801 - used like a functio
     children, :func:`default_modules`). ``stage`` and ``microbatch`` label the module ranges
     ("stage 1 mb 0 attn forward"); ``microbatch="auto"`` numbers each module's forward (and
     backward) calls 0, 1, ... within the context, as a pipeline stage runs its microbatches.
-    ``ranges``: "auto" (NVTX when this rank computes on a GPU, else record_function), "nvtx"
-    or "record_function". ``enabled=False``: nothing at all is installed.
+    ``ranges``: "auto" ("both" when this rank computes on a GPU, else "record_function"),
+    "record_function" (torch.profiler only), "nvtx" (Nsight Systems only) or "both".
+    ``enabled=False``: nothing at all is installed.
     """
 
     def __init__(self, model: nn.Module, enabled: bool = True, stage: int | None = None,
@@ -171,7 +183,7 @@ class profiled(contextlib.ContextDecorator):  # noqa: N801 - used like a functio
             modules = {name: model.get_submodule(name) for name in modules}
         self.modules = modules
         if ranges == "auto":
-            ranges = "nvtx" if current_device().type == "cuda" else "record_function"
+            ranges = "both" if current_device().type == "cuda" else "record_function"
         self.ranges = _Ranges(ranges)
         self._handles, self._originals = [], {}
         self._open: dict[tuple[int, str], list] = {}
@@ -257,14 +269,15 @@ class profiled(contextlib.ContextDecorator):  # noqa: N801 - used like a functio
 
 @contextlib.contextmanager
 def rank_trace(out_dir: str, rank: int | None = None, name: str = "rank{rank}.json"):
-    """A ``torch.profiler.profile`` run on this rank (CPU activities, plus CUDA on a GPU),
-    exported on exit as a Chrome/Perfetto trace ``out_dir/rank{rank}.json``. Yields the
-    profiler; its ``path`` attribute is the file written."""
-    from torch.profiler import ProfilerActivity, profile
+    """A ``torch.profiler.profile`` run on this rank, exported on exit as a Chrome/Perfetto
+    trace ``out_dir/rank{rank}.json``: CPU activity always (the ranges are CPU events, on a GPU
+    too), plus the CUDA kernels when this rank computes on a GPU and the profiler supports
+    them. Yields the profiler; its ``path`` attribute is the file written."""
+    from torch.profiler import ProfilerActivity, profile, supported_activities
 
     rank = dist.get_rank() if rank is None and dist.is_initialized() else (rank or 0)
     activities = [ProfilerActivity.CPU]
-    if current_device().type == "cuda":
+    if current_device().type == "cuda" and ProfilerActivity.CUDA in supported_activities():
         activities.append(ProfilerActivity.CUDA)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, name.format(rank=rank))
@@ -275,6 +288,7 @@ def rank_trace(out_dir: str, rank: int | None = None, name: str = "rank{rank}.js
         profiler.path = path
         yield profiler
     finally:
+        wait_for_device()  # the GPU's queued work belongs to the profiled stretch
         with _native_stderr_silenced():
             profiler.__exit__(None, None, None)
     profiler.export_chrome_trace(path)
@@ -448,9 +462,9 @@ def profile_tp_block_on_rank(out_dir: str, steps: int = 3, hidden: int = 64, hea
 
     device = current_device()
     torch.manual_seed(0)
-    block = ParallelBlock(Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq))).to(device)
-    x = torch.randn(batch, seq, hidden, device=device, requires_grad=True)
-    upstream = torch.randn(batch, seq, hidden, device=device)
+    block = ParallelBlock(Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq)).to(device))
+    x = torch.randn(batch, seq, hidden).to(device).requires_grad_()
+    upstream = torch.randn(batch, seq, hidden).to(device)
     block(x).backward(upstream)  # warm-up
     with rank_trace(out_dir) as profiler, CommTracer() as tracer, \
             profiled(block, enabled=enabled):

@@ -4,7 +4,8 @@ alpha-beta prediction of the communication.
     python -m reference_impl.scaling [--sizes 1 2 4 --hidden 128 --heads 8 --seq 64 --batch 8
                                       --repeats 5 --plot FILE]
 
-Seed 002, step 3: "benchmark on N devices vs the 1-device baseline; compute scaling efficiency".
+The course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism", lab step 3: "benchmark
+on N devices vs the 1-device baseline; compute scaling efficiency".
 
 * **TP** (a ``ParallelBlock``, forward + backward, timed by ``benchmarks.tp_block``'s
   ``median_step_seconds``). *Strong*: the same block and batch at every N, efficiency
@@ -86,11 +87,11 @@ def tp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> d
     """Strong and weak TP step times on N ranks, the all-reduce bytes and the measured comm."""
     device, n = current_device(), dist.get_world_size()
     torch.manual_seed(0)
-    block = ParallelBlock(Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq))).to(device)
+    block = ParallelBlock(Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq)).to(device))
     result = {"n": n, "fit": _fit(n, repeats)}
     for mode, b in (("strong", batch), ("weak", batch * n)):
-        x = torch.randn(b, seq, hidden, device=device, requires_grad=True)
-        upstream = torch.randn(b, seq, hidden, device=device)
+        x = torch.randn(b, seq, hidden).to(device).requires_grad_()
+        upstream = torch.randn(b, seq, hidden).to(device)
         result[mode] = median_step_seconds({"tp": block}, x, upstream, repeats)["tp"]
         if mode == "strong":
             with CommTracer() as tracer:
@@ -123,7 +124,7 @@ def dp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> d
         dist.all_reduce(flat)
 
     for mode, b in (("strong", max(1, batch // n)), ("weak", batch)):
-        x = torch.randn(b, seq, hidden, device=device)
+        x = torch.randn(b, seq, hidden).to(device)
         step(x)  # warm-up
         times, comm = [], []
         for _ in range(repeats):

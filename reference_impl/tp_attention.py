@@ -1,4 +1,7 @@
-"""Megatron tensor-parallel attention and transformer block (seed 002's lab).
+"""Megatron tensor-parallel attention and transformer block.
+
+The lab "Implement Tensor-Parallel Attention" of the course notes "Week 15 - Tensor Parallelism and
+Pipeline Parallelism".
 
 Attention heads are independent, so tp ranks can each compute heads/tp of them, with no
 communication, between two linear layers split the Megatron way:

@@ -1,9 +1,11 @@
 """Pictures of tensor parallelism for labs 2 and 3, one idea each.
 
 * :func:`plot_linear_split`: how a linear layer's weight is split over tp ranks, column- or
-  row-parallel (Megatron, seed 002), and what each rank computes;
-* :func:`plot_distributed_linear`: SageMaker's distributed linear (seed 001): all-gather the
-  samples, apply the local shard, reduce-scatter (sum) the partial outputs;
+  row-parallel (Megatron-LM, as in the course notes "Week 15 - Tensor Parallelism and Pipeline
+  Parallelism"), and what each rank computes;
+* :func:`plot_distributed_linear`: SageMaker's distributed linear (the SageMaker model
+  parallelism library documentation, "How Tensor Parallelism Works"): all-gather the samples,
+  apply the local shard, reduce-scatter (sum) the partial outputs;
 * :func:`plot_qkv_split`: why the fused [q; k; v] weight must be split block by block;
 * :func:`plot_block_collectives`: where the f and g operators, and so the all-reduces, sit in a
   tensor-parallel transformer block, forward and backward.
@@ -127,8 +129,9 @@ def plot_linear_split(kind: str = "column", tp: int = 2) -> Figure:
 
 
 def plot_distributed_linear(tp: int = 2) -> Figure:
-    """SageMaker's distributed linear (seed 001), one row per rank: my samples, all-gathered;
-    my input columns of them times my shard of Wᵀ; the partial outputs reduce-scattered."""
+    """SageMaker's distributed linear ("How Tensor Parallelism Works"), one row per rank: my
+    samples, all-gathered; my input columns of them times my shard of Wᵀ; the partial outputs
+    reduce-scattered."""
     if not 2 <= tp <= 4:
         raise ValueError(f"draw with tp between 2 and 4, got {tp}")
     sample, inner, out = 0.5, 1.6, 1.6  # drawn rows per rank's samples, in, out
@@ -138,7 +141,7 @@ def plot_distributed_linear(tp: int = 2) -> Figure:
     width, height = 14.2, top + row_height * tp
     figure = Figure(figsize=(width * 0.75, height * 0.75))
     axes = _blank_axes(figure, width, height)
-    _label(axes, width / 2, 0.25, f"SageMaker's distributed linear (seed 001), tp = {tp}: "
+    _label(axes, width / 2, 0.25, f"SageMaker's distributed linear, tp = {tp}: "
            "every rank brings its own samples", size=12, fontweight="bold")
     _label(axes, width / 2, 0.62, "W split by input features; the partial outputs are "
            "reduce-scattered (sum) back to the samples' owners", size=10)

@@ -1,6 +1,7 @@
 """Megatron-style tensor-parallel linear layers and MLP, built from single-device modules.
 
-A linear layer y = x W^T + b (W of shape out x in) splits two ways (seed 002, Shoeybi et al. 2019):
+A linear layer y = x W^T + b (W of shape out x in) splits two ways (Shoeybi
+et al. 2019; the course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism"):
 
 * **ColumnParallelLinear** splits W by *output* rows: rank r holds W_r (out/tp x in) and b_r and
   computes its slice y_r = x W_r^T + b_r of the output. The input must be whole on every rank

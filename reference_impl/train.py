@@ -10,8 +10,8 @@ several nodes (run on every node, NODE_RANK = 0, 1, ...; HOST = node 0's hostnam
         --rdzv-endpoint HOST:29500 --rdzv-id myjob -m reference_impl.train --dp 4 --tp 2 --pp 2
 
 On a laptop, without torchrun, the same command runs the dp * tp * pp ranks itself
-(``launcher.launch``: forked gloo ranks on the CPU, or one spawned rank per GPU when there are
-enough GPUs):
+(``launcher.launch``: gloo ranks on the CPU, or one NCCL rank per GPU when there are enough
+GPUs):
 
     python -m reference_impl.train --dp 2 --tp 2 --pp 1 --steps 5
 
@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from reference_impl import checkpoint, hybrid
-from reference_impl.launcher import launch, resolve_backend, under_torchrun
+from reference_impl.launcher import launch, resolve_backend, under_torchrun, wait_for_device
 from reference_impl.model import GPT, ModelConfig
 
 
@@ -185,12 +185,14 @@ def train_on_rank(args) -> dict:
          + (f"steps {start + 1}..{args.steps}" if start < args.steps else "no steps left")
          + (f" (resumed at step {start})" if start else ""))
     tokens_per_step = args.batch * args.seq
+    wait_for_device()
     losses, began = [], time.perf_counter()
     window_start, window_steps = began, 0
     for step in range(start, args.steps):
         losses.append(hybrid.train_step(model, *dataset[step], optimizer))
         done, window_steps = step + 1, window_steps + 1
         if done % args.log_every == 0 or done == args.steps:
+            wait_for_device()
             now = time.perf_counter()
             rate = window_steps * tokens_per_step / max(now - window_start, 1e-9)
             _say(f"step {done}/{args.steps} loss {losses[-1]:.8f} tokens/s {rate:.0f} "
@@ -202,6 +204,7 @@ def train_on_rank(args) -> dict:
                                    optimizer_info(args), data_info(args))
             if path:
                 _say(f"saved checkpoint of step {done} to {path}")
+    wait_for_device()
     seconds = time.perf_counter() - began
     tokens = len(losses) * tokens_per_step
     final = f"{losses[-1]:.8f}" if losses else "n/a"

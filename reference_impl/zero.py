@@ -1,8 +1,10 @@
-"""ZeRO: data parallelism that shards the model states over the data-parallel ranks (seed 003).
+"""ZeRO: data parallelism that shards the model states over the data-parallel ranks.
 
-Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
-Models". Plain data parallelism keeps every model state whole on each of the N ranks. ZeRO
-keeps each rank's 1/N *shard* of some of them, in three stages:
+ApX Machine Learning's masterclass on hybrid parallelism counts it among the hybrid strategies:
+not a parallelism dimension but a way to save data parallelism's memory. Rajbhandari et al.
+2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models". Plain data
+parallelism keeps every model state whole on each of the N ranks. ZeRO keeps each rank's 1/N
+*shard* of some of them, in three stages:
 
     stage 1  optimizer states sharded. Gradients are all-reduced (averaged) in full; each rank
              runs Adam on its shard only (its slice of m and v), then the updated slices are

@@ -1,6 +1,7 @@
 """The course pipeline itself: student files are generated, never hand-edited; every graded
 test fails on the untouched stubs with the not-implemented hint, and passes on a submission
 that holds the solutions."""
+import os
 import re
 import shutil
 import subprocess
@@ -11,11 +12,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from reference_impl.course import make_labs
+from reference_impl.course import make_labs, pytest_plugin
 
 REPO = Path(__file__).resolve().parents[1]
-# Every lab marker registered in pyproject.toml, e.g. "lab0 or lab1 or lab2".
-LABS = re.findall(r'^\s*"(lab\d+):', (REPO / "pyproject.toml").read_text(), re.MULTILINE)
+LABS = list(pytest_plugin.LABS)  # every lab marker the kit's plugin registers
 GRADED = " or ".join(LABS)
 
 
@@ -30,39 +30,136 @@ def test_every_module_with_exercises_has_a_student_file():
         path.name for path in (REPO / "labs").glob("*.py")}
 
 
-def run_graded_tests(impl: str, tmp_path: Path):
+PLACEHOLDER = "path/to/student/labs"  # how the README names a submission
+
+
+def graded_run(command: str, tmp_path: Path, cwd: Path = REPO):
+    """Run a pytest command line exactly as a person types it (through the shell, from the
+    repository root, with this environment's ``pytest`` first on PATH); return the process and
+    its test cases by name, read from a JUnit report added through PYTEST_ADDOPTS."""
     report = tmp_path / "report.xml"
-    process = subprocess.run(
-        [sys.executable, "-m", "pytest", "tests", "-m", GRADED, "--impl", impl,
-         "-p", "no:cacheprovider", f"--junitxml={report}", "-q"],
-        cwd=REPO, capture_output=True, text=True, timeout=600)
+    environment = {**os.environ,
+                   "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                   "PYTEST_ADDOPTS": f"-p no:cacheprovider --junitxml={report}"}
+    process = subprocess.run(command, shell=True, cwd=cwd, env=environment,
+                             capture_output=True, text=True, timeout=900)
+    assert report.exists(), f"`{command}` did not run:\n{process.stdout[-3000:]}{process.stderr}"
     cases = ElementTree.parse(report).getroot().iter("testcase")
     return process, {f"{case.get('classname')}.{case.get('name')}": case for case in cases}
 
 
-def test_graded_tests_fail_on_the_stubs_with_the_hint(tmp_path):
-    process, cases = run_graded_tests("labs", tmp_path)
+def documented_commands() -> list[str]:
+    """Every grading command the README, the notebooks and the decks print, as printed."""
+    texts = [(REPO / "README.md").read_text()]
+    for folder in ("labs", "solutions", "slides"):
+        for path in sorted((REPO / folder).glob("*.ipynb")):
+            texts += [cell.source for cell in nbformat.read(path, as_version=4).cells]
+    found = set()
+    for text in texts:
+        found.update(match.strip() for match in re.findall(r"pytest --impl [^`#\n]*", text))
+    return sorted(found)
+
+
+def copy_of(folder: Path, destination: Path) -> Path:
+    """A submission outside the repository: the modules of ``folder`` that have exercises."""
+    destination.mkdir(parents=True)
+    for module in make_labs.modules_with_exercises():
+        shutil.copy(folder / module.name, destination / module.name)
+    return destination
+
+
+def labs_selected(command: str) -> list[str]:
+    return [lab for lab in LABS if re.search(rf"\b{lab}\b", command)]
+
+
+def assert_every_case_fails_with_the_hint(process, cases):
     assert cases, process.stdout + process.stderr
     for name, case in cases.items():
+        if case.find("skipped") is not None and "GPUs" in (case.find("skipped").get("message") or ""):
+            continue  # --backend nccl on a machine with too few GPUs: skipped, saying why
         problems = case.findall("failure") + case.findall("error")
         assert problems, f"{name} passed on the unmodified stubs: it cannot catch a missing solution"
         text = " ".join((p.get("message") or "") + (p.text or "") for p in problems)
         assert "NotImplementedError" in text, f"{name} failed on the stubs, but not with the hint"
+
+
+def assert_every_case_passes(process, cases, labs):
+    assert cases, process.stdout + process.stderr
+    for name, case in cases.items():
+        skipped = case.find("skipped")
+        if skipped is not None:
+            assert "GPUs" in (skipped.get("message") or ""), f"{name} skipped: {skipped.get('message')}"
+            continue
+        assert not case.findall("failure") + case.findall("error"), f"{name} failed:\n" + \
+            process.stdout[-3000:]
+    summary = [line for line in process.stdout.splitlines() if re.match(r"lab\d+: ", line)]
+    assert [line.split(":")[0] for line in summary] == labs, process.stdout[-3000:]
+
+
+def test_the_documented_commands_are_found():
+    commands = documented_commands()
+    assert "pytest --impl labs -m lab0" in commands
+    assert any(PLACEHOLDER in command and "nccl" in command for command in commands), commands
+    assert {lab for command in commands for lab in labs_selected(command)} == set(LABS)
+
+
+@pytest.mark.parametrize("command", documented_commands())
+def test_documented_command_fails_on_the_stubs_with_the_hint(command, tmp_path):
+    command = command.replace(PLACEHOLDER, str(copy_of(REPO / "labs", tmp_path / "stubs")))
+    process, cases = graded_run(command, tmp_path)
+    assert process.returncode != 0
+    assert_every_case_fails_with_the_hint(process, cases)
+    for lab in labs_selected(command):
+        assert re.search(rf"^{lab}: \d+/\d+ passed$", process.stdout, re.MULTILINE), \
+            f"no summary line for {lab}:\n{process.stdout[-2000:]}"
+
+
+@pytest.mark.parametrize("command", [c for c in documented_commands() if PLACEHOLDER in c])
+def test_documented_grader_command_passes_on_the_solutions(command, tmp_path):
+    submission = copy_of(REPO / "reference_impl", tmp_path / "elsewhere" / "labs")
+    process, cases = graded_run(command.replace(PLACEHOLDER, str(submission)), tmp_path)
+    assert process.returncode == 0, process.stdout[-3000:]
+    assert_every_case_passes(process, cases, labs_selected(command))
+
+
+def test_every_graded_test_fails_on_the_stubs_with_the_hint(tmp_path):
+    process, cases = graded_run(f'pytest --impl labs -m "{GRADED}"', tmp_path)
+    assert_every_case_fails_with_the_hint(process, cases)
     for lab in LABS:
         assert f"{lab}: 0/" in process.stdout, f"no summary line for {lab}:\n{process.stdout[-2000:]}"
 
 
-def test_graded_tests_pass_on_a_submission_of_the_solutions(tmp_path):
-    submission = tmp_path / "submission"
-    submission.mkdir()
-    for module in make_labs.modules_with_exercises():
-        shutil.copy(module, submission / module.name)
-    process, cases = run_graded_tests(str(submission), tmp_path)
+def test_every_graded_test_passes_on_a_submission_of_the_solutions(tmp_path):
+    submission = copy_of(REPO / "reference_impl", tmp_path / "submission")
+    process, cases = graded_run(f'pytest --impl {submission} -m "{GRADED}"', tmp_path)
     assert process.returncode == 0, process.stdout[-3000:]
-    summary = [line for line in process.stdout.splitlines() if line.startswith("lab")]
-    assert [line.split(":")[0] for line in summary] == LABS, summary
+    assert_every_case_passes(process, cases, LABS)
+    summary = [line for line in process.stdout.splitlines() if re.match(r"lab\d+: ", line)]
     assert all(line.split()[1].split("/")[0] == line.split()[1].split("/")[1]
                for line in summary), summary
+
+
+BROKEN_MODULE = "import a_module_that_does_not_exist\n"
+WORKING_MODULE = """import pytest
+
+pytestmark = pytest.mark.lab3
+
+
+def test_one():
+    pass
+"""
+
+
+def test_the_summary_survives_a_module_that_cannot_be_imported(tmp_path):
+    tests = tmp_path / "graded"
+    tests.mkdir()
+    (tests / "test_lab3_broken.py").write_text(BROKEN_MODULE)
+    (tests / "test_lab3_working.py").write_text(WORKING_MODULE)
+    process, _ = graded_run(f"pytest {tests}", tmp_path, cwd=tmp_path)
+    assert "Traceback" not in process.stderr, process.stderr
+    assert "lab3: 1/2 passed" in process.stdout, process.stdout
+    assert "could not be collected, counted as failed" in process.stdout
+    assert "test_lab3_broken.py" in process.stdout
 
 
 def test_a_missing_file_in_a_submission_is_named(tmp_path):

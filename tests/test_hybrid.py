@@ -22,6 +22,7 @@ from reference_impl import hybrid
 from reference_impl.checks import assert_close
 from reference_impl.data_parallel import all_reduce_mean, gradient_plan, sync_gradients
 from reference_impl.groups import build_rank_layout
+from reference_impl.launcher import current_device
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.process_groups import create_process_groups
 from reference_impl.sagemaker_linear import DistributedLinear
@@ -101,8 +102,8 @@ def first_step_state(gpt, dataset, convention):
     return result.sync, hybrid.gather_full_state(model)
 
 
-def test_seed_000_rule_on_megatron_data_layout_shrinks_sharded_gradients(run_on_ranks):
-    """Megatron layout (TP peers see the same samples): seed 000's rule averages a sharded
+def test_sagemaker_rule_on_megatron_data_layout_shrinks_sharded_gradients(run_on_ranks):
+    """Megatron layout (TP peers see the same samples): SageMaker's rule averages a sharded
     gradient over RDP but divides by the DP group's size: tp times too small. The replicated
     ones come out right (tp identical copies summed, divided by tp more)."""
     gpt = tiny_gpt(2)
@@ -124,7 +125,7 @@ def test_seed_000_rule_on_megatron_data_layout_shrinks_sharded_gradients(run_on_
                                   "too small, as the TP peers hold the same samples")
 
 
-# ------------------------------------------------------- SageMaker's data layout (seed 001)
+# ----------------------------- SageMaker's data layout ("How Tensor Parallelism Works")
 
 class Toy(nn.Module):
     """Replicated embedding, a linear layer (distributed the SageMaker way), layernorm, head."""
@@ -161,15 +162,17 @@ def single_device_toy_grads():
 def sagemaker_toy_grads(variant, bucket_bytes=None):
     """4 ranks, tp=2, SageMaker layout: every DP rank holds its own 2 samples; the fc layer is
     a DistributedLinear over the TP group (it gathers the TP group's samples)."""
+    device = current_device()
     layout = build_rank_layout(4, tp=2, pp=1, order="sagemaker")
     groups = create_process_groups(layout)
     toy, tokens, targets = toy_and_batch()
+    toy, tokens, targets = toy.to(device), tokens.to(device), targets.to(device)
     model = copy.deepcopy(toy)
     model.fc = DistributedLinear(toy.fc, groups.tp)
     shard = slice(groups.coordinates.dp_rank * 2, groups.coordinates.dp_rank * 2 + 2)
     toy_loss(model, tokens[shard], targets[shard]).backward()
     counts = None
-    if variant == "seed-000":
+    if variant == "sagemaker-rule":
         counts = sync_gradients(model, groups, "sagemaker", bucket_bytes).all_reduces
     elif variant == "replicated-over-rdp":  # the mistake: every gradient over RDP only
         plan = gradient_plan(model, "sagemaker")
@@ -179,12 +182,12 @@ def sagemaker_toy_grads(variant, bucket_bytes=None):
 
 
 WRONG_GROUP = ("reduced over RDP_GROUP but it is replicated across the TP group, whose ranks "
-               "hold other samples: seed 000 all-reduces it over the whole DP_GROUP")
+               "hold other samples: SageMaker's rule all-reduces it over the whole DP_GROUP")
 
 
 def test_sagemaker_layout_needs_dp_group_for_replicated_parameters(run_on_ranks):
     expected = single_device_toy_grads()
-    right = run_on_ranks(sagemaker_toy_grads, 4, "seed-000", timeout=TIMEOUT)
+    right = run_on_ranks(sagemaker_toy_grads, 4, "sagemaker-rule", timeout=TIMEOUT)
     wrong = run_on_ranks(sagemaker_toy_grads, 4, "replicated-over-rdp", timeout=TIMEOUT)
     for rank, (_, grads) in enumerate(right):
         for name in expected:
@@ -210,7 +213,7 @@ def test_sagemaker_layout_needs_dp_group_for_replicated_parameters(run_on_ranks)
 def test_bucketed_all_reduce_matches_unbucketed(run_on_ranks, bucket_bytes, rdp_reduces,
                                                 dp_reduces):
     expected = single_device_toy_grads()
-    bucketed = run_on_ranks(sagemaker_toy_grads, 4, "seed-000", bucket_bytes, timeout=TIMEOUT)
+    bucketed = run_on_ranks(sagemaker_toy_grads, 4, "sagemaker-rule", bucket_bytes, timeout=TIMEOUT)
     for rank, (counts, grads) in enumerate(bucketed):
         assert counts == {"RDP": rdp_reduces, "DP": dp_reduces}, \
             f"rank {rank}: all-reduces per group {counts}, expected RDP {rdp_reduces}, " \

@@ -1,4 +1,4 @@
-"""Lab 1, graded: the rank layout (seed 000's table, the group properties over every small
+"""Lab 1, graded: the rank layout (SageMaker's 8-GPU table, the group properties over every small
 layout, the figure) and real process groups that contain exactly the intended ranks.
 
 The process-group tests build their layout with the reference, so they grade
@@ -15,8 +15,10 @@ from reference_impl.launcher import current_device
 
 pytestmark = pytest.mark.lab1
 
-# Seed 000: 8 GPUs, tensor parallel degree 2, pipeline parallel degree 2, data parallel degree 4.
-SEED_TABLE = """\
+# The SageMaker model parallelism library documentation, "Ranking Mechanism when Using a
+# Combination of Pipeline Parallelism and Tensor Parallelism": 8 GPUs, tensor parallel degree 2,
+# pipeline parallel degree 2, data parallel degree 4.
+SAGEMAKER_8_GPU_TABLE = """\
 GPU0: pp_rank 0, tp_rank 0, rdp_rank 0, dp_rank 0, mp_rank 0
 GPU1: pp_rank 1, tp_rank 0, rdp_rank 0, dp_rank 0, mp_rank 1
 GPU2: pp_rank 0, tp_rank 1, rdp_rank 0, dp_rank 1, mp_rank 2
@@ -36,16 +38,16 @@ def all_small_layouts(max_world_size=16):
                 yield world_size, tp, pp
 
 
-def test_cli_reproduces_the_seed_table(impl, capsys):
+def test_cli_reproduces_the_sagemaker_8_gpu_table(impl, capsys):
     impl.module("groups").main(["--world-size", "8", "--tp", "2", "--pp", "2", "--order", "sagemaker"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[:8] == SEED_TABLE
+    assert lines[:8] == SAGEMAKER_8_GPU_TABLE
 
 
 def test_cli_prints_the_groups_after_the_table(impl, capsys):
     impl.module("groups").main(["--world-size", "8", "--tp", "2", "--pp", "2"])
     groups = capsys.readouterr().out.splitlines()[9:]
-    # Seed 000: pipelines (0,1) (2,3) (4,5) (6,7); data parallelism over 0,2,4,6 and
+    # SageMaker's ranking page: pipelines (0,1) (2,3) (4,5) (6,7); data parallelism over 0,2,4,6 and
     # 1,3,5,7; tensor parallelism over (0,2) (1,3) (4,6) (5,7).
     assert groups == [
         "TP_GROUP:  [0, 2] [1, 3] [4, 6] [5, 7]",
@@ -63,7 +65,7 @@ def test_megatron_order_puts_tp_peers_on_neighbouring_ranks(impl, capsys):
     assert lines[1] == "GPU1: pp_rank 0, tp_rank 1, rdp_rank 0, dp_rank 1, mp_rank 1"
     assert lines[9] == "TP_GROUP:  [0, 1] [2, 3] [4, 5] [6, 7]"
     assert lines[11] == "DP_GROUP:  [0, 1, 2, 3] [4, 5, 6, 7]"
-    # Megatron's data-parallel group is seed 000's RDP_GROUP.
+    # Megatron's data-parallel group is SageMaker's RDP_GROUP.
     assert lines[12] == "RDP_GROUP: [0, 2] [1, 3] [4, 6] [5, 7]"
 
 

@@ -1,4 +1,5 @@
-"""Lab 2, graded: SageMaker's distributed linear (seed 001) is a data-parallel nn.Linear.
+"""Lab 2, graded: SageMaker's distributed linear ("How Tensor Parallelism Works") is a
+data-parallel nn.Linear.
 
 Each rank of a TP group brings its own samples. The reference is data parallelism: a replica of
 the same nn.Linear on every rank, run on that rank's samples, its gradients all-reduced with a

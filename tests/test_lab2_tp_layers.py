@@ -13,6 +13,7 @@ from torch import nn
 from reference_impl.checks import assert_close
 from reference_impl.comm_trace import CommTracer
 from reference_impl.equivalence import assert_equivalent, one_step_pairs
+from reference_impl.launcher import current_device
 from reference_impl.model import MLP
 
 pytestmark = pytest.mark.lab2
@@ -28,10 +29,10 @@ def per_rank_tensor(shape, rank, requires_grad=True):
 def through_pair(impl, name):
     """Send rank r's own x_r through the collective; backward with rank r's own g_r."""
     collectives = impl.module("tp_collectives")
-    rank = dist.get_rank()
-    x = per_rank_tensor((3, 4), rank)
+    rank, device = dist.get_rank(), current_device()
+    x = per_rank_tensor((3, 4), rank, requires_grad=False).to(device).requires_grad_()
     y = getattr(collectives, name)(x)
-    upstream = per_rank_tensor((3, 4), 50 + rank, requires_grad=False)
+    upstream = per_rank_tensor((3, 4), 50 + rank, requires_grad=False).to(device)
     y.backward(upstream)
     return y.detach(), x.grad
 
@@ -62,10 +63,11 @@ def test_reduce_from_tp_is_all_reduce_forward_identity_backward(impl, run_on_ran
 
 
 def linear_pairs(impl, kind, in_features, out_features, **options):
+    device = current_device()
     torch.manual_seed(0)
-    linear = nn.Linear(in_features, out_features)
+    linear = nn.Linear(in_features, out_features).to(device)
     parallel = getattr(impl.module("tp_layers"), kind)(linear, **options)
-    return one_step_pairs(linear, parallel, torch.randn(2, 5, in_features))
+    return one_step_pairs(linear, parallel, torch.randn(2, 5, in_features).to(device))
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
@@ -75,10 +77,11 @@ def test_column_parallel_linear_with_gathered_output(impl, run_on_ranks, world_s
 
 
 def column_slice(impl, in_features, out_features):
+    device = current_device()
     torch.manual_seed(0)
-    linear = nn.Linear(in_features, out_features)
+    linear = nn.Linear(in_features, out_features).to(device)
     parallel = impl.module("tp_layers").ColumnParallelLinear(linear)
-    x = torch.randn(2, 5, in_features)
+    x = torch.randn(2, 5, in_features).to(device)
     n, rank = dist.get_world_size(), dist.get_rank()
     return parallel(x).detach(), linear(x).detach().chunk(n, dim=-1)[rank]
 
@@ -97,9 +100,11 @@ def test_row_parallel_linear_splitting_its_input(impl, run_on_ranks, world_size)
 
 
 def mlp_pairs(impl, hidden):
+    device = current_device()
     torch.manual_seed(0)
-    mlp = MLP(hidden, 4 * hidden)
-    return one_step_pairs(mlp, impl.module("tp_layers").ParallelMLP(mlp), torch.randn(3, 5, hidden))
+    mlp = MLP(hidden, 4 * hidden).to(device)
+    return one_step_pairs(mlp, impl.module("tp_layers").ParallelMLP(mlp),
+                          torch.randn(3, 5, hidden).to(device))
 
 
 @pytest.mark.parametrize("world_size, hidden", [(1, 8), (2, 8), (4, 16)])
@@ -108,9 +113,10 @@ def test_tp_mlp_matches_the_single_device_mlp(impl, run_on_ranks, world_size, hi
 
 
 def mlp_collectives(impl):
+    device = current_device()
     torch.manual_seed(0)
-    mlp = impl.module("tp_layers").ParallelMLP(MLP(8, 32))
-    x = torch.randn(2, 5, 8, requires_grad=True)
+    mlp = impl.module("tp_layers").ParallelMLP(MLP(8, 32).to(device))
+    x = torch.randn(2, 5, 8).to(device).requires_grad_()
     with CommTracer() as forward:
         y = mlp(x)
     with CommTracer() as backward:

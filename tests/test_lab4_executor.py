@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from reference_impl.checks import assert_close
+from reference_impl.launcher import current_device
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline_executor import gpt_loss
 
@@ -21,11 +22,12 @@ MICRO_BATCH, TOLERANCE = 2, dict(atol=1e-5, rtol=1e-5)
 
 
 def pipelined_and_single_device(impl, name, m):
+    device = current_device()
     torch.manual_seed(0)
-    gpt = GPT(CONFIG)
+    gpt = GPT(CONFIG).to(device)
     generator = torch.Generator().manual_seed(m)
     tokens, targets = (torch.randint(0, CONFIG.vocab_size, (MICRO_BATCH * m, CONFIG.seq_len),
-                                     generator=generator) for _ in range(2))
+                                     generator=generator).to(device) for _ in range(2))
     step = impl.module("pipeline_executor").pipeline_train_step(gpt, name, tokens, targets,
                                                                  microbatches=m)
     reference = copy.deepcopy(gpt)

@@ -1,7 +1,8 @@
 """Lab 5, graded: the data-parallel gradient sync of hybrid parallelism (``data_parallel.py``)
 and ZeRO-1's step (``zero.py``).
 
-* **SageMaker's layout** (seed 000 and 001): 4 CPU ranks, tp = 2, rdp = 2 (SageMaker's
+* **SageMaker's layout** (the SageMaker model parallelism library documentation, "Ranking
+  Mechanism ..." and "How Tensor Parallelism Works"): 4 CPU ranks, tp = 2, rdp = 2 (SageMaker's
   dp = 4); every rank holds its own 2 samples, a ``DistributedLinear`` over the TP group
   gathers the TP group's samples. After the student's ``sync_gradients(..., "sagemaker")``
   every parameter's gradient must be the single-device gradient of the whole batch.
@@ -28,6 +29,7 @@ from torch import nn
 from reference_impl.checks import assert_close
 from reference_impl.equivalence import train_on_averaged_gradients
 from reference_impl.groups import build_rank_layout
+from reference_impl.launcher import current_device
 from reference_impl.model import MLP
 from reference_impl.process_groups import create_process_groups
 from reference_impl.sagemaker_linear import DistributedLinear
@@ -110,11 +112,11 @@ def diagnose(name, distributed, convention, actual, candidates, sizes):
     where = f"reduced over {summed}_GROUP"
     if convention == "sagemaker":
         if summed == "RDP" and not distributed:
-            return (f"{where} but it is {kind}, whose ranks hold other samples: seed 000 "
-                    "all-reduces it over the whole DP_GROUP")
+            return (f"{where} but it is {kind}, whose ranks hold other samples: SageMaker's "
+                    "rule all-reduces it over the whole DP_GROUP")
         if summed == "DP" and distributed:
             return (f"{where} but it is {kind}: the TP peers hold *other* shards, which must "
-                    "not be added to it; seed 000 all-reduces it over RDP_GROUP only")
+                    "not be added to it; SageMaker's rule all-reduces it over RDP_GROUP only")
     elif summed == "DP":
         return (f"{where} but under Megatron's layout the TP peers hold the same samples (their "
                 f"copies of a replicated gradient are equal, a sharded one is another shard): "
@@ -133,9 +135,11 @@ def synced_grads(impl, convention):
     """4 ranks, tp = 2, rdp = 2. ``convention`` picks the data layout, the TP layers and the
     sync convention together."""
     data_parallel = impl.module("data_parallel")
+    device = current_device()
     layout = build_rank_layout(4, tp=2, pp=1, order=convention)
     groups = create_process_groups(layout)
     toy, tokens, targets = toy_and_batch()
+    toy, tokens, targets = toy.to(device), tokens.to(device), targets.to(device)
     model = copy.deepcopy(toy)
     coordinates = groups.coordinates
     if convention == "sagemaker":  # every DP rank its own 2 samples; fc gathers the TP group's
@@ -171,7 +175,7 @@ def test_sync_gives_the_single_device_gradients(impl, run_on_ranks, convention):
                          rank=rank, likely_cause=cause, **TOLERANCE)
 
 
-def test_gradient_plan_follows_seed_000_and_megatron(impl):
+def test_gradient_plan_follows_sagemaker_and_megatron(impl):
     """Which parameter goes to which group, without any communication."""
     data_parallel = impl.module("data_parallel")
     toy, _, _ = toy_and_batch()
@@ -180,10 +184,10 @@ def test_gradient_plan_follows_seed_000_and_megatron(impl):
     rdp = [name for name, _ in sagemaker["RDP"]]
     dp = [name for name, _ in sagemaker["DP"]]
     assert rdp == ["fc.weight", "fc.bias"], (
-        f"sagemaker plan: RDP_GROUP gets {rdp}; seed 000: only the TP-distributed module's "
+        f"sagemaker plan: RDP_GROUP gets {rdp}; SageMaker's rule: only the TP-distributed module's "
         "parameters (fc.weight, sharded, and its bias) are reduced over RDP_GROUP")
     assert dp == [n for n, _ in toy.named_parameters() if not n.startswith("fc.")], (
-        f"sagemaker plan: DP_GROUP gets {dp}; seed 000: every replicated parameter, in the "
+        f"sagemaker plan: DP_GROUP gets {dp}; SageMaker's rule: every replicated parameter, in the "
         "module's order")
     megatron = data_parallel.gradient_plan(toy, "megatron")
     assert [n for n, _ in megatron["DP"]] == [], (
@@ -218,11 +222,12 @@ def unsharded_adam(replicas: int) -> dict:
 
 def zero1_on_rank(impl):
     zero = impl.module("zero")
-    model = zero_model()
+    device = current_device()
+    model = zero_model().to(device)
     optimizer = zero.ZeroOptimizer(model, stage=1, lr=LR)
     memory = None
     for step in range(STEPS):
-        x, upstream = zero_batch(step, dist.get_rank())
+        x, upstream = (t.to(device) for t in zero_batch(step, dist.get_rank()))
         model(x).backward(upstream)
         optimizer.step()
         if step == 0:

@@ -1,10 +1,12 @@
 """The launcher's guarantees: values come back, failures name their rank, nothing hangs,
-no process is left behind. Rank functions live at module level so spawn (NCCL) can pickle them."""
+no process is left behind, and no rank is forked from the caller's process."""
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from reference_impl import launcher
 from reference_impl.launcher import LaunchTimeout, RankFailure, current_device, launch
 
 SLACK = 5.0  # seconds allowed beyond a launch's timeout for reporting and cleanup
@@ -36,6 +39,7 @@ def no_leftover_processes():
     if not sys.platform.startswith("linux"):
         yield
         return
+    launcher.start_rank_server()  # it lives as long as this process: not a leftover
     before = child_pids()
     yield
     left = child_pids() - before
@@ -91,7 +95,11 @@ def rank_one_killed():
 
 
 def unpicklable_result():
-    return lambda: None
+    return threading.Lock()
+
+
+def parent_pid_and_variable(name):
+    return os.getppid(), os.environ.get(name)
 
 
 # ----------------------------------------------------------------------- tests
@@ -166,10 +174,51 @@ def test_a_result_that_cannot_be_sent_back_is_reported(run_on_ranks):
 
 
 def test_functions_defined_in_a_notebook_cell_can_be_launched():
-    def local_function():  # not picklable: only the fork start method can run it
-        return dist.get_rank() * 2
+    scale = 2
+
+    def local_function():  # plain pickle cannot send it: it travels by value (cloudpickle)
+        return dist.get_rank() * scale
 
     assert launch(local_function, 3, backend="gloo") == [0, 2, 4]
+
+
+def test_ranks_are_not_forked_from_the_caller(monkeypatch):
+    # A process forked from one that has run a backward pass (or touched CUDA) fails at its
+    # first backward on a GPU machine; ranks come from the rank server instead. They still see
+    # the caller's environment as it is at the launch.
+    torch.ones(2, requires_grad=True).sum().backward()
+    monkeypatch.setenv("LAUNCHER_TEST_VARIABLE", "set after the rank server started")
+    for parent, variable in launch(parent_pid_and_variable, 2, "LAUNCHER_TEST_VARIABLE",
+                                   backend="gloo"):
+        assert parent != os.getpid()
+        assert variable == "set after the rank server started"
+
+
+def test_fork_is_refused_on_a_machine_with_a_gpu(monkeypatch):
+    monkeypatch.setattr(launcher, "gpu_count", lambda: 2)
+    with pytest.raises(ValueError, match="'fork' is refused on a machine with a GPU"):
+        launch(intra_op_threads, 2, backend="gloo", start_method="fork")
+
+
+def test_arguments_that_cannot_travel_are_refused_with_what_to_do():
+    with pytest.raises(TypeError, match="cannot send intra_op_threads .* pass data"):
+        launch(intra_op_threads, 1, threading.Lock(), backend="gloo")
+
+
+def test_a_function_the_rank_cannot_import_is_named(tmp_path):
+    # A module loaded from a file by path exists only in the caller: a rank cannot import it.
+    path = tmp_path / "loaded_by_path.py"
+    path.write_text("def work():\n    return 1\n")
+    spec = importlib.util.spec_from_file_location("loaded_by_path_only", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+        with pytest.raises(RankFailure, match="could not load the launched function.*"
+                                              "loaded_by_path_only.*must be importable"):
+            launch(module.work, 1, backend="gloo", timeout=20)
+    finally:
+        del sys.modules[spec.name]
 
 
 @pytest.mark.parametrize("bad, message", [

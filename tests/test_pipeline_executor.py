@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from reference_impl.checks import assert_close
-from reference_impl.launcher import RankFailure
+from reference_impl.launcher import RankFailure, current_device
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline_executor import gpt_loss, pipeline_train_step, run_schedule, \
     split_batch
@@ -150,10 +150,12 @@ def test_deadlocking_schedule_is_refused_before_any_communication():
 
 
 def run_crossing():
+    device = current_device()
     schedule = schedule_from_strings(CROSSING, microbatches=2)
-    stage = torch.nn.Linear(4, 4)
+    stage = torch.nn.Linear(4, 4).to(device)
     rank = torch.distributed.get_rank()
-    run_schedule(schedule, {rank: stage}, torch.zeros(2, 4), torch.zeros(2, 4),
+    run_schedule(schedule, {rank: stage}, torch.zeros(2, 4, device=device),
+                 torch.zeros(2, 4, device=device),
                  lambda y, t: y.sum(), boundary_shape=(1, 4))
 
 

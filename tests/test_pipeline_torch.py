@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from reference_impl.checks import assert_close
+from reference_impl.launcher import current_device
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline_executor import build_gpt_stages, gpt_loss, pipeline_train_step
 from reference_impl.pipeline_schedules import build_schedule
@@ -29,12 +30,13 @@ TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B",
 
 def both_executors(gpt, name, m, v, tokens, targets):
     """On each rank: (loss, grads) from the reference executor and from PyTorch's."""
-    rank, p = dist.get_rank(), dist.get_world_size()
+    rank, p, device = dist.get_rank(), dist.get_world_size(), current_device()
+    tokens, targets = tokens.to(device), targets.to(device)
     ours = pipeline_train_step(gpt, name, tokens, targets, microbatches=m, chunks=v)
 
     schedule = build_schedule(name, p, m, v)
     stages, names = build_gpt_stages(gpt, schedule, rank)
-    torch_stages = [pipelining.PipelineStage(module, s, schedule.stages, torch.device("cpu"))
+    torch_stages = [pipelining.PipelineStage(module, s, schedule.stages, device)
                     for s, module in sorted(stages.items())]
     runner_class = getattr(pipelining, TORCH_SCHEDULES[name])
     runner = runner_class(torch_stages if v > 1 else torch_stages[0], n_microbatches=m,

@@ -1,4 +1,5 @@
-"""The 3D-parallelism planner (seed 002, 15.5): its choice for 70B on 16 x 8 H100, published
+"""The 3D-parallelism planner (the course notes "Week 15 - Tensor Parallelism and Pipeline
+Parallelism", 15.5): its choice for 70B on 16 x 8 H100, published
 layouts that must fit by its memory estimate, ones that must not, the shared formulas it is
 built from, and its errors. Pure Python: no process group, no tensors."""
 import pytest
@@ -24,7 +25,7 @@ NARAYANAN_TABLE_1 = [  # name, layers, hidden, heads, tp, pp, GPUs, global batch
 ]
 
 
-def test_70b_on_16_nodes_of_8_h100_follows_the_seed_rules():
+def test_70b_on_16_nodes_of_8_h100_follows_the_week_15_rules():
     model = get_model("70b")
     assert 70e9 < model.num_params < 71e9  # Llama 3 70B: 70.6B
     best = plan(model, H100, global_batch=1024)[0]
@@ -51,7 +52,7 @@ def test_70b_with_tp_fixed_to_the_node_gives_small_pp_and_dp_for_the_rest():
     assert pp <= 8
     assert dp == 128 // (tp * pp)
     overall = plan(get_model("70b"), H100, global_batch=1024)[0]
-    # the seed's rule of thumb is within 10% of the model's optimum
+    # the Week 15 notes' rule of thumb is within 10% of the model's optimum
     assert best.step_s <= 1.10 * overall.step_s
 
 

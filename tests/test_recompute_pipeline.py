@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from reference_impl.activation_memory import model_activation_bytes
 from reference_impl.checks import assert_close
-from reference_impl.launcher import launch
+from reference_impl.launcher import current_device, launch
 from reference_impl.model import GPT, Block, ModelConfig
 from reference_impl.pipeline_executor import build_gpt_stages, gpt_loss, run_schedule, split_batch
 from reference_impl.pipeline_schedules import one_f_one_b
@@ -27,8 +27,9 @@ TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 
 def run_with(mode):
     """On each rank: 1F1B over the GPT's stages with ``mode`` recomputation in every block."""
+    device = current_device()
     torch.manual_seed(0)
-    gpt = GPT(CONFIG)
+    gpt = GPT(CONFIG).to(device)
     schedule = one_f_one_b(P, M)
     rank = dist.get_rank()
     stages, names = build_gpt_stages(gpt, schedule, rank)
@@ -37,7 +38,7 @@ def run_with(mode):
             recompute(stage, mode)
     generator = torch.Generator().manual_seed(1)
     tokens, targets = (torch.randint(0, CONFIG.vocab_size, (MICRO_BATCH * M, CONFIG.seq_len),
-                                     generator=generator) for _ in range(2))
+                                     generator=generator).to(device) for _ in range(2))
     run = run_schedule(schedule, stages, split_batch(tokens, M), split_batch(targets, M),
                        gpt_loss, boundary_shape=(MICRO_BATCH, CONFIG.seq_len, CONFIG.hidden))
     grads = {names[id(p)]: p.grad.clone() for s in stages.values() for p in s.parameters()}

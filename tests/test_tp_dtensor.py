@@ -89,8 +89,8 @@ def three_way_triples(kind: str, seed: int = 0):
         single = CausalSelfAttention(HIDDEN, HEADS).to(device)
         reference = ParallelSelfAttention(single)
         dtensor = dtensor_attention(single, tp_mesh())
-    x = torch.randn(BATCH, SEQ, HIDDEN, device=device)
-    upstream = torch.randn(BATCH, SEQ, HIDDEN, device=device)
+    x = torch.randn(BATCH, SEQ, HIDDEN).to(device)
+    upstream = torch.randn(BATCH, SEQ, HIDDEN).to(device)
     modules = {"dtensor": dtensor, "reference": reference, "single": single}
     outputs, inputs = {}, {}
     for name, module in modules.items():
@@ -155,8 +155,8 @@ def block_collectives_and_outputs():
     torch.manual_seed(0)
     block = Block(ModelConfig(hidden=HIDDEN, heads=HEADS, seq_len=SEQ)).to(device)
     modules = {"reference": ParallelBlock(block), "dtensor": dtensor_block(block, tp_mesh())}
-    x = torch.randn(BATCH, SEQ, HIDDEN, device=device)
-    upstream = torch.randn(BATCH, SEQ, HIDDEN, device=device)
+    x = torch.randn(BATCH, SEQ, HIDDEN).to(device)
+    upstream = torch.randn(BATCH, SEQ, HIDDEN).to(device)
     result = {}
     for name, module in modules.items():
         tracer = CommTracer if name == "reference" else CommDebugMode

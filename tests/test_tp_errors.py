@@ -2,6 +2,7 @@
 import pytest
 from torch import nn
 
+from reference_impl.launcher import current_device
 from reference_impl.model import Block, CausalSelfAttention, ModelConfig
 from reference_impl.tp_attention import ParallelBlock, ParallelSelfAttention
 from reference_impl.tp_layers import ColumnParallelLinear, RowParallelLinear
@@ -16,19 +17,19 @@ def build_error(build):
 
 
 def column_of_6_outputs():
-    return ColumnParallelLinear(nn.Linear(4, 6))
+    return ColumnParallelLinear(nn.Linear(4, 6).to(current_device()))
 
 
 def row_of_6_inputs():
-    return RowParallelLinear(nn.Linear(6, 4))
+    return RowParallelLinear(nn.Linear(6, 4).to(current_device()))
 
 
 def attention_of_2_heads():
-    return ParallelSelfAttention(CausalSelfAttention(8, 2))
+    return ParallelSelfAttention(CausalSelfAttention(8, 2).to(current_device()))
 
 
 def block_of_hidden_6():
-    return ParallelBlock(Block(ModelConfig(hidden=6, heads=2, seq_len=4)))
+    return ParallelBlock(Block(ModelConfig(hidden=6, heads=2, seq_len=4)).to(current_device()))
 
 
 @pytest.mark.parametrize("build, message", [

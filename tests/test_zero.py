@@ -22,6 +22,7 @@ from reference_impl.checks import assert_close
 from reference_impl.equivalence import train_on_averaged_gradients
 from reference_impl.comm_trace import CommTracer
 from reference_impl.groups import build_rank_layout
+from reference_impl.launcher import current_device
 from reference_impl.model import MLP, Block, ModelConfig
 from reference_impl.process_groups import create_process_groups
 from reference_impl.tp_layers import ParallelMLP, unshard
@@ -62,7 +63,8 @@ def own_bytes(module: nn.Module) -> int:
 
 
 def train_on_rank(stage: int) -> dict:
-    model = mlp_model()
+    device = current_device()
+    model = mlp_model().to(device)
     optimizer = ZeroOptimizer(model, stage=stage, lr=LR)
     # Stage 3: while a layer runs, only its own parameters may be whole (this pre-hook runs
     # after ZeRO's, which gathers them).
@@ -72,7 +74,7 @@ def train_on_rank(stage: int) -> dict:
             (model_state_bytes(model)["parameters"], own_bytes(module))))
     result = {"after_forward": [], "after_backward": []}
     for step in range(STEPS):
-        x, upstream = batch(step, dist.get_rank())
+        x, upstream = (t.to(device) for t in batch(step, dist.get_rank()))
         with CommTracer() as forward:
             y = model(x)
         result["after_forward"].append(model_state_bytes(model)["parameters"])
@@ -171,10 +173,11 @@ BLOCK_CONFIG = ModelConfig(hidden=HIDDEN, heads=2, seq_len=SEQ, ffn_multiple=4)
 
 
 def block_grads_on_rank() -> dict:
+    device = current_device()
     torch.manual_seed(0)
-    block = Block(BLOCK_CONFIG)
+    block = Block(BLOCK_CONFIG).to(device)
     optimizer = ZeroOptimizer(block, stage=3, lr=LR)
-    x, upstream = batch(0, dist.get_rank())
+    x, upstream = (t.to(device) for t in batch(0, dist.get_rank()))
     block(x).backward(upstream)
     world, rank = dist.get_world_size(), dist.get_rank()
     shards = {name: optimizer.shards[p].grad for name, p in block.named_parameters()}
@@ -215,13 +218,15 @@ def tp_mlp_model() -> nn.Module:
 
 
 def tp_dp_on_rank(stage: int) -> dict:
+    device = current_device()
     groups = create_process_groups(build_rank_layout(dist.get_world_size(), tp=2, pp=1))
-    reference = tp_mlp_model()
+    reference = tp_mlp_model().to(device)
     model = nn.Sequential(reference[0], ParallelMLP(reference[1], groups.tp))
     optimizer = ZeroOptimizer(model, groups.rdp, stage=stage, lr=LR)  # ZeRO over the replicas
     replica = groups.coordinates.rdp_rank
     for step in range(STEPS):
-        x, upstream = batch(step, replica)  # the same data on the TP ranks of one replica
+        # the same data on the TP ranks of one replica
+        x, upstream = (t.to(device) for t in batch(step, replica))
         model(x).backward(upstream)
         optimizer.step()
         optimizer.zero_grad()

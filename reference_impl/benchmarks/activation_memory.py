@@ -31,7 +31,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from reference_impl.launcher import launch
+from reference_impl.launcher import current_device, launch
 from reference_impl.model import Block, ModelConfig
 from reference_impl.activation_memory import (
     activation_memory_formula,
@@ -48,10 +48,10 @@ HEADER = (f"{'s':>5} {'b':>2} {'h':>4} {'a':>3}  {'recompute':<9} {'measured B':
           f"{'this model':>11} {'paper B':>11}  {'meas/paper':>10}")
 
 
-def _block_and_input(s, b, h, a):
-    torch.manual_seed(0)
+def _block_and_input(s, b, h, a, device="cpu"):
+    torch.manual_seed(0)  # on the CPU, then moved: the same values on every device
     block = Block(ModelConfig(seq_len=s, hidden=h, heads=a))
-    return block, torch.randn(b, s, h, requires_grad=True)
+    return block.to(device), torch.randn(b, s, h).to(device).requires_grad_()
 
 
 def _name(mode) -> str:
@@ -79,7 +79,7 @@ def single_device() -> None:
 def _parallel_rank(shapes, t):
     rows = []
     for s, b, h, a in shapes:
-        block, x = _block_and_input(s, b, h, a)
+        block, x = _block_and_input(s, b, h, a, current_device())
         shard = x.detach().chunk(t, dim=1)[dist.get_rank()].clone().requires_grad_()
         for kind, build, inputs in (("tp", ParallelBlock, x), ("sp", SequenceParallelBlock,
                                                                shard)):

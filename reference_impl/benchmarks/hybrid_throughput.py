@@ -3,7 +3,7 @@
     python -m reference_impl.benchmarks.hybrid_throughput [--steps 6 --hidden 64 --layers 4]
 
 Each layout (dp x tp x pp) trains the same GPT on the same batches with the reference trainer
-(``reference_impl.train``, here without torchrun: forked CPU ranks, gloo); the first step is a
+(``reference_impl.train``, here without torchrun: CPU ranks, gloo); the first step is a
 warm-up and not timed. Printed: tokens/s and the ratio to pure data parallelism (dp = all
 ranks) measured in the same run, and the losses' agreement (every layout trains the same model,
 so its losses must be the same). On a 2-core machine 8 ranks oversubscribe the cores: the

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.launcher import current_device, launch
+from reference_impl.launcher import current_device, launch, wait_for_device
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline_executor import (
     build_gpt_stages, gpt_loss, measured_timeline, run_schedule, split_batch)
@@ -105,11 +105,11 @@ def sleep_stages(schedule: Schedule, rank: int, cost_f: float, cost_b: float,
 
 def run_sleeping(schedule: Schedule, cost_f: float, cost_b: float, cost_w: float | None = None):
     """On every rank: run ``schedule`` with sleeping stages (after a warm-up with no sleep)."""
-    rank = dist.get_rank()
-    inputs = torch.ones(schedule.microbatches * BOUNDARY[0], *BOUNDARY[1:])
+    rank, device = dist.get_rank(), current_device()
+    inputs = torch.ones(schedule.microbatches * BOUNDARY[0], *BOUNDARY[1:], device=device)
 
     def once(f, b, w):
-        stages = sleep_stages(schedule, rank, f, b, w)
+        stages = {s: stage.to(device) for s, stage in sleep_stages(schedule, rank, f, b, w).items()}
         return run_schedule(schedule, stages, inputs, inputs, lambda y, t: (y * t).sum(),
                             boundary_shape=BOUNDARY)
 
@@ -183,9 +183,11 @@ def _step_times(gpt, config, m, batch, repeats):
             for label, fn in (("reference", reference), ("pytorch", pytorch)):
                 for module in (ours if label == "reference" else theirs).values():
                     module.zero_grad(set_to_none=True)
+                wait_for_device()
                 dist.barrier()
                 start = time.perf_counter()
                 fn()
+                wait_for_device()
                 dist.barrier()
                 if repeat:
                     samples[label].append(time.perf_counter() - start)

@@ -4,7 +4,8 @@
                                                   --repeats 5 --threads 1 --plot FILE]
 
 Three measurements of one training step (forward + backward, fp32) of a transformer block
-(seed 002's lab, step 3: "benchmark vs the 1-device baseline, compute scaling efficiency"):
+(step 3 of the lab in the course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism":
+"benchmark vs the 1-device baseline, compute scaling efficiency"):
 
 1. **Reference vs DTensor.** The reference ``ParallelBlock`` and the same block parallelized
    by PyTorch's own TP (``parallelize_module``: qkv and fc1 ``ColwiseParallel``, proj and fc2
@@ -92,8 +93,8 @@ def measure_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int)
     device, tp = current_device(), dist.get_world_size()
     torch.manual_seed(0)  # the same weights, input and upstream gradient on every rank
     block = Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq)).to(device)
-    x = torch.randn(batch, seq, hidden, device=device, requires_grad=True)
-    upstream = torch.randn(batch, seq, hidden, device=device)
+    x = torch.randn(batch, seq, hidden).to(device).requires_grad_()
+    upstream = torch.randn(batch, seq, hidden).to(device)
     modules = {"reference": ParallelBlock(block)}
     if tp == 1:
         modules["single-device"] = block

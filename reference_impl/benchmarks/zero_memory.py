@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from reference_impl.launcher import launch
+from reference_impl.launcher import current_device, launch
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.zero import (ZeroOptimizer, model_state_bytes, padded_numel,
                                  zero_memory_formula)
@@ -35,16 +35,17 @@ LAUNCH_TIMEOUT = 300.0
 
 def measure_on_rank(config: ModelConfig) -> dict[int, dict[str, int]]:
     """Bytes of model states this rank holds after one training step, per ZeRO stage."""
-    measured = {}
+    measured, device = {}, current_device()
     for stage in STAGES:
         torch.manual_seed(0)  # the same initial weights on every rank
-        model = GPT(config)
+        model = GPT(config).to(device)
         if stage == 0:
             optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         else:
             optimizer = ZeroOptimizer(model, stage=stage, lr=1e-3)
         generator = torch.Generator().manual_seed(dist.get_rank())  # each rank its own data
         tokens = torch.randint(config.vocab_size, (2, config.seq_len), generator=generator)
+        tokens = tokens.to(device)
         logits = model(tokens[:, :-1])
         F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
         if stage == 0:  # plain data parallelism: average the gradients, step everything

@@ -3,7 +3,7 @@
 ``--impl reference`` (default) imports ``reference_impl.<module>``; ``--impl labs`` loads the
 student files in ``labs/``; ``--impl PATH`` loads ``PATH/<module>.py`` from a submitted copy of
 ``labs/``. An :class:`Implementation` is small and picklable, so a rank function can take one
-as an argument and load the module inside the rank, under fork or spawn alike.
+as an argument and load the module inside the rank.
 """
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import cloudpickle
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -25,14 +27,16 @@ class Implementation:
     def from_option(cls, value: str) -> "Implementation":
         if value == "reference":
             return cls("reference")
-        folder = REPO / "labs" if value == "labs" else Path(value).expanduser().resolve()
+        folder = Path(value).expanduser().resolve()
+        if value == "labs" and not folder.is_dir():
+            folder = REPO / "labs"  # the kit's own student files, from anywhere
         if not folder.is_dir():
             raise ValueError(f"--impl {value}: {folder} is not a folder")
         return cls(str(folder))
 
     @property
     def name(self) -> str:
-        return self.source if self.source == "reference" else str(Path(self.source))
+        return self.source
 
     def module(self, name: str):
         """The module ``name`` (e.g. ``"collectives"``) of this implementation."""
@@ -52,4 +56,7 @@ class Implementation:
             except BaseException:
                 del sys.modules[key]
                 raise
+            # Loaded by path, it cannot be imported by name in a rank: what it defines
+            # travels to the ranks by value.
+            cloudpickle.register_pickle_by_value(module)
         return sys.modules[key]
