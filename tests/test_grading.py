@@ -56,7 +56,8 @@ def documented_commands() -> list[str]:
             texts += [cell.source for cell in nbformat.read(path, as_version=4).cells]
     found = set()
     for text in texts:
-        found.update(match.strip() for match in re.findall(r"pytest --impl [^`#\n]*", text))
+        found.update(match.strip() for match in
+                     re.findall(r"(?:^|`)(pytest --impl [^`#\n]*)", text, re.MULTILINE))
     return sorted(found)
 
 
