@@ -77,7 +77,7 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb = 25
 def _check_convention(convention: str) -> None:
     if convention not in CONVENTIONS:
         raise ValueError(f"unknown convention {convention!r}; choose one of "
-                         f"{', '.join(map(repr, CONVENTIONS))} (see reference_impl.data_parallel)")
+                         f"{', '.join(map(repr, CONVENTIONS))} (see reference_impl.hybrid.data_parallel)")
 
 
 def is_tp_distributed(module: nn.Module, parameter: nn.Parameter) -> bool:

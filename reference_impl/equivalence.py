@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from reference_impl.checks import assert_close
-from reference_impl.tp_layers import full_state
+from reference_impl.tp.tp_layers import full_state
 
 LIKELY_CAUSES = {
     "output": "the forward pass: how the weights are split, or the all-reduce after the "

@@ -15,14 +15,14 @@ GPUs):
 
     python -m reference_impl.train --dp 2 --tp 2 --pp 1 --steps 5
 
-Both paths run the same code (:func:`train_on_rank`): ``hybrid.initialize_parallelism``,
-``hybrid.build_3d_gpt`` from a GPT initialised with ``--seed``, ``hybrid.train_step`` on the
-deterministic ``hybrid.make_dataset(seed, steps, batch, seq, vocab)``, so the losses printed
+Both paths run the same code (:func:`train_on_rank`): ``parallel_3d.initialize_parallelism``,
+``parallel_3d.build_3d_gpt`` from a GPT initialised with ``--seed``, ``parallel_3d.train_step`` on the
+deterministic ``parallel_3d.make_dataset(seed, steps, batch, seq, vocab)``, so the losses printed
 are the single-device GPT's losses on the same batches (``tests/test_train.py``). Only global
 rank 0 prints: a header, one line per ``--log-every`` steps (step, loss, tokens/s, elapsed)
 and a final line.
 
-Checkpoints (``reference_impl.checkpoint``): ``--checkpoint-dir DIR`` writes ``DIR/checkpoint.pt``
+Checkpoints (``reference_impl.hybrid.checkpoint``): ``--checkpoint-dir DIR`` writes ``DIR/checkpoint.pt``
 every ``--checkpoint-every`` steps and at the end, in the single-device GPT's names, so it loads
 into any layout or a plain ``model.GPT``. ``--resume`` continues from it (same ``--seed``,
 ``--batch``, ``--seq``, ``--vocab``, model shape and optimizer; any layout) up to ``--steps`` in
@@ -41,8 +41,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from reference_impl import checkpoint, hybrid
-from reference_impl.launcher import launch, resolve_backend, under_torchrun, wait_for_device
+from reference_impl.hybrid import checkpoint, parallel_3d
+from reference_impl.comm.launcher import launch, resolve_backend, under_torchrun, wait_for_device
 from reference_impl.model import GPT, ModelConfig
 
 
@@ -161,7 +161,7 @@ def train_on_rank(args) -> dict:
     """The training run, on one rank of an initialised default group of dp*tp*pp ranks.
     Returns {"start_step", "losses" (this run's steps), "seconds"} (the same on every rank)."""
     check_world_size(args, dist.get_world_size())
-    context = hybrid.initialize_parallelism(args.dp, args.tp, args.pp, order=args.order)
+    context = parallel_3d.initialize_parallelism(args.dp, args.tp, args.pp, order=args.order)
     torch.manual_seed(args.seed)
     gpt = GPT(model_config(args))
     saved = checkpoint.load(args.checkpoint_dir) if args.resume else None
@@ -171,13 +171,13 @@ def train_on_rank(args) -> dict:
         gpt.load_state_dict(saved["model"])
         torch.set_rng_state(saved["rng"])
         start = saved["step"]
-    model = hybrid.build_3d_gpt(gpt, context, args.microbatches, args.schedule,
+    model = parallel_3d.build_3d_gpt(gpt, context, args.microbatches, args.schedule,
                                 chunks=args.chunks, vocab_parallel=args.vocab_parallel)
     optimizer = make_optimizer(args, model.parameters())
     if saved is not None:
         checkpoint.load_optimizer_state(model, optimizer, gpt, saved["optimizer"]["state"])
     del gpt, saved
-    dataset = hybrid.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
+    dataset = parallel_3d.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
 
     backend = dist.get_backend()
     _say(f"training dp {args.dp} x tp {args.tp} x pp {args.pp} = {dist.get_world_size()} "
@@ -189,7 +189,7 @@ def train_on_rank(args) -> dict:
     losses, began = [], time.perf_counter()
     window_start, window_steps = began, 0
     for step in range(start, args.steps):
-        losses.append(hybrid.train_step(model, *dataset[step], optimizer))
+        losses.append(parallel_3d.train_step(model, *dataset[step], optimizer))
         done, window_steps = step + 1, window_steps + 1
         if done % args.log_every == 0 or done == args.steps:
             wait_for_device()

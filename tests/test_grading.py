@@ -199,8 +199,8 @@ def test_malformed_markers_are_refused(tmp_path, source, message):
 def test_notebook_solutions_answers_outputs_and_imports_are_replaced(tmp_path):
     notebook = nbformat.v4.new_notebook()
     code = nbformat.v4.new_code_cell(
-        "from reference_impl.groups import build_rank_layout\n"
-        "from reference_impl.launcher import launch\n"
+        "from reference_impl.comm.groups import build_rank_layout\n"
+        "from reference_impl.comm.launcher import launch\n"
         "### BEGIN SOLUTION: predict the sum\npredicted = 6\n### END SOLUTION\nprint(predicted)")
     code.outputs = [nbformat.v4.new_output("stream", text="6\n")]
     code.execution_count = 3
@@ -211,7 +211,7 @@ def test_notebook_solutions_answers_outputs_and_imports_are_replaced(tmp_path):
     nbformat.write(notebook, path)
     student = nbformat.reads(make_labs.student_notebook(path, ["groups"]), as_version=4)
     assert student.cells[0].source == (
-        "from groups import build_rank_layout\nfrom reference_impl.launcher import launch\n"
+        "from groups import build_rank_layout\nfrom reference_impl.comm.launcher import launch\n"
         "# YOUR CODE HERE\nraise NotImplementedError('predict the sum')\nprint(predicted)")
     assert student.cells[0].outputs == [] and student.cells[0].execution_count is None
     assert student.cells[1].source == "Why?\n*Your answer here.*"

@@ -3,9 +3,9 @@ DeviceMesh built from a layout has the same groups."""
 import pytest
 import torch.distributed as dist
 
-from reference_impl.groups import build_rank_layout, main, parse_order
-from reference_impl.launcher import current_device
-from reference_impl.process_groups import device_mesh, mesh_dim_names
+from reference_impl.comm.groups import build_rank_layout, main, parse_order
+from reference_impl.comm.launcher import current_device
+from reference_impl.comm.process_groups import device_mesh, mesh_dim_names
 
 
 @pytest.mark.parametrize("call, message", [

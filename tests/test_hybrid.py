@@ -18,15 +18,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from reference_impl import hybrid
+from reference_impl.hybrid import parallel_3d as hybrid
 from reference_impl.checks import assert_close
-from reference_impl.data_parallel import all_reduce_mean, gradient_plan, sync_gradients
-from reference_impl.groups import build_rank_layout
-from reference_impl.launcher import current_device
+from reference_impl.hybrid.data_parallel import all_reduce_mean, gradient_plan, sync_gradients
+from reference_impl.comm.groups import build_rank_layout
+from reference_impl.comm.launcher import current_device
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.process_groups import create_process_groups
-from reference_impl.sagemaker_linear import DistributedLinear
-from reference_impl.tp_layers import unshard
+from reference_impl.comm.process_groups import create_process_groups
+from reference_impl.tp.sagemaker_linear import DistributedLinear
+from reference_impl.tp.tp_layers import unshard
 
 ATOL = 1e-5
 WORLD = 8

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from reference_impl.checks import assert_close
-from reference_impl.launcher import current_device
+from reference_impl.comm.launcher import current_device
 
 pytestmark = pytest.mark.lab0
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from reference_impl.groups import AXES, ORDERS, build_rank_layout
-from reference_impl.groups_figure import plot_rank_groups
-from reference_impl.launcher import current_device
+from reference_impl.comm.groups import AXES, ORDERS, build_rank_layout
+from reference_impl.comm.groups_figure import plot_rank_groups
+from reference_impl.comm.launcher import current_device
 
 pytestmark = pytest.mark.lab1
 

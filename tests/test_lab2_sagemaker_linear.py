@@ -21,9 +21,9 @@ import torch.distributed as dist
 from torch import nn
 
 from reference_impl.checks import assert_close
-from reference_impl.comm_trace import CommTracer
-from reference_impl.launcher import current_device
-from reference_impl.tp_layers import full_state
+from reference_impl.comm.comm_trace import CommTracer
+from reference_impl.comm.launcher import current_device
+from reference_impl.tp.tp_layers import full_state
 
 pytestmark = pytest.mark.lab2
 

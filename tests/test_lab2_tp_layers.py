@@ -11,9 +11,9 @@ import torch.distributed as dist
 from torch import nn
 
 from reference_impl.checks import assert_close
-from reference_impl.comm_trace import CommTracer
+from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.equivalence import assert_equivalent, one_step_pairs
-from reference_impl.launcher import current_device
+from reference_impl.comm.launcher import current_device
 from reference_impl.model import MLP
 
 pytestmark = pytest.mark.lab2

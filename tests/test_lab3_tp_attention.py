@@ -8,9 +8,9 @@ Parallelism and Pipeline Parallelism" ask for 1e-3 at most.
 import pytest
 import torch
 
-from reference_impl.comm_trace import CommTracer
+from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.equivalence import assert_equivalent, one_step_pairs
-from reference_impl.launcher import current_device
+from reference_impl.comm.launcher import current_device
 from reference_impl.model import Block, CausalSelfAttention, ModelConfig
 
 pytestmark = pytest.mark.lab3

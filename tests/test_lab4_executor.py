@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from reference_impl.checks import assert_close
-from reference_impl.launcher import current_device
+from reference_impl.comm.launcher import current_device
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.pipeline_executor import gpt_loss
+from reference_impl.pipeline.pipeline_executor import gpt_loss
 
 pytestmark = pytest.mark.lab4
 

@@ -10,8 +10,8 @@ schedule is first rebuilt from the reference classes, field by field (``as_refer
 """
 import pytest
 
-from reference_impl.pipeline_simulator import simulate
-from reference_impl.pipeline_validator import ScheduleError, normalized, validate
+from reference_impl.pipeline.pipeline_simulator import simulate
+from reference_impl.pipeline.pipeline_validator import ScheduleError, normalized, validate
 
 pytestmark = pytest.mark.lab4
 

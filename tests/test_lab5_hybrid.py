@@ -28,12 +28,12 @@ from torch import nn
 
 from reference_impl.checks import assert_close
 from reference_impl.equivalence import train_on_averaged_gradients
-from reference_impl.groups import build_rank_layout
-from reference_impl.launcher import current_device
+from reference_impl.comm.groups import build_rank_layout
+from reference_impl.comm.launcher import current_device
 from reference_impl.model import MLP
-from reference_impl.process_groups import create_process_groups
-from reference_impl.sagemaker_linear import DistributedLinear
-from reference_impl.tp_layers import ParallelMLP, unshard
+from reference_impl.comm.process_groups import create_process_groups
+from reference_impl.tp.sagemaker_linear import DistributedLinear
+from reference_impl.tp.tp_layers import ParallelMLP, unshard
 
 pytestmark = pytest.mark.lab5
 

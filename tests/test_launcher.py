@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from reference_impl import launcher
-from reference_impl.launcher import LaunchTimeout, RankFailure, current_device, launch
+from reference_impl.comm import launcher
+from reference_impl.comm.launcher import LaunchTimeout, RankFailure, current_device, launch
 
 SLACK = 5.0  # seconds allowed beyond a launch's timeout for reporting and cleanup
 REPO = Path(__file__).resolve().parents[1]
@@ -253,7 +253,7 @@ def run_script(body: str) -> subprocess.Popen:
 
 SUM_FOUR_RANKS = """
     import torch, torch.distributed as dist
-    from reference_impl.launcher import launch
+    from reference_impl.comm.launcher import launch
     def work():
         value = torch.tensor([dist.get_rank() + 1.0])
         for _ in range(20):
@@ -274,7 +274,7 @@ def test_two_launches_at_once_do_not_collide():
 
 SLEEPING_RANKS = """
     import os, sys, time, torch.distributed as dist
-    from reference_impl.launcher import launch
+    from reference_impl.comm.launcher import launch
     def sleep_forever(folder):
         open(os.path.join(folder, str(os.getpid())), "w").close()
         while True:
@@ -305,7 +305,7 @@ def test_no_rank_outlives_its_launch(tmp_path, parent_signal):
 
 TORCHRUN_SCRIPT = """
 import torch.distributed as dist
-from reference_impl.launcher import launch
+from reference_impl.comm.launcher import launch
 
 def who():
     return dist.get_rank() * 100

@@ -17,13 +17,13 @@ import pytest
 import torch
 
 from reference_impl.checks import assert_close
-from reference_impl.launcher import RankFailure, current_device
+from reference_impl.comm.launcher import RankFailure, current_device
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.pipeline_executor import gpt_loss, pipeline_train_step, run_schedule, \
+from reference_impl.pipeline.pipeline_executor import gpt_loss, pipeline_train_step, run_schedule, \
     split_batch
-from reference_impl.pipeline_schedules import SCHEDULES, build_schedule, schedule_from_strings
-from reference_impl.pipeline_simulator import simulate
-from reference_impl.pipeline_validator import ScheduleError
+from reference_impl.pipeline.pipeline_schedules import SCHEDULES, build_schedule, schedule_from_strings
+from reference_impl.pipeline.pipeline_simulator import simulate
+from reference_impl.pipeline.pipeline_validator import ScheduleError
 
 ATOL = RTOL = 1e-5
 MICRO_BATCH = 2

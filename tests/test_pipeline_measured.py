@@ -18,9 +18,9 @@ import torch
 
 from reference_impl.benchmarks.pipeline import run_sleeping
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.pipeline_executor import measured_timeline, pipeline_train_step
-from reference_impl.pipeline_schedules import build_schedule
-from reference_impl.pipeline_simulator import bubble_formula, simulate
+from reference_impl.pipeline.pipeline_executor import measured_timeline, pipeline_train_step
+from reference_impl.pipeline.pipeline_schedules import build_schedule
+from reference_impl.pipeline.pipeline_simulator import bubble_formula, simulate
 
 P = 4
 CONFIG = ModelConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=4)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.pipeline_partition import gpt_layers, layer_sizes, partition
+from reference_impl.pipeline.pipeline_partition import gpt_layers, layer_sizes, partition
 
 
 def largest_stage(sizes, stages):

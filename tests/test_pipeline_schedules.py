@@ -2,10 +2,10 @@
 per-rank orders derived by hand from the papers' rules, and bad input is refused by number."""
 import pytest
 
-from reference_impl.pipeline_schedules import (
+from reference_impl.pipeline.pipeline_schedules import (
     SCHEDULES, Action, build_schedule, gpipe, interleaved_one_f_one_b, naive, one_f_one_b,
     schedule_from_strings, zb_h1)
-from reference_impl.pipeline_validator import validate
+from reference_impl.pipeline.pipeline_validator import validate
 
 SIZES = [(p, m) for p in range(1, 6) for m in range(1, 10)]
 

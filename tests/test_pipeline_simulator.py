@@ -3,12 +3,12 @@
 and with the activation memory each schedule is known to hold."""
 import pytest
 
-from reference_impl.pipeline_schedules import (
+from reference_impl.pipeline.pipeline_schedules import (
     Action, build_schedule, gpipe, interleaved_one_f_one_b, naive, one_f_one_b,
     schedule_from_strings, zb_h1)
-from reference_impl.pipeline_simulator import (
+from reference_impl.pipeline.pipeline_simulator import (
     TimedAction, Timeline, bubble_formula, makespan_formula, simulate)
-from reference_impl.pipeline_validator import ScheduleError
+from reference_impl.pipeline.pipeline_validator import ScheduleError
 
 SIZES = [(p, m) for p in range(1, 6) for m in range(1, 10)]
 COSTS = [(1.0, 2.0), (1.0, 1.0), (2.0, 1.0), (0.3, 0.7)]  # (T_F, T_B + T_W)

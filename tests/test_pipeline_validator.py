@@ -3,9 +3,9 @@ step and the microbatch; deadlocks name the cycle of waiting ranks; and the mess
 executor must send are derived from the actions."""
 import pytest
 
-from reference_impl.pipeline_schedules import (
+from reference_impl.pipeline.pipeline_schedules import (
     Schedule, interleaved_one_f_one_b, one_f_one_b, schedule_from_strings, zb_h1)
-from reference_impl.pipeline_validator import (
+from reference_impl.pipeline.pipeline_validator import (
     ScheduleError, input_message, messages, output_message, validate)
 
 

@@ -4,12 +4,12 @@ layouts that must fit by its memory estimate, ones that must not, the shared for
 built from, and its errors. Pure Python: no process group, no tensors."""
 import pytest
 
-from reference_impl.activation_memory import activation_memory_formula
-from reference_impl.alpha_beta import ring_all_reduce_seconds
-from reference_impl.pipeline_simulator import bubble_formula
-from reference_impl.planner import (Cluster, Layout, ModelSpec, evaluate, explain,
+from reference_impl.memory.activation_memory import activation_memory_formula
+from reference_impl.comm.alpha_beta import ring_all_reduce_seconds
+from reference_impl.pipeline.pipeline_simulator import bubble_formula
+from reference_impl.perf.planner import (Cluster, Layout, ModelSpec, evaluate, explain,
                                     get_model, main, plan, recommend)
-from reference_impl.zero import zero_memory_formula
+from reference_impl.hybrid.zero import zero_memory_formula
 
 H100 = Cluster(gpus_per_node=8, nodes=16, gpu_memory_gib=80)
 # Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using

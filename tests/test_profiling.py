@@ -1,4 +1,4 @@
-"""Profiling (``reference_impl.profiling``): named ranges, per-rank traces, merge, summary.
+"""Profiling (``reference_impl.perf.profiling``): named ranges, per-rank traces, merge, summary.
 
 One 2-rank launch profiles a TP block for a few steps (``profile_tp_block_on_rank``) and the
 tests read what it wrote; the rest runs in this process. Times are never asserted.
@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 from torch.profiler import profile
 
-from reference_impl.launcher import launch
+from reference_impl.comm.launcher import launch
 from reference_impl.model import Block, ModelConfig
-from reference_impl.profiling import (COMM_OPS, load_trace, merge_traces, profile_tp_block_on_rank,
+from reference_impl.perf.profiling import (COMM_OPS, load_trace, merge_traces, profile_tp_block_on_rank,
                                       profiled, range_events, range_kind, summarize)
 
 STEPS, TP = 2, 2

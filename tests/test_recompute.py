@@ -1,4 +1,4 @@
-"""Activation recomputation (reference_impl/recompute.py): full and selective recomputation
+"""Activation recomputation (reference_impl/memory/recompute.py): full and selective recomputation
 change no number, only what is kept; what is kept, measured with saved-tensor hooks, is exactly
 this model's formula (``model_activation_bytes``), and orders full < selective < none.
 
@@ -13,17 +13,17 @@ import torch
 import torch.distributed as dist
 
 from reference_impl.equivalence import assert_equivalent, one_step_pairs
-from reference_impl.launcher import current_device
+from reference_impl.comm.launcher import current_device
 from reference_impl.model import GPT, Block, ModelConfig
-from reference_impl.activation_memory import (
+from reference_impl.memory.activation_memory import (
     SavedActivations,
     activation_memory_formula,
     model_activation_bytes,
     saved_activation_bytes,
 )
-from reference_impl.recompute import MODES, recompute
-from reference_impl.sequence_parallel import SequenceParallelBlock
-from reference_impl.tp_attention import ParallelBlock
+from reference_impl.memory.recompute import MODES, recompute
+from reference_impl.tp.sequence_parallel import SequenceParallelBlock
+from reference_impl.tp.tp_attention import ParallelBlock
 
 SHAPES = [(8, 2, 32, 4), (16, 3, 48, 6), (32, 1, 64, 2), (12, 2, 24, 3)]  # (s, b, h, a)
 

@@ -12,13 +12,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from reference_impl.activation_memory import model_activation_bytes
+from reference_impl.memory.activation_memory import model_activation_bytes
 from reference_impl.checks import assert_close
-from reference_impl.launcher import current_device, launch
+from reference_impl.comm.launcher import current_device, launch
 from reference_impl.model import GPT, Block, ModelConfig
-from reference_impl.pipeline_executor import build_gpt_stages, gpt_loss, run_schedule, split_batch
-from reference_impl.pipeline_schedules import one_f_one_b
-from reference_impl.recompute import recompute
+from reference_impl.pipeline.pipeline_executor import build_gpt_stages, gpt_loss, run_schedule, split_batch
+from reference_impl.pipeline.pipeline_schedules import one_f_one_b
+from reference_impl.memory.recompute import recompute
 
 CONFIG = ModelConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=4)
 P, M, MICRO_BATCH = 2, 4, 2

@@ -1,10 +1,10 @@
-"""Scaling (``reference_impl.scaling``) at tiny sizes: the table, the plot and the alpha-beta
+"""Scaling (``reference_impl.perf.scaling``) at tiny sizes: the table, the plot and the alpha-beta
 prediction with its error are produced. Times are never asserted."""
 import math
 
 import pytest
 
-from reference_impl.scaling import ScalingRow, format_table, main, measure, plot
+from reference_impl.perf.scaling import ScalingRow, format_table, main, measure, plot
 
 
 @pytest.fixture(scope="module")

@@ -14,13 +14,13 @@ import torch
 import torch.distributed as dist
 
 from reference_impl.checks import assert_close
-from reference_impl.comm_trace import CommTracer
-from reference_impl.launcher import current_device
+from reference_impl.comm.comm_trace import CommTracer
+from reference_impl.comm.launcher import current_device
 from reference_impl.model import Block, ModelConfig
-from reference_impl.sequence_parallel import SequenceParallelBlock, sync_sequence_parallel_grads
-from reference_impl.tp_attention import ParallelBlock
-from reference_impl.tp_collectives import all_gather_along
-from reference_impl.tp_layers import full_state
+from reference_impl.tp.sequence_parallel import SequenceParallelBlock, sync_sequence_parallel_grads
+from reference_impl.tp.tp_attention import ParallelBlock
+from reference_impl.tp.tp_collectives import all_gather_along
+from reference_impl.tp.tp_layers import full_state
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 CONFIG = ModelConfig(seq_len=8, hidden=32, heads=4)

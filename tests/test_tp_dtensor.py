@@ -28,12 +28,12 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 
 from reference_impl.checks import assert_close
-from reference_impl.comm_trace import CommTracer
-from reference_impl.launcher import current_device
+from reference_impl.comm.comm_trace import CommTracer
+from reference_impl.comm.launcher import current_device
 from reference_impl.model import Block, CausalSelfAttention, MLP, ModelConfig
-from reference_impl.tp_attention import ParallelBlock, ParallelSelfAttention
-from reference_impl.tp_dtensor import dtensor_attention, dtensor_block, dtensor_mlp, qkv_rows_by_rank
-from reference_impl.tp_layers import ParallelMLP, full_state
+from reference_impl.tp.tp_attention import ParallelBlock, ParallelSelfAttention
+from reference_impl.tp.tp_dtensor import dtensor_attention, dtensor_block, dtensor_mlp, qkv_rows_by_rank
+from reference_impl.tp.tp_layers import ParallelMLP, full_state
 
 ATOL_VS_REFERENCE_TP, RTOL_VS_REFERENCE_TP = 1e-6, 1e-6
 ATOL_VS_SINGLE_DEVICE = 1e-5

@@ -28,10 +28,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference_impl import checkpoint, hybrid, train
+from reference_impl import train
+from reference_impl.hybrid import checkpoint, parallel_3d as hybrid
 from reference_impl.checks import assert_close
 from reference_impl.model import GPT
-from reference_impl.pipeline_executor import gpt_loss
+from reference_impl.pipeline.pipeline_executor import gpt_loss
 
 REPO = Path(__file__).resolve().parent.parent
 ATOL = 1e-5

@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.checks import assert_close
-from reference_impl.comm_trace import CommTracer
-from reference_impl.launcher import current_device
-from reference_impl.tp_layers import full_state
-from reference_impl.vocab_parallel import (ParallelLMHead, VocabParallelEmbedding,
+from reference_impl.comm.comm_trace import CommTracer
+from reference_impl.comm.launcher import current_device
+from reference_impl.tp.tp_layers import full_state
+from reference_impl.tp.vocab_parallel import (ParallelLMHead, VocabParallelEmbedding,
                                            padded_vocab_size, vocab_parallel_cross_entropy)
 
 TOLERANCE = dict(atol=1e-6, rtol=1e-6)

@@ -1,4 +1,4 @@
-"""ZeRO stages 1, 2, 3 (reference_impl/zero.py) against unsharded ``torch.optim.Adam``.
+"""ZeRO stages 1, 2, 3 (reference_impl/hybrid/zero.py) against unsharded ``torch.optim.Adam``.
 
 Each rank trains on its own data; the oracle is one single-device model stepped by
 ``torch.optim.Adam`` with the gradients averaged over the ranks. Checked: the parameters after
@@ -20,13 +20,13 @@ from torch import nn
 
 from reference_impl.checks import assert_close
 from reference_impl.equivalence import train_on_averaged_gradients
-from reference_impl.comm_trace import CommTracer
-from reference_impl.groups import build_rank_layout
-from reference_impl.launcher import current_device
+from reference_impl.comm.comm_trace import CommTracer
+from reference_impl.comm.groups import build_rank_layout
+from reference_impl.comm.launcher import current_device
 from reference_impl.model import MLP, Block, ModelConfig
-from reference_impl.process_groups import create_process_groups
-from reference_impl.tp_layers import ParallelMLP, unshard
-from reference_impl.zero import (ZeroOptimizer, model_state_bytes, padded_numel,
+from reference_impl.comm.process_groups import create_process_groups
+from reference_impl.tp.tp_layers import ParallelMLP, unshard
+from reference_impl.hybrid.zero import (ZeroOptimizer, model_state_bytes, padded_numel,
                                  zero_memory_formula)
 
 HIDDEN, FFN, BATCH, SEQ = 10, 36, 2, 6  # 10 is not a multiple of 4: padding is exercised

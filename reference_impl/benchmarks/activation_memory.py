@@ -31,16 +31,16 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from reference_impl.launcher import current_device, launch
+from reference_impl.comm.launcher import current_device, launch
 from reference_impl.model import Block, ModelConfig
-from reference_impl.activation_memory import (
+from reference_impl.memory.activation_memory import (
     activation_memory_formula,
     model_activation_bytes,
     saved_activation_bytes,
 )
-from reference_impl.recompute import MODES, recompute
-from reference_impl.sequence_parallel import SequenceParallelBlock
-from reference_impl.tp_attention import ParallelBlock
+from reference_impl.memory.recompute import MODES, recompute
+from reference_impl.tp.sequence_parallel import SequenceParallelBlock
+from reference_impl.tp.tp_attention import ParallelBlock
 
 SHAPES = [(128, 4, 256, 8), (512, 1, 256, 8), (1024, 1, 512, 16)]  # (s, b, h, a)
 TP = 2

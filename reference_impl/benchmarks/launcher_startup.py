@@ -20,7 +20,7 @@ import time
 
 import torch.distributed as dist
 
-from reference_impl.launcher import gpu_count, launch
+from reference_impl.comm.launcher import gpu_count, launch
 
 
 def barrier_only() -> None:

@@ -43,14 +43,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.launcher import current_device, launch, wait_for_device
+from reference_impl.comm.launcher import current_device, launch, wait_for_device
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.pipeline_executor import (
+from reference_impl.pipeline.pipeline_executor import (
     build_gpt_stages, gpt_loss, measured_timeline, run_schedule, split_batch)
-from reference_impl.pipeline_gantt import plot_gantt, save_chrome_trace
-from reference_impl.pipeline_schedules import Action, Schedule, build_schedule
-from reference_impl.pipeline_simulator import Timeline, bubble_formula, simulate
-from reference_impl.pipeline_validator import input_message
+from reference_impl.pipeline.pipeline_gantt import plot_gantt, save_chrome_trace
+from reference_impl.pipeline.pipeline_schedules import Action, Schedule, build_schedule
+from reference_impl.pipeline.pipeline_simulator import Timeline, bubble_formula, simulate
+from reference_impl.pipeline.pipeline_validator import input_message
 
 P = 4
 MICROBATCHES = (4, 8, 16)

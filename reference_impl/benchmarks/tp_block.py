@@ -35,57 +35,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 
-from reference_impl.comm_trace import CommTracer
-from reference_impl.launcher import current_device, launch, wait_for_device
+from reference_impl.comm.comm_trace import CommTracer
+from reference_impl.comm.launcher import current_device, launch
 from reference_impl.model import Block, ModelConfig
-from reference_impl.tp_attention import ParallelBlock
-from reference_impl.tp_dtensor import dtensor_block
+from reference_impl.perf.step_timing import median_step_seconds
+from reference_impl.tp.tp_attention import ParallelBlock
+from reference_impl.tp.tp_dtensor import dtensor_block
 
 TP_DEGREES = (1, 2, 4)
-WARMUP_STEPS = 2
 LAUNCH_TIMEOUT = 300.0  # seconds; a default run takes well under a minute
 
 
 # ------------------------------------------------------------------------ measuring, per rank
-
-def _train_step(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor) -> None:
-    """Forward and backward, the input's gradient included (as for a block inside a model)."""
-    module.zero_grad(set_to_none=True)
-    x.grad = None
-    module(x).backward(upstream)
-
-
-def median_step_seconds(modules: dict[str, nn.Module], x, upstream, repeats: int) -> dict:
-    """Median time of one forward + backward per module. The modules take turns (their order
-    alternating between repeats) so that both see the same machine; each step starts on every
-    rank together (a barrier) and takes as long as its slowest rank (a max over ranks after
-    the timing, so no barrier is timed). Collective: call it on every rank."""
-    for module in modules.values():
-        for _ in range(WARMUP_STEPS):
-            _train_step(module, x, upstream)
-    names = list(modules)
-    times = torch.zeros(len(names), repeats, dtype=torch.float64)
-    for repeat in range(repeats):
-        for index in (range(len(names)) if repeat % 2 == 0 else reversed(range(len(names)))):
-            wait_for_device()
-            dist.barrier()
-            start = time.perf_counter()
-            _train_step(modules[names[index]], x, upstream)
-            wait_for_device()
-            times[index, repeat] = time.perf_counter() - start
-    times = times.to(current_device())
-    dist.all_reduce(times, op=dist.ReduceOp.MAX)
-    return {name: statistics.median(times[index].tolist()) for index, name in enumerate(names)}
-
 
 def measure_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> dict:
     """Run on every rank of a launch: time the reference TP block (and, at tp > 1, the DTensor

@@ -5,7 +5,7 @@
 For a GPT of a few million parameters, on N = 1, 2, 4, 8 ranks (gloo on the CPU), each rank
 builds the model, runs one forward, backward and Adam step with plain data parallelism
 (stage 0: ``torch.optim.Adam``, everything replicated) and with ZeRO stages 1, 2, 3
-(``reference_impl.zero.ZeroOptimizer``), and measures the bytes it then holds for parameters,
+(``reference_impl.hybrid.zero.ZeroOptimizer``), and measures the bytes it then holds for parameters,
 gradients and optimizer states (``model_state_bytes``: the storages themselves).
 
 Printed beside each measurement: the fp32 formula (what runs here: 4 + 4 + 8 = 16 bytes per
@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from reference_impl.launcher import current_device, launch
+from reference_impl.comm.launcher import current_device, launch
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.zero import (ZeroOptimizer, model_state_bytes, padded_numel,
+from reference_impl.hybrid.zero import (ZeroOptimizer, model_state_bytes, padded_numel,
                                  zero_memory_formula)
 
 WORLD_SIZES = (1, 2, 4, 8)

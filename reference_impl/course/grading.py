@@ -17,6 +17,16 @@ from pathlib import Path
 import cloudpickle
 
 REPO = Path(__file__).resolve().parents[2]
+LIBRARY = Path(__file__).resolve().parents[1]
+
+
+def reference_module_name(name: str) -> str:
+    """``"groups"`` -> ``"reference_impl.comm.groups"``: student files are flat, the library is
+    in subpackages, and every module name in it is unique."""
+    found = sorted(LIBRARY.glob(f"*/{name}.py"))
+    if len(found) != 1:
+        raise ModuleNotFoundError(f"no single reference module named {name!r} (found {found})")
+    return ".".join(("reference_impl", found[0].parent.name, name))
 
 
 @dataclass(frozen=True)
@@ -41,7 +51,7 @@ class Implementation:
     def module(self, name: str):
         """The module ``name`` (e.g. ``"collectives"``) of this implementation."""
         if self.source == "reference":
-            return importlib.import_module(f"reference_impl.{name}")
+            return importlib.import_module(reference_module_name(name))
         path = Path(self.source) / f"{name}.py"
         if not path.exists():
             raise FileNotFoundError(f"{path} is missing: the submission needs every student "

@@ -14,7 +14,7 @@ Two sources, marked as nbgrader marks them:
   becomes a ``raise NotImplementedError`` with the hint, in markdown cells a region from
   ``<!-- BEGIN SOLUTION -->`` to ``<!-- END SOLUTION -->`` becomes a prompt for the answer, and
   imports of the reference modules that have exercises point at the student's own files
-  (``from reference_impl.groups import ...`` becomes ``from groups import ...``).
+  (``from reference_impl.comm.groups import ...`` becomes ``from groups import ...``).
 
 Student files are never edited by hand: a test fails when they differ from what this writes.
 """
@@ -75,14 +75,21 @@ def student_module(path: Path) -> str:
     return header + body
 
 
+LIBRARY_PACKAGES = ("comm", "tp", "memory", "pipeline", "hybrid", "perf")  # where exercises can live
+
+
 def modules_with_exercises() -> list[Path]:
-    return sorted(path for path in REFERENCE.glob("*.py") if "BEGIN SOLUTION" in path.read_text())
+    """The library modules with solution regions; each becomes ``labs/<its name>.py``."""
+    return sorted((path for package in LIBRARY_PACKAGES
+                   for path in (REFERENCE / package).glob("*.py")
+                   if "BEGIN SOLUTION" in path.read_text()), key=lambda path: path.name)
 
 
 def student_notebook(path: Path, module_names: list[str]) -> str:
     """The student version of a solved notebook, as the text of an .ipynb file."""
     notebook = nbformat.read(path, as_version=4)
-    imports = re.compile(r"\breference_impl\.(" + "|".join(map(re.escape, module_names)) + r")\b")
+    imports = re.compile(r"\breference_impl\.(?:\w+\.)?(" + "|".join(map(re.escape, module_names))
+                         + r")\b")
 
     def stub(match):
         hint = match["hint"] or "write this part"

@@ -19,7 +19,7 @@ import re
 import pytest
 
 from reference_impl.course.grading import Implementation
-from reference_impl.launcher import BACKENDS, gpu_count, launch
+from reference_impl.comm.launcher import BACKENDS, gpu_count, launch
 
 LABS = {
     "lab0": "collectives",

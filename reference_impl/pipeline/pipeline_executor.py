@@ -54,12 +54,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from reference_impl.activation_memory import SavedActivations
-from reference_impl.launcher import current_device, wait_for_device
-from reference_impl.pipeline_partition import gpt_layers, layer_sizes, partition
-from reference_impl.pipeline_schedules import Action, Schedule, build_schedule
-from reference_impl.pipeline_simulator import TimedAction, Timeline
-from reference_impl.pipeline_validator import input_message, output_message, validate
+from reference_impl.memory.activation_memory import SavedActivations
+from reference_impl.comm.launcher import current_device, wait_for_device
+from reference_impl.pipeline.pipeline_partition import gpt_layers, layer_sizes, partition
+from reference_impl.pipeline.pipeline_schedules import Action, Schedule, build_schedule
+from reference_impl.pipeline.pipeline_simulator import TimedAction, Timeline
+from reference_impl.pipeline.pipeline_validator import input_message, output_message, validate
 
 
 class Stage(nn.Sequential):

@@ -136,7 +136,7 @@ class ZeroOptimizer:
             raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
         if not dist.is_initialized():
             raise RuntimeError("ZeroOptimizer needs an initialised process group (run it inside "
-                               "reference_impl.launcher.launch or under torchrun)")
+                               "reference_impl.comm.launcher.launch or under torchrun)")
         self.module, self.group, self.stage = module, group, stage
         self.lr, (self.beta1, self.beta2), self.eps = lr, betas, eps
         self.weight_decay = weight_decay

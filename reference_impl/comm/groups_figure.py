@@ -10,7 +10,7 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 
-from reference_impl.groups import RankLayout
+from reference_impl.comm.groups import RankLayout
 
 _KIND_TITLES = {
     "TP": "TP_GROUP: shards of one layer",

@@ -17,8 +17,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from reference_impl.pipeline_schedules import KIND_NAMES
-from reference_impl.pipeline_simulator import TimedAction, Timeline
+from reference_impl.pipeline.pipeline_schedules import KIND_NAMES
+from reference_impl.pipeline.pipeline_simulator import TimedAction, Timeline
 
 # Per kind, one colour per model chunk, lighter for later chunks; more chunks reuse them.
 _COLOURS = {

@@ -1,4 +1,4 @@
-"""Turn a :class:`~reference_impl.groups.RankLayout` into real ``torch.distributed`` groups.
+"""Turn a :class:`~reference_impl.comm.groups.RankLayout` into real ``torch.distributed`` groups.
 
 The thin last step after the pure layout (``groups.py``): call it on every rank, after the
 default process group is initialised (the launcher does that), with the same layout.
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from reference_impl.groups import GROUP_AXES, RankCoordinates, RankLayout
-from reference_impl.launcher import current_device
+from reference_impl.comm.groups import GROUP_AXES, RankCoordinates, RankLayout
+from reference_impl.comm.launcher import current_device
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def create_process_groups(layout: RankLayout) -> ParallelGroups:
     """
     if not dist.is_initialized():
         raise RuntimeError("create_process_groups needs an initialised default process group "
-                           "(run it inside reference_impl.launcher.launch or under torchrun)")
+                           "(run it inside reference_impl.comm.launcher.launch or under torchrun)")
     if dist.get_world_size() != layout.world_size:
         raise ValueError(f"the layout is for world size {layout.world_size} but the process "
                          f"group has {dist.get_world_size()} ranks")

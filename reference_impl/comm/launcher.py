@@ -1,6 +1,6 @@
 """Run a function on N ranks and get every rank's return value back.
 
-    from reference_impl.launcher import launch
+    from reference_impl.comm.launcher import launch
     results = launch(fn, 4, x)      # results[r] is fn(x) as returned on rank r
 
 Inside ``fn`` the default process group is initialised, so ``dist.get_rank()`` and every
@@ -76,7 +76,7 @@ START_METHODS = ("forkserver", "spawn", "fork")
 # torch imports torch._dynamo lazily at the first optimizer step, which would cost every
 # rank seconds (measured: 4 s for a 2-rank launch against 0.07 s).
 _RANK_SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "cloudpickle",
-                        "reference_impl.launcher"]
+                        "reference_impl.comm.launcher"]
 
 # The process group's own timeout is a backstop only: the parent's deadline comes first,
 # so a hang is always reported the same way, with every stuck rank's stack.

@@ -22,7 +22,7 @@ in one host's memory).
 
 * :func:`gather_optimizer_state` unshards every optimizer state tensor that has its
   parameter's shape (Adam's ``exp_avg``/``exp_avg_sq``, SGD's ``momentum_buffer``) exactly as
-  ``hybrid.gather_full_state`` unshards the parameter (over the TP group, vocabulary padding
+  ``parallel_3d.gather_full_state`` unshards the parameter (over the TP group, vocabulary padding
   dropped, stages collected over the PP group); scalars (Adam's ``step``) are kept as they are.
 * :func:`load_optimizer_state` re-shards them for the *current* layout by the same
   shard-from-full path as the weights: it builds the 3D model from a GPT whose "weights" are
@@ -45,9 +45,9 @@ import os
 import torch
 import torch.distributed as dist
 
-from reference_impl import hybrid
+from reference_impl.hybrid import parallel_3d
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.tp_layers import unshard
+from reference_impl.tp.tp_layers import unshard
 
 FORMAT = "gpt-3d-checkpoint/1"
 FILENAME = "checkpoint.pt"
@@ -60,10 +60,10 @@ def checkpoint_path(directory: str) -> str:
 
 # ---------------------------------------------------------------- gather (save side)
 
-def gather_optimizer_state(model: hybrid.Parallel3DModel,
+def gather_optimizer_state(model: parallel_3d.Parallel3DModel,
                            optimizer: torch.optim.Optimizer) -> dict[str, dict]:
     """{GPT parameter name: {state key: full tensor or scalar}}, on every rank. Collective over
-    the TP and PP groups, like ``hybrid.gather_full_state``."""
+    the TP and PP groups, like ``parallel_3d.gather_full_state``."""
     groups, vocab = model.context.groups, model.config.vocab_size
     local = {}
     for name, parameter in model.named_gpt_parameters():  # same order on every TP peer
@@ -85,14 +85,14 @@ def gather_optimizer_state(model: hybrid.Parallel3DModel,
     return {name: state for stage in stages for name, state in stage.items()}
 
 
-def save(directory: str, model: hybrid.Parallel3DModel, optimizer: torch.optim.Optimizer,
+def save(directory: str, model: parallel_3d.Parallel3DModel, optimizer: torch.optim.Optimizer,
          step: int, optimizer_info: dict, data: dict) -> str | None:
     """Gather the run's state (every rank must call this) and write it from rank 0.
 
     ``optimizer_info``: {"kind": "adam"|"sgd", "hyper": {...}}, checked on load;
     ``data``: the dataset's arguments, so a resume can check it continues the same stream.
     Returns the file's path on rank 0, None elsewhere."""
-    full_model = hybrid.gather_full_state(model)
+    full_model = parallel_3d.gather_full_state(model)
     full_optimizer = gather_optimizer_state(model, optimizer)
     if dist.get_rank() != 0:
         return None
@@ -143,7 +143,7 @@ def single_device_gpt(checkpoint: dict) -> GPT:
     return gpt
 
 
-def load_optimizer_state(model: hybrid.Parallel3DModel, optimizer: torch.optim.Optimizer,
+def load_optimizer_state(model: parallel_3d.Parallel3DModel, optimizer: torch.optim.Optimizer,
                          gpt: GPT, full_state: dict[str, dict], **build_options) -> None:
     """Put ``full_state`` (from :func:`gather_optimizer_state`, any layout) into ``optimizer``,
     sharded for ``model``'s layout. ``gpt`` is a GPT of the model's shape and
@@ -160,7 +160,7 @@ def load_optimizer_state(model: hybrid.Parallel3DModel, optimizer: torch.optim.O
         if tensors:  # shard-from-full: a GPT whose weights are this state tensor
             carrier = copy.deepcopy(gpt)
             carrier.load_state_dict(tensors, strict=False)
-            sharded = hybrid.build_3d_gpt(carrier, model.context, model.schedule.microbatches,
+            sharded = parallel_3d.build_3d_gpt(carrier, model.context, model.schedule.microbatches,
                                           model.schedule, vocab_parallel=model.vocab_parallel,
                                           **build_options)
             shards = dict(sharded.named_gpt_parameters())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from reference_impl.alpha_beta import ring_all_reduce_seconds
+from reference_impl.comm.alpha_beta import ring_all_reduce_seconds
 
 
 def plot_all_reduce_fit(nbytes: list[float], seconds: list[float], n: int, alpha: float,

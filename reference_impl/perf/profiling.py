@@ -59,7 +59,7 @@ kernels (and the profiler's GPU-side copies of the ranges, category ``gpu_user_a
 collectives run asynchronously, so there a range times what the host launched and waited for,
 Nsight Systems (or the GPU rows of the trace) the GPU's own work.
 
-    python -m reference_impl.profiling --tp 2 --steps 3 --out DIR
+    python -m reference_impl.perf.profiling --tp 2 --steps 3 --out DIR
 
 profiles a TP block on ``--tp`` CPU ranks (gloo; ``--backend nccl``: one GPU per rank) and
 writes ``DIR/rank{r}.json``, ``DIR/merged.json`` and prints the summary.
@@ -80,8 +80,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.comm_trace import _PAYLOAD_ARGUMENT
-from reference_impl.launcher import current_device, wait_for_device
+from reference_impl.comm.comm_trace import _PAYLOAD_ARGUMENT
+from reference_impl.comm.launcher import current_device, wait_for_device
 
 #: the torch.distributed functions given a range: CommTracer's table (so both see the same calls)
 COMM_OPS = tuple(_PAYLOAD_ARGUMENT)
@@ -456,9 +456,9 @@ def profile_tp_block_on_rank(out_dir: str, steps: int = 3, hidden: int = 64, hea
     """Run on every rank of a launch: ``steps`` forward + backward steps of a ``ParallelBlock``
     (after one warm-up step) under :func:`profiled` and :func:`rank_trace`; returns the trace's
     path and the all-reduces ``CommTracer`` counted meanwhile."""
-    from reference_impl.comm_trace import CommTracer
+    from reference_impl.comm.comm_trace import CommTracer
     from reference_impl.model import Block, ModelConfig
-    from reference_impl.tp_attention import ParallelBlock
+    from reference_impl.tp.tp_attention import ParallelBlock
 
     device = current_device()
     torch.manual_seed(0)
@@ -477,7 +477,7 @@ def profile_tp_block_on_rank(out_dir: str, steps: int = 3, hidden: int = 64, hea
 
 
 def main(argv: list[str] | None = None) -> None:
-    from reference_impl.launcher import launch
+    from reference_impl.comm.launcher import launch
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tp", type=int, default=2)

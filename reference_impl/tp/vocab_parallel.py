@@ -36,8 +36,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from reference_impl.tp_collectives import reduce_from_tp
-from reference_impl.tp_layers import ColumnParallelLinear, sharded_parameter
+from reference_impl.tp.tp_collectives import reduce_from_tp
+from reference_impl.tp.tp_layers import ColumnParallelLinear, sharded_parameter
 
 
 def padded_vocab_size(vocab_size: int, tp: int) -> int:

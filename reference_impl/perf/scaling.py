@@ -1,7 +1,7 @@
 """Strong and weak scaling of TP attention, of the pipeline and of data parallelism, and an
 alpha-beta prediction of the communication.
 
-    python -m reference_impl.scaling [--sizes 1 2 4 --hidden 128 --heads 8 --seq 64 --batch 8
+    python -m reference_impl.perf.scaling [--sizes 1 2 4 --hidden 128 --heads 8 --seq 64 --batch 8
                                       --repeats 5 --plot FILE]
 
 The course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism", lab step 3: "benchmark
@@ -37,13 +37,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from reference_impl.alpha_beta import fit_alpha_beta, ring_all_reduce_seconds, time_all_reduce
-from reference_impl.benchmarks.tp_block import median_step_seconds
-from reference_impl.comm_trace import CommTracer
-from reference_impl.launcher import current_device, launch, wait_for_device
+from reference_impl.comm.alpha_beta import fit_alpha_beta, ring_all_reduce_seconds, time_all_reduce
+from reference_impl.perf.step_timing import median_step_seconds
+from reference_impl.comm.comm_trace import CommTracer
+from reference_impl.comm.launcher import current_device, launch, wait_for_device
 from reference_impl.model import GPT, Block, ModelConfig
-from reference_impl.pipeline_executor import pipeline_train_step
-from reference_impl.tp_attention import ParallelBlock
+from reference_impl.pipeline.pipeline_executor import pipeline_train_step
+from reference_impl.tp.tp_attention import ParallelBlock
 
 FIT_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20)  # bytes of the fitted all-reduces
 

@@ -29,7 +29,7 @@ Which global rank gets which coordinates is a convention, chosen by ``order``: t
 listed fastest-varying first.
 
 * ``sagemaker`` = ``pp-tp-rdp`` (SageMaker's): neighbouring ranks are pipeline stages, GPU1 is
-  pp_rank 1. ``python -m reference_impl.groups --world-size 8 --tp 2 --pp 2`` prints the
+  pp_rank 1. ``python -m reference_impl.comm.groups --world-size 8 --tp 2 --pp 2`` prints the
   ranking page's 8-GPU table.
 * ``megatron`` = ``tp-rdp-pp`` (Megatron-LM's default, tp-dp-pp): neighbouring ranks are TP
   peers, so a TP group sits inside one node's fast links. Megatron's "data-parallel group" is
@@ -179,7 +179,7 @@ def _check_rank(rank: int, world_size: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m reference_impl.groups",
+        prog="python -m reference_impl.comm.groups",
         description="Print every rank's coordinates and groups (SageMaker's notation).")
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(error))
     print(layout.describe())
     if args.plot:
-        from reference_impl.groups_figure import plot_rank_groups
+        from reference_impl.comm.groups_figure import plot_rank_groups
 
         plot_rank_groups(layout).savefig(args.plot, dpi=120, bbox_inches="tight")
         print(f"\nfigure saved to {args.plot}")

@@ -43,18 +43,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.data_parallel import DEFAULT_BUCKET_BYTES, SyncReport, sync_gradients
-from reference_impl.groups import RankCoordinates, RankLayout, build_rank_layout
-from reference_impl.launcher import current_device
+from reference_impl.hybrid.data_parallel import DEFAULT_BUCKET_BYTES, SyncReport, sync_gradients
+from reference_impl.comm.groups import RankCoordinates, RankLayout, build_rank_layout
+from reference_impl.comm.launcher import current_device
 from reference_impl.model import GPT, Block
-from reference_impl.pipeline_executor import Stage, gpt_loss, run_schedule, split_batch
-from reference_impl.pipeline_partition import (GPTEmbedding, GPTHead, gpt_layers, layer_sizes,
+from reference_impl.pipeline.pipeline_executor import Stage, gpt_loss, run_schedule, split_batch
+from reference_impl.pipeline.pipeline_partition import (GPTEmbedding, GPTHead, gpt_layers, layer_sizes,
                                                partition)
-from reference_impl.pipeline_schedules import Schedule, build_schedule
-from reference_impl.process_groups import ParallelGroups, create_process_groups
-from reference_impl.tp_attention import ParallelBlock
-from reference_impl.tp_layers import unshard
-from reference_impl.vocab_parallel import (ParallelLMHead, VocabParallelEmbedding,
+from reference_impl.pipeline.pipeline_schedules import Schedule, build_schedule
+from reference_impl.comm.process_groups import ParallelGroups, create_process_groups
+from reference_impl.tp.tp_attention import ParallelBlock
+from reference_impl.tp.tp_layers import unshard
+from reference_impl.tp.vocab_parallel import (ParallelLMHead, VocabParallelEmbedding,
                                            vocab_parallel_cross_entropy)
 
 
@@ -90,7 +90,7 @@ def initialize_parallelism(dp: int, tp: int = 1, pp: int = 1,
     """Lay out ``dp * tp * pp`` ranks and create their process groups (call on every rank)."""
     if not dist.is_initialized():
         raise RuntimeError("initialize_parallelism needs an initialised default process group "
-                           "(run it inside reference_impl.launcher.launch or under torchrun)")
+                           "(run it inside reference_impl.comm.launcher.launch or under torchrun)")
     world = dist.get_world_size()
     if dp * tp * pp != world:
         raise ValueError(f"dp * tp * pp = {dp} * {tp} * {pp} = {dp * tp * pp}, but there are "

@@ -6,21 +6,21 @@ slice): "for your hardware (e.g., 8x H100 per node, 16 nodes),
 what TP/PP/DP degrees do you choose for a 70B model? Document the math." Its rules (15.2):
 TP degree <= GPUs per node (NVLink scope); PP degree from memory; DP fills the rest.
 
-    python -m reference_impl.planner --preset 70b --nodes 16 --gpus-per-node 8 --explain
+    python -m reference_impl.perf.planner --preset 70b --nodes 16 --gpus-per-node 8 --explain
 
 Every formula is the course's own, reused rather than rewritten:
 
-* model-state bytes per GPU: :func:`reference_impl.zero.zero_memory_formula` on the GPU's
+* model-state bytes per GPU: :func:`reference_impl.hybrid.zero.zero_memory_formula` on the GPU's
   share of the parameters, ``num_params / (tp * pp)``, with ZeRO sharding over the DP degree
   (mixed precision Adam: 16 bytes per parameter before sharding);
-* activation bytes: :func:`reference_impl.activation_memory.activation_memory_formula`
+* activation bytes: :func:`reference_impl.memory.activation_memory.activation_memory_formula`
   (Korthikanti et al. 2022, Table 2) per layer, times the layers of one stage, times the
   microbatches in flight on the first stage of 1F1B (``min(pp, m)``); under full
   recomputation one layer's activations are rebuilt during its backward, so one layer's
   un-recomputed activations are added as working memory;
-* TP all-reduces: :func:`reference_impl.alpha_beta.ring_all_reduce_seconds` on the intra-node
+* TP all-reduces: :func:`reference_impl.comm.alpha_beta.ring_all_reduce_seconds` on the intra-node
   link (TP stays inside a node);
-* the pipeline bubble: :func:`reference_impl.pipeline_simulator.bubble_formula` for 1F1B;
+* the pipeline bubble: :func:`reference_impl.pipeline.pipeline_simulator.bubble_formula` for 1F1B;
 * the DP gradient all-reduce: ring over the DP degree on the inter-node link.
 
 The step-time model (stated, not measured; all of it in :func:`evaluate`):
@@ -56,10 +56,10 @@ import argparse
 import math
 from dataclasses import dataclass, field, replace
 
-from reference_impl.activation_memory import activation_memory_formula
-from reference_impl.alpha_beta import ring_all_reduce_seconds
-from reference_impl.pipeline_simulator import bubble_formula
-from reference_impl.zero import zero_memory_formula
+from reference_impl.memory.activation_memory import activation_memory_formula
+from reference_impl.comm.alpha_beta import ring_all_reduce_seconds
+from reference_impl.pipeline.pipeline_simulator import bubble_formula
+from reference_impl.hybrid.zero import zero_memory_formula
 
 GiB = 2 ** 30
 GB = 10 ** 9
@@ -446,7 +446,7 @@ def table(plans: list[Plan]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m reference_impl.planner",
+        prog="python -m reference_impl.perf.planner",
         description="Rank TP x PP x DP layouts for a model on a cluster by estimated step time.")
     parser.add_argument("--preset", default="70b", help=f"model: {', '.join(PRESETS)}")
     parser.add_argument("--nodes", type=int, default=16)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference_impl.pipeline_schedules import KIND_NAMES, KINDS, Action, Schedule
+from reference_impl.pipeline.pipeline_schedules import KIND_NAMES, KINDS, Action, Schedule
 
 
 class ScheduleError(ValueError):

@@ -38,9 +38,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.model import Block
-from reference_impl.tp_attention import ParallelBlock
-from reference_impl.tp_collectives import gather_from_sp, reduce_scatter_to_sp
-from reference_impl.tp_layers import ColumnParallelLinear, RowParallelLinear
+from reference_impl.tp.tp_attention import ParallelBlock
+from reference_impl.tp.tp_collectives import gather_from_sp, reduce_scatter_to_sp
+from reference_impl.tp.tp_layers import ColumnParallelLinear, RowParallelLinear
 
 SEQ_DIM = 1  # of (batch, seq, hidden)
 

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference_impl.pipeline_schedules import Action, Schedule
-from reference_impl.pipeline_validator import normalized, validate
+from reference_impl.pipeline.pipeline_schedules import Action, Schedule
+from reference_impl.pipeline.pipeline_validator import normalized, validate
 
 
 @dataclass(frozen=True)

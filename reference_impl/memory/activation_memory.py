@@ -45,7 +45,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from reference_impl.recompute import MODES
+from reference_impl.memory.recompute import MODES
 
 FP32 = 4  # bytes per element of this model's activations
 

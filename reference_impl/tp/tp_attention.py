@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from reference_impl.model import Block, CausalSelfAttention
-from reference_impl.tp_layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
+from reference_impl.tp.tp_layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
 
 class ParallelSelfAttention(CausalSelfAttention):

@@ -1,0 +1,10 @@
+"""Measuring and planning (labs 6 and 7): named profiling ranges and merged traces, strong and
+weak scaling with an alpha-beta prediction, step timing side by side, and the topology
+planner. Each of ``profiling``, ``scaling`` and ``planner`` is also a command
+(``python -m reference_impl.perf.<name>``); they are imported from their modules.
+"""
+from reference_impl.perf.step_timing import median_step_seconds
+
+__all__ = [
+    "median_step_seconds",
+]
