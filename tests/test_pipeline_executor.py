@@ -98,10 +98,10 @@ def test_pipelined_step_matches_single_device(run_on_ranks, name, p):
                                           "received gradient, twice, or not at all")
             assert not seen & set(got_grads), f"{what}: parameters on two ranks"
             seen |= set(got_grads)
-            if not schedule.split_backward:  # ZB-H1 holds an entry until its W
-                assert peak_saved == simulate(schedule).peak_in_flight[rank], (
-                    f"{what}: rank {rank} held {peak_saved} (microbatch, stage) entries, the "
-                    f"simulator says {simulate(schedule).peak_in_flight[rank]}")
+            # held until their last use: B, or W when the backward is split (ZB-H1)
+            assert peak_saved == simulate(schedule).peak_in_flight[rank], (
+                f"{what}: rank {rank} held {peak_saved} (microbatch, stage) entries, the "
+                f"simulator says {simulate(schedule).peak_in_flight[rank]}")
         assert seen == set(grads), f"{name} p={p} m={m}: missing gradients {set(grads) - seen}"
 
 

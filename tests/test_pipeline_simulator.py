@@ -91,7 +91,9 @@ def test_peak_in_flight_activations():
         assert simulate(gpipe(p, m)).peak_in_flight == (m,) * p
         expected = tuple(min(p - rank, m) for rank in range(p))
         assert simulate(one_f_one_b(p, m)).peak_in_flight == expected
-        assert simulate(zb_h1(p, m)).peak_in_flight == expected  # 1F1B's memory
+        # ZB-H1 holds each microbatch's weight-gradient inputs until its W: every rank holds
+        # what 1F1B's first rank holds (Qi et al. 2023: the same peak memory as 1F1B's).
+        assert simulate(zb_h1(p, m)).peak_in_flight == (min(p, m),) * p
 
 
 def test_interleaved_holds_one_plus_p_minus_1_over_pv_times_more():

@@ -4,9 +4,11 @@ executor must send are derived from the actions."""
 import pytest
 
 from reference_impl.pipeline.pipeline_schedules import (
-    Schedule, interleaved_one_f_one_b, one_f_one_b, schedule_from_strings, zb_h1)
+    SCHEDULES, Schedule, build_schedule, interleaved_one_f_one_b, one_f_one_b,
+    schedule_from_strings, zb_h1)
 from reference_impl.pipeline.pipeline_validator import (
-    ScheduleError, input_message, messages, output_message, validate)
+    ScheduleError, check_rendezvous, exchange_plan, input_message, messages, output_message,
+    validate)
 
 
 def rows(*ranks, m=2, chunks=1):
@@ -117,3 +119,58 @@ def test_every_send_has_one_matching_receive(schedule):
     # when p > 1, none when p = 1
     boundaries = schedule.stages - 1 if schedule.ranks > 1 else 0
     assert len(sent) == 2 * boundaries * schedule.microbatches
+
+
+# ---------------------------------------------- rendezvous sends (NCCL), the executor's plan
+
+def every_schedule():
+    """Every schedule for p in {2, 4, 8} and m in {1, p, 2p, p+1}, where it is defined."""
+    for name in SCHEDULES:
+        for p in (2, 4, 8):
+            for m in sorted({1, p, 2 * p, p + 1}):
+                for chunks in ((1, 2) if name == "interleaved" else (1,)):
+                    try:
+                        yield build_schedule(name, p, m, chunks)
+                    except ValueError:  # e.g. naive needs m = 1, interleaved m % p == 0
+                        continue
+
+
+def test_the_executor_s_plan_cannot_deadlock_with_rendezvous_sends():
+    checked = 0
+    for schedule in every_schedule():
+        plan = exchange_plan(schedule)
+        check_rendezvous(schedule, plan)
+        sent = [m for exchanges in plan for e in exchanges for m in e.sends]
+        received = [m for exchanges in plan for e in exchanges for m in e.receives]
+        assert sorted(sent, key=str) == sorted(received, key=str) == sorted(
+            (t.message for transfers in messages(schedule) for t in transfers
+             if t.op == "send"), key=str)
+        checked += 1
+    assert checked >= 40
+
+
+def test_each_send_goes_with_the_next_receive():
+    plan = exchange_plan(one_f_one_b(2, 4))
+    steady = [e for e in plan[0] if e.sends and e.receives]
+    assert steady and all(len(e.sends) <= 1 for e in plan[0])
+    assert "send activation of microbatch 1 to rank 1 + receive gradient of microbatch 0" in \
+        steady[0].describe()
+
+
+def test_interleaved_posts_some_receives_early():
+    plan = exchange_plan(interleaved_one_f_one_b(2, 4, 2))
+    assert any(len(e.receives) > 1 for exchanges in plan for e in exchanges)
+
+
+def test_sends_and_receives_posted_alone_deadlock_1f1b_under_rendezvous():
+    schedule = one_f_one_b(2, 4)
+    validate(schedule)  # fine where sends are buffered (gloo)
+    with pytest.raises(ScheduleError, match=r"deadlock with rendezvous sends \(NCCL\): rank 0 "
+                       r"before step 2 cannot send the activation of microbatch 1 until rank 1 "
+                       r"posts its match, while rank 1 before step 2 cannot send the gradient "
+                       r"of microbatch 0"):
+        check_rendezvous(schedule, exchange_plan(schedule, paired=False))
+
+
+def test_validate_checks_rendezvous_when_asked():
+    validate(interleaved_one_f_one_b(4, 8, 2), in_order=True, rendezvous=True)

@@ -86,16 +86,19 @@ class Timeline:
 
     @property
     def peak_in_flight(self) -> tuple[int, ...]:
-        """Per rank, the most forward passes whose B had not yet run: the activations held.
+        """Per rank, the most forward passes whose activations were still held: until the B,
+        or until the W when the backward is split (B keeps each weight's inputs and output
+        gradients for W, as the zero-bubble paper's ZB-H1 does).
 
         With v = 1 this counts microbatches; with v > 1 chunks the unit is one chunk's
         activations (1/v of the rank's layers).
         """
+        release = "W" if self.schedule.split_backward else "B"
         peaks = []
         for rank in range(self.schedule.ranks):
             held = peak = 0
             for event in self.on_rank(rank):
-                held += {"F": 1, "B": -1}.get(event.action.kind, 0)
+                held += {"F": 1, release: -1}.get(event.action.kind, 0)
                 peak = max(peak, held)
             peaks.append(peak)
         return tuple(peaks)

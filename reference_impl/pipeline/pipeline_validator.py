@@ -22,6 +22,19 @@ Steps are counted from 0: step i of rank r is ``schedule.actions[r][i]``.
 an executor posts around each action. With ``in_order=True``, :func:`validate` also checks that
 on every link (sender, receiver) the messages are received in the order they are sent, which
 a backend that matches point-to-point messages by order instead of by tag (NCCL) needs.
+
+**Rendezvous sends.** The deadlock check above lets a send finish without its receiver, as
+gloo's buffered sends do. On NCCL a send larger than its buffer waits until the receiver has
+posted the matching receive, and operations to one peer run in order. Under that model the
+naive executor (each send and each receive posted alone) deadlocks 1F1B at p = 2: in the
+steady state rank 0 sends an activation while rank 1 sends a gradient, and neither has posted
+the receive the other's send needs. Megatron-LM (``send_forward_recv_backward``), picotron and
+PyTorch's pipelining all post a step's send and receive *together*. :func:`exchange_plan`
+is that plan, per rank: before each action, one :class:`Exchange` holding the send of the
+previous action's output and the receive of this action's input, posted as one batch
+(``batch_isend_irecv``) and waited for as a whole; :func:`check_rendezvous` runs the ranks
+through their exchanges with rendezvous sends and reports the cycle if they jam.
+``validate(schedule, rendezvous=True)`` adds it; the executor runs exactly this plan.
 """
 from __future__ import annotations
 
@@ -125,7 +138,139 @@ def normalized(schedule: Schedule) -> Schedule:
                                 for action in ops) for ops in schedule.actions))
 
 
-def validate(schedule: Schedule, in_order: bool = False) -> None:
+@dataclass(frozen=True)
+class Exchange:
+    """The point-to-point messages a rank posts together, and waits for, before the action at
+    ``step`` (``step`` = the number of actions: after the last one)."""
+
+    step: int
+    sends: tuple[Message, ...]
+    receives: tuple[Message, ...]
+
+    def describe(self) -> str:
+        parts = [f"send {m.kind} of microbatch {m.microbatch} to rank {m.dst}" for m in self.sends]
+        parts += [f"receive {m.kind} of microbatch {m.microbatch} from rank {m.src}"
+                  for m in self.receives]
+        return " + ".join(parts)
+
+
+def exchange_plan(schedule: Schedule, paired: bool = True) -> tuple[tuple[Exchange, ...], ...]:
+    """Per rank, in order, the exchanges an executor posts (empty ones left out).
+
+    ``paired=True`` (what the executor does): before each action, the send of the previous
+    action's output together with the receive of this action's input. Where that would still
+    jam (interleaved 1F1B at m = 2p: two ranks each send a gradient the other receives only
+    one action later), the receive a blocked send waits for is posted early, in the
+    receiver's current exchange: a receive can always be posted ahead (its buffer is made
+    then), a send never (its tensor does not exist yet). Megatron-LM's interleaved schedule
+    posts its next receives with the current sends for the same reason.
+
+    ``paired=False``: every send and every receive on its own, in the order the actions
+    produce and need them (the naive executor, which deadlocks under rendezvous sends)."""
+    schedule = normalized(schedule)
+    plan = []
+    for ops in schedule.actions:
+        exchanges = []
+        for step in range(len(ops) + 1):
+            sent = output_message(schedule, ops[step - 1]) if step > 0 else None
+            needed = input_message(schedule, ops[step]) if step < len(ops) else None
+            sends, receives = tuple(m for m in (sent,) if m), tuple(m for m in (needed,) if m)
+            if paired and (sends or receives):
+                exchanges.append(Exchange(step, sends, receives))
+            elif not paired:
+                exchanges += [Exchange(step, (m,), ()) for m in sends]
+                exchanges += [Exchange(step, (), (m,)) for m in receives]
+        plan.append(exchanges)
+    if paired:
+        _post_receives_early_where_needed(plan)
+    return tuple(tuple(e for e in exchanges if e.sends or e.receives) for exchanges in plan)
+
+
+def _post_receives_early_where_needed(plan: list[list[Exchange]]) -> None:
+    while True:
+        position, done = _run_exchanges(plan)
+        moved = False
+        for rank, exchanges in enumerate(plan):
+            if position[rank] == len(exchanges):
+                continue
+            for message in exchanges[position[rank]].sends:
+                receiver, at = message.dst, position[message.dst]
+                later = next((i for i in range(at + 1, len(plan[receiver]))
+                              if message in plan[receiver][i].receives), None)
+                if message in done or later is None:
+                    continue
+                source, target = plan[receiver][later], plan[receiver][at]
+                plan[receiver][later] = Exchange(source.step, source.sends, tuple(
+                    m for m in source.receives if m != message))
+                plan[receiver][at] = Exchange(target.step, target.sends,
+                                              target.receives + (message,))
+                moved = True
+        if not moved:
+            return
+
+
+def _run_exchanges(plan) -> tuple[list[int], set[Message]]:
+    """Advance every rank through its exchanges with rendezvous sends: a message is done when
+    its sender and its receiver have both posted it; a rank moves on when its whole exchange
+    is done. Returns where each rank stopped, and the messages done."""
+    position, done = [0] * len(plan), set()
+
+    def current(rank: int) -> Exchange | None:
+        return plan[rank][position[rank]] if position[rank] < len(plan[rank]) else None
+
+    moved = True
+    while moved:
+        posted_receives = {m for rank in range(len(plan)) if current(rank) is not None
+                           for m in current(rank).receives}
+        done |= {m for rank in range(len(plan)) if current(rank) is not None
+                 for m in current(rank).sends if m in posted_receives}
+        ready = [rank for rank in range(len(plan)) if current(rank) is not None
+                 and set(current(rank).sends + current(rank).receives) <= done]
+        for rank in ready:
+            position[rank] += 1
+        moved = bool(ready)
+    return position, done
+
+
+def check_rendezvous(schedule: Schedule, plan=None) -> None:
+    """Raise :class:`ScheduleError` if ``plan`` (default: :func:`exchange_plan`) jams when a
+    send completes only once the receiver has posted its receive, and each rank waits for the
+    whole of one exchange before it moves on."""
+    schedule = normalized(schedule)
+    plan = exchange_plan(schedule) if plan is None else plan
+    position, done = _run_exchanges(plan)
+
+    def current(rank: int) -> Exchange | None:
+        return plan[rank][position[rank]] if position[rank] < len(plan[rank]) else None
+
+    def unmatched(rank: int) -> tuple[str, Message, int]:
+        """What holds ``rank``'s exchange: (what, message, the rank that must post its match)."""
+        exchange = current(rank)
+        return ([("send", m, m.dst) for m in exchange.sends if m not in done]
+                + [("receive", m, m.src) for m in exchange.receives if m not in done])[0]
+
+    blocked = [rank for rank in range(len(plan)) if current(rank) is not None]
+    if not blocked:
+        return
+    chain, rank = [], blocked[0]
+    while rank not in chain and current(rank) is not None:
+        chain.append(rank)
+        rank = unmatched(rank)[2]
+    parts = []
+    for index, member in enumerate(chain[chain.index(rank):] if rank in chain else chain):
+        what, message, peer = unmatched(member)
+        step = current(member).step
+        before = (f"before step {step}" if step < len(schedule.actions[member])
+                  else "after its last step")
+        prefix = f"rank {member}" if index == 0 else "while rank " + str(member)
+        parts.append(f"{prefix} {before} cannot {what} the {message.kind} of microbatch "
+                     f"{message.microbatch} until rank {peer} posts its match")
+    if rank not in chain:
+        parts.append(f"which rank {rank} never does: it has finished")
+    raise ScheduleError("deadlock with rendezvous sends (NCCL): " + ", ".join(parts))
+
+
+def validate(schedule: Schedule, in_order: bool = False, rendezvous: bool = False) -> None:
     """Raise :class:`ScheduleError` for the first problem found, or return None."""
     schedule = normalized(schedule)
     _check_shape(schedule)
@@ -134,6 +279,8 @@ def validate(schedule: Schedule, in_order: bool = False) -> None:
     _check_no_deadlock(schedule)
     if in_order:
         _check_links_in_order(schedule)
+    if rendezvous:
+        check_rendezvous(schedule)
 
 
 def _where(rank: int, step: int, action: Action) -> str:

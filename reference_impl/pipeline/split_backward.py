@@ -1,0 +1,84 @@
+"""The backward split in two, as zero-bubble pipelines need it (Qi et al., "Zero Bubble
+Pipeline Parallelism", 2023): B computes only the input gradient, W the weight gradients.
+
+A linear layer y = x W^T + b has two matmuls in its backward:
+
+    dx = dy W        (B: the next stage down the pipeline is waiting for it)
+    dW = dy^T x      (W: nobody waits for it; it can fill a bubble later)
+
+While the weight gradients are deferred, every linear layer of the stage runs through
+:class:`_SplitLinear`, whose backward computes dx only and stores (x, dy) in a
+:class:`DeferredWeightGrads`; ``flush()`` later computes each dW = dy^T x (and db = sum dy)
+and adds it into the parameter's ``.grad``. B walks the graph once and frees it; W walks no
+graph at all, so B + W costs exactly one backward, matmul for matmul. Memory is the price: x
+and dy of every linear stay alive from B until W (the in-flight activations of a ZB-H1 rank
+are held until W, not until B).
+
+Only ``nn.Linear`` layers are split (every matmul with weights in the course's GPT); other
+parameters (layernorms, embeddings) get their small gradients during B.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class DeferredWeightGrads:
+    """The (input, output gradient) pairs of one stage's linear layers, for one microbatch."""
+
+    def __init__(self):
+        self.pending: list[tuple[nn.Linear, torch.Tensor, torch.Tensor]] = []
+
+    def flush(self) -> None:
+        """W: every deferred weight gradient, accumulated into ``.grad``; then forget them."""
+        for linear, x, dy in self.pending:
+            x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+            _accumulate(linear.weight, dy2.t() @ x2)
+            if linear.bias is not None:
+                _accumulate(linear.bias, dy2.sum(0))
+        self.pending.clear()
+
+
+def _accumulate(parameter: nn.Parameter, gradient: torch.Tensor) -> None:
+    if parameter.requires_grad:
+        parameter.grad = gradient if parameter.grad is None else parameter.grad + gradient
+
+
+class _SplitLinear(torch.autograd.Function):
+    """F.linear whose backward returns the input's gradient only and defers the weights'."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, linear, store):
+        ctx.save_for_backward(x, weight)
+        ctx.linear, ctx.store = linear, store
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        ctx.store.pending.append((ctx.linear, x.detach(), dy.detach()))
+        dx = dy @ weight if ctx.needs_input_grad[0] else None
+        return dx, None, None, None, None
+
+
+@contextlib.contextmanager
+def weight_grads_deferred(stage: nn.Module, store: DeferredWeightGrads):
+    """Inside: every ``nn.Linear`` of ``stage`` defers its weight gradients to ``store``.
+    Enter it around the forward (and around a backward that recomputes the forward)."""
+    linears = [module for module in stage.modules() if type(module) is nn.Linear]
+    for linear in linears:
+        linear.forward = _split_forward(linear, store)
+    try:
+        yield store
+    finally:
+        for linear in linears:
+            del linear.forward  # back to nn.Linear.forward
+
+
+def _split_forward(linear: nn.Linear, store: DeferredWeightGrads):
+    def forward(x):
+        return _SplitLinear.apply(x, linear.weight, linear.bias, linear, store)
+    return forward
