@@ -8,29 +8,30 @@ The executor is the third consumer of a schedule (after ``pipeline_validator`` a
 interleaved 1F1B and ZB-H1 differ only in the per-rank action lists it is given (schedules are
 data). On each rank, for each of its actions in order:
 
-1. if ``input_message(schedule, action)`` names a message, receive it (a blocking receive:
-   ``irecv`` then ``wait``) from that rank; if the neighbouring stage is on this rank
-   (interleaved with p = 1), take its tensor from this rank's own hand-off dict instead;
-2. run the action: :func:`run_action`, the only place that computes (lab 4);
-3. if ``output_message(schedule, action)`` names a message, post the send as ``isend`` and
-   wait for it only at the end. A blocking send would deadlock 1F1B already at p = 2: both
-   ranks of a link would sit in ``send`` while the other waits to send too.
-
-The messages carry the schedule's unique tags, so gloo matches them by tag; NCCL matches them
-in order per link, which the validator checks (``validate(..., in_order=True)``) before a
-single message moves. A schedule that would deadlock is refused there, with the cycle named,
-instead of hanging.
+1. **Exchange**: post the send of the previous action's output together with the receive of
+   this action's input (and any receive the plan posts early), as one ``batch_isend_irecv``,
+   and wait for all of it. This is ``exchange_plan`` in the validator, checked before a single
+   message moves under the strictest model (a send completes only when its receiver has
+   posted the receive, as on NCCL with large tensors; messages matched in order per link),
+   so a plan that could jam is refused with its cycle named instead of hanging. Posting each
+   send and each receive alone would deadlock 1F1B at p = 2 on NCCL: in the steady state both
+   ranks of the link send at once and neither has posted the receive the other needs. When
+   the neighbouring stage is on this rank (interleaved with p = 1), the tensor is handed over
+   in memory instead.
+2. **Compute**: :func:`run_action`, the only place that computes (lab 4).
 
 State per (microbatch, stage), the activation memory: an F keeps its input (``requires_grad``
 when it is floating point) and its output; the last stage's F also computes the loss, scaled
 by 1/m, so that the gradients accumulated over the m microbatches are those of the full-batch
 mean. The B of that (microbatch, stage) frees it; in schedules that split the backward (ZB-H1)
-B computes only the input gradient (``torch.autograd.grad(output, [input], grad,
-retain_graph=True)``) and the W that follows computes the weight gradients and frees it. The
-executor counts the entries held after each action: with one chunk per rank the peak is the
-number of microbatches whose activations a rank holds, the simulator's ``peak_in_flight``
-(1F1B: ``min(p - r, m)`` on rank r, GPipe: m), and, with saved-tensor hooks, the bytes that
-autograd saved for them (parameters not counted).
+B computes the input gradient only, with every linear layer's weight gradient deferred
+(``split_backward.py``: B keeps each linear's input and output gradient, not the graph), and
+the W that follows computes the weight gradients from those and frees the entry, so B + W is
+one backward, matmul for matmul. The executor counts the entries held after each action,
+until their last use (B, or W when the backward is split): with one chunk per rank the peak
+is the number of microbatches whose activations a rank holds, the simulator's
+``peak_in_flight`` (1F1B: ``min(p - r, m)`` on rank r, GPipe: m), and, with saved-tensor
+hooks, the bytes that autograd saved for them (parameters not counted).
 
 Every rank returns a :class:`PipelineRun`: the loss (the mean of the microbatch losses,
 *broadcast from the last stage to every rank*, so each rank can log it), this rank's
@@ -47,6 +48,7 @@ the gradients by parameter name, to compare with single-device training.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from collections.abc import Callable, Sequence
@@ -62,7 +64,9 @@ from reference_impl.comm.launcher import current_device, wait_for_device
 from reference_impl.pipeline.pipeline_partition import gpt_layers, layer_sizes, partition
 from reference_impl.pipeline.pipeline_schedules import Action, Schedule, build_schedule
 from reference_impl.pipeline.pipeline_simulator import TimedAction, Timeline
-from reference_impl.pipeline.pipeline_validator import input_message, output_message, validate
+from reference_impl.pipeline.pipeline_validator import (Message, exchange_plan, input_message,
+                                                        output_message, validate)
+from reference_impl.pipeline.split_backward import DeferredWeightGrads, weight_grads_deferred
 
 
 class Stage(nn.Sequential):
@@ -97,6 +101,8 @@ class StepContext:
     targets: Sequence[torch.Tensor] | None  # per microbatch, on the rank of the last stage
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     losses: dict[int, torch.Tensor] = field(default_factory=dict)  # microbatch -> scaled loss
+    # (microbatch, stage) -> its deferred weight gradients, from F to W (split backward only)
+    deferred: dict[tuple[int, int], DeferredWeightGrads] = field(default_factory=dict)
 
 
 def run_action(action: Action, stage: nn.Module, received: torch.Tensor | None,
@@ -112,9 +118,10 @@ def run_action(action: Action, stage: nn.Module, received: torch.Tensor | None,
       stage's output is the loss, ``loss_fn(output, target) / m``: nothing to send.
     * B, whole backward: backward from the output with the received gradient, accumulating
       the parameters' ``.grad``; free the entry; return the input's gradient for stage s-1.
-    * B, split (ZB-H1): only the input's gradient, keeping the graph and the received
-      gradient for W; return the input's gradient.
-    * W: the gradients of the stage's parameters, added into their ``.grad``; free the entry.
+    * B, split (ZB-H1): the backward with the linear layers' weight gradients deferred
+      (``context.deferred[key]``, filled since the F); keep only those; return the input's
+      gradient.
+    * W: the deferred weight gradients, added into ``.grad``; free the entry.
     """
     key = (action.microbatch, action.stage)
     is_last = action.stage == context.last_stage
@@ -126,19 +133,17 @@ def run_action(action: Action, stage: nn.Module, received: torch.Tensor | None,
         grad = None if is_last else received  # the loss is a scalar: d loss / d loss = 1
         if not context.split_backward:
             raise NotImplementedError("lab4: the whole backward: backward from y with the received gradient (None on the last stage: y is the loss), free saved[key], return the input's gradient (None on the first stage)")
-        input_grad = None
-        if x.requires_grad:
-            (input_grad,) = torch.autograd.grad(y, [x], grad, retain_graph=True)
-        saved[key] = (x, y, grad)
-        return input_grad if action.stage > 0 else None
+        # Split (ZB-H1): the same backward, with every linear layer's weight gradient deferred
+        # (split_backward.py); the graph is freed, and only what W needs is kept.
+        store = context.deferred[key]
+        with weight_grads_deferred(stage, store):  # also for a forward recomputed here
+            torch.autograd.backward(y, grad)
+        saved[key] = (store,)
+        return x.grad if action.stage > 0 else None
 
-    # W: the weight gradients, from the graph B kept
-    x, y, grad = saved.pop(key)
-    parameters = [p for p in stage.parameters() if p.requires_grad]
-    grads = torch.autograd.grad(y, parameters, grad, allow_unused=True)
-    for parameter, g in zip(parameters, grads):
-        if g is not None:
-            parameter.grad = g if parameter.grad is None else parameter.grad + g
+    # W: the deferred weight gradients, computed from what B kept (no graph is walked)
+    saved.pop(key)
+    context.deferred.pop(key).flush()
     return None
 
 
@@ -192,8 +197,9 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
     if not dist.is_initialized():
         validate(schedule)  # refuse a broken schedule before asking for a process group
         raise RuntimeError("run_schedule needs an initialised process group (use launch)")
-    nccl = dist.get_backend(group) == "nccl"
-    validate(schedule, in_order=nccl)  # NCCL matches messages in order per link, not by tag
+    # Checked under the strictest model: sends that wait for their receiver (NCCL), matched
+    # in order per link, posted and waited for exchange by exchange as the plan says.
+    validate(schedule, in_order=True, rendezvous=True)
     p, m = schedule.ranks, schedule.microbatches
     if dist.get_world_size(group) != p:
         raise ValueError(f"the schedule is for {p} ranks but the pipeline group has "
@@ -224,29 +230,51 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
     saved: dict[tuple[int, int], tuple] = {}
     saved_bytes: dict[tuple[int, int], int] = {}
     handoff: dict[tuple[str, int, int], torch.Tensor] = {}  # between stages on this rank
-    sends: list[tuple[dist.Work, torch.Tensor]] = []
+    arrived: dict[Message, torch.Tensor] = {}  # received, not yet used
     events: list[TimedAction] = []
     peak_saved = peak_bytes = 0
+    actions, outgoing = schedule.actions[rank], None
+    exchanges = {exchange.step: exchange for exchange in exchange_plan(schedule)[rank]}
+
+    def exchange(step: int) -> None:
+        """Post this step's sends and receives together, and wait for all of them."""
+        planned = exchanges.get(step)
+        if planned is None:
+            return
+        operations = [dist.P2POp(dist.isend, outgoing.contiguous(), peer(m.dst), group, m.tag)
+                      for m in planned.sends]
+        for message in planned.receives:
+            arrived[message] = torch.empty(tuple(boundary_shape), dtype=boundary_dtype,
+                                           device=device)
+            operations.append(dist.P2POp(dist.irecv, arrived[message], peer(message.src),
+                                         group, message.tag))
+        for work in dist.batch_isend_irecv(operations):
+            work.wait()
 
     dist.barrier(group=group)  # the common origin of every rank's timestamps
     origin = now()
-    for action in schedule.actions[rank]:
+    for step, action in enumerate(actions):
+        exchange(step)  # the previous action's output out, this action's input in
         needed = input_message(schedule, action)
+        key = (action.microbatch, action.stage)
         if needed is not None:
-            received = torch.empty(tuple(boundary_shape), dtype=boundary_dtype, device=device)
-            dist.irecv(received, src=peer(needed.src), group=group, tag=needed.tag).wait()
+            received = arrived.pop(needed)
         else:
             received = handoff.pop((action.kind, action.microbatch, action.stage), None)
 
         start = now()
+        stage = stage_modules[action.stage]
         if action.kind == "F":
-            counter = SavedActivations(stage_modules[action.stage].parameters())
-            with counter:
-                outgoing = run_action(action, stage_modules[action.stage], received, saved,
-                                      context)
-            saved_bytes[(action.microbatch, action.stage)] = counter.total
+            counter = SavedActivations(stage.parameters())
+            deferring = contextlib.nullcontext()
+            if schedule.split_backward:
+                context.deferred[key] = DeferredWeightGrads()
+                deferring = weight_grads_deferred(stage, context.deferred[key])
+            with counter, deferring:
+                outgoing = run_action(action, stage, received, saved, context)
+            saved_bytes[key] = counter.total
         else:
-            outgoing = run_action(action, stage_modules[action.stage], received, saved, context)
+            outgoing = run_action(action, stage, received, saved, context)
         end = now()
         events.append(TimedAction(rank, action, start - origin, end - origin))
 
@@ -255,18 +283,10 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
         for key in [key for key in saved_bytes if key not in saved]:
             del saved_bytes[key]
 
-        produced = output_message(schedule, action)
-        if produced is not None:
-            tensor = outgoing.contiguous()
-            work = dist.isend(tensor, dst=peer(produced.dst), group=group, tag=produced.tag)
-            sends.append((work, tensor))  # keep the tensor alive until the send is done
-        elif outgoing is not None:  # the neighbouring stage is on this rank
+        if output_message(schedule, action) is None and outgoing is not None:
             neighbour = action.stage + 1 if action.kind == "F" else action.stage - 1
-            handoff[(action.kind, action.microbatch, neighbour)] = outgoing
-        sends = [(work, tensor) for work, tensor in sends if not work.is_completed()]
-
-    for work, _ in sends:
-        work.wait()
+            handoff[(action.kind, action.microbatch, neighbour)] = outgoing  # same rank
+    exchange(len(actions))  # the last action's output
 
     total = sum(context.losses.values()) if last in mine else 0.0
     loss = torch.as_tensor(total, dtype=torch.float32, device=device).reshape(())

@@ -73,6 +73,9 @@ class ColumnParallelLinear(nn.Module):
                  blocks: int = 1):
         super().__init__()
         tp = dist.get_world_size(group)
+        if linear.out_features % blocks:
+            raise ValueError(f"output features {linear.out_features} are not made of {blocks} "
+                             f"equal blocks: {linear.out_features} is not divisible by {blocks}")
         check_divisible(linear.out_features // blocks, tp,
                          "output features" + (f" per block ({blocks} blocks)" if blocks > 1 else ""))
         self.group, self.gather_output = group, gather_output

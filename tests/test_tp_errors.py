@@ -20,6 +20,10 @@ def column_of_6_outputs():
     return ColumnParallelLinear(nn.Linear(4, 6).to(current_device()))
 
 
+def column_of_10_outputs_in_3_blocks():
+    return ColumnParallelLinear(nn.Linear(4, 10).to(current_device()), blocks=3)
+
+
 def row_of_6_inputs():
     return RowParallelLinear(nn.Linear(6, 4).to(current_device()))
 
@@ -34,6 +38,8 @@ def block_of_hidden_6():
 
 @pytest.mark.parametrize("build, message", [
     (column_of_6_outputs, "output features 6 is not divisible by the tensor-parallel size tp = 4"),
+    (column_of_10_outputs_in_3_blocks,
+     "output features 10 are not made of 3 equal blocks: 10 is not divisible by 3"),
     (row_of_6_inputs, "input features 6 is not divisible by the tensor-parallel size tp = 4"),
     (attention_of_2_heads, "heads 2 is not divisible by the tensor-parallel size tp = 4"),
     (block_of_hidden_6, "hidden size 6 is not divisible by the tensor-parallel size tp = 4"),

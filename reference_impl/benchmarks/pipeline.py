@@ -30,6 +30,15 @@ Everything runs the reference executor (``pipeline_executor.run_schedule``) on p
    median of a few steps; the ratio reference / PyTorch. On a 2-core CPU 4 ranks are
    oversubscribed, so the ratio says more than either time.
 
+5. **The course's GPT through 1F1B, interleaved 1F1B (v = 2) and ZB-H1**, at p = 2 (one core
+   per rank on a 2-core machine) and p = 4: the reference executor's step time and peak bytes
+   saved for the backward, beside PyTorch's ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` and
+   ``ScheduleInterleavedZeroBubble`` on the same stages, and ZB-H1's time over 1F1B's. ZB-H1
+   fills the pipeline's bubble with the deferred weight gradients (B + W is one backward, see
+   ``split_backward.py``), so with a core per rank it should take no longer than 1F1B; with
+   more ranks than cores, the ranks' "idle" time is spent running other ranks, so a bubble
+   costs nothing and filling it gains nothing.
+
 Times are printed, never asserted (``tests/test_pipeline_measured.py`` asserts the ratios).
 """
 from __future__ import annotations
@@ -195,6 +204,67 @@ def _step_times(gpt, config, m, batch, repeats):
     return times
 
 
+def _gpt_schedule_times(gpt, config, m, batch, repeats, skip_torch):
+    """Per rank: one training step of the GPT through 1F1B, interleaved 1F1B (v = 2) and ZB-H1,
+    reference executor and (unless ``skip_torch``) PyTorch's schedule of the same name on the
+    same stages, alternately; the medians and the executor's peak saved bytes."""
+    from torch.distributed.pipelining import (
+        PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble)
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    device = current_device()
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, config.vocab_size, (batch, config.seq_len), generator=generator)
+    targets = torch.randint(0, config.vocab_size, (batch, config.seq_len), generator=generator)
+    tokens, targets = tokens.to(device), targets.to(device)
+    shape = (batch // m, config.seq_len, config.hidden)
+    results = {}
+    for name, v, torch_schedule in (("1f1b", 1, Schedule1F1B),
+                                    ("interleaved", 2, ScheduleInterleaved1F1B),
+                                    ("zb-h1", 1, ScheduleInterleavedZeroBubble)):
+        schedule = build_schedule(name, p, m, v)
+        ours, _ = build_gpt_stages(gpt, schedule, rank)
+        runs = []
+
+        def reference():
+            runs.append(run_schedule(schedule, ours, split_batch(tokens, m),
+                                     split_batch(targets, m), gpt_loss, boundary_shape=shape))
+
+        candidates = [("reference", reference, ours)]
+        if not skip_torch:
+            theirs, _ = build_gpt_stages(gpt, schedule, rank)
+            stages = [PipelineStage(module, index, schedule.stages, device)
+                      for index, module in sorted(theirs.items())]
+            runner = torch_schedule(stages if v > 1 or name == "zb-h1" else stages[0],
+                                    n_microbatches=m, loss_fn=gpt_loss)
+
+            def pytorch():
+                if rank == 0:
+                    runner.step(tokens, target=targets if rank == p - 1 else None)
+                elif rank == p - 1 or schedule.rank_of(schedule.stages - 1) == rank:
+                    runner.step(target=targets, losses=[])
+                else:
+                    runner.step()
+
+            candidates.append(("pytorch", pytorch, theirs))
+        samples = {label: [] for label, _, _ in candidates}
+        for repeat in range(repeats + 1):  # the first of each is a warm-up
+            for label, fn, modules in candidates:
+                for module in modules.values():
+                    module.zero_grad(set_to_none=True)
+                wait_for_device()
+                dist.barrier()
+                start = time.perf_counter()
+                fn()
+                wait_for_device()
+                dist.barrier()
+                if repeat:
+                    samples[label].append(time.perf_counter() - start)
+        results[name] = {label: statistics.median(values) for label, values in samples.items()}
+        results[name]["peak_bytes"] = max(run.peak_saved_bytes for run in runs)
+    return results
+
+
 # ---------------------------------------------------------------- the report
 
 def main(argv=None) -> None:
@@ -261,25 +331,46 @@ def main(argv=None) -> None:
 
     print(f"\n4. one training step, reference executor vs torch.distributed.pipelining, "
           f"p={P}")
-    if args.skip_torch:
-        print("skipped (--skip-torch)")
-        return
-    config = ModelConfig(vocab_size=256, seq_len=64, hidden=128, heads=4, layers=6)
+    config = ModelConfig(vocab_size=256, seq_len=64, hidden=128, heads=4, layers=8)
     m, batch, repeats = 8, 32, 5
     torch.manual_seed(0)
     gpt = GPT(config)
-    try:
-        times = launch(_step_times, P, gpt, config, m, batch, repeats,
-                       timeout=LAUNCH_TIMEOUT)[0]
-    except Exception as error:  # noqa: BLE001 - report, do not fail the whole benchmark
-        print(f"skipped: torch.distributed.pipelining failed here: {error}".splitlines()[0])
-        return
-    print(f"GPT hidden {config.hidden}, {config.layers} blocks, seq {config.seq_len}, batch "
-          f"{batch}, m={m}; median of {repeats} steps, 1 thread per rank")
-    for name, label in (("gpipe", "ScheduleGPipe"), ("1f1b", "Schedule1F1B")):
-        ours, theirs = times[name]["reference"], times[name]["pytorch"]
-        print(f"{name:<6} reference {ours * 1e3:7.1f} ms   {label:<14}{theirs * 1e3:7.1f} ms"
-              f"   ratio reference/PyTorch {ours / theirs:.2f}")
+    skip_torch = args.skip_torch
+    if skip_torch:
+        print("skipped (--skip-torch)")
+    else:
+        try:
+            times = launch(_step_times, P, gpt, config, m, batch, repeats,
+                           timeout=LAUNCH_TIMEOUT)[0]
+        except Exception as error:  # noqa: BLE001 - report, do not fail the whole benchmark
+            print(f"skipped: torch.distributed.pipelining failed here: {error}".splitlines()[0])
+            skip_torch = True
+    if not skip_torch:
+        print(f"GPT hidden {config.hidden}, {config.layers} blocks, seq {config.seq_len}, "
+              f"batch {batch}, m={m}; median of {repeats} steps, 1 thread per rank")
+        for name, label in (("gpipe", "ScheduleGPipe"), ("1f1b", "Schedule1F1B")):
+            ours, theirs = times[name]["reference"], times[name]["pytorch"]
+            print(f"{name:<6} reference {ours * 1e3:7.1f} ms   {label:<14}{theirs * 1e3:7.1f} "
+                  f"ms   ratio reference/PyTorch {ours / theirs:.2f}")
+    gpt_schedules(gpt, config, m, batch, repeats, skip_torch)
+
+
+def gpt_schedules(gpt, config, m, batch, repeats, skip_torch) -> None:
+    print(f"\n5. the GPT through 1F1B, interleaved (v = 2) and ZB-H1, m={m}; median of "
+          f"{repeats} steps; peak = most bytes autograd held for the backward on one rank")
+    labels = {"1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
+              "zb-h1": "ScheduleInterleavedZeroBubble"}
+    for p in (2, 4):
+        results = launch(_gpt_schedule_times, p, gpt, config, m, batch, repeats, skip_torch,
+                         timeout=LAUNCH_TIMEOUT)[0]
+        for name, row in results.items():
+            torch_part = (f"   {labels[name]:<30}{row['pytorch'] * 1e3:7.1f} ms   ratio "
+                          f"{row['reference'] / row['pytorch']:.2f}" if "pytorch" in row else "")
+            print(f"p={p} {name:<12} reference {row['reference'] * 1e3:7.1f} ms  peak "
+                  f"{row['peak_bytes'] / 2**20:6.1f} MiB{torch_part}")
+        print(f"p={p} ZB-H1 / 1F1B step time: "
+              f"{results['zb-h1']['reference'] / results['1f1b']['reference']:.2f}"
+              + ("  (4 ranks on fewer cores: see 5. above)" if p > (os.cpu_count() or 1) else ""))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ listed fastest-varying first.
 * ``megatron`` = ``tp-rdp-pp`` (Megatron-LM's default, tp-dp-pp): neighbouring ranks are TP
   peers, so a TP group sits inside one node's fast links. Megatron's "data-parallel group" is
   the RDP_GROUP here, and its "model-parallel group" the MP_GROUP; SageMaker's larger DP_GROUP
-  (RDP x TP) has no name in Megatron.
+  (RDP x TP) is Megatron's ``TENSOR_AND_DATA_PARALLEL_GROUP`` (ranks from its 'tp-dp' axes),
+  over which Megatron reduces what every TP rank holds a copy of.
 
 Any other permutation of tp, pp and rdp may be given, e.g. ``rdp-tp-pp``.
 """

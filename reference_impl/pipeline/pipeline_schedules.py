@@ -152,9 +152,9 @@ def one_f_one_b(p: int, m: int) -> Schedule:
 def interleaved_one_f_one_b(p: int, m: int, v: int = 2) -> Schedule:
     """Interleaved 1F1B with v model chunks per rank (Narayanan et al. 2021, section 2.2.2).
 
-    Stage s (of p*v) runs on rank s % p. Every rank runs its m*v forwards in the same order
-    (Megatron-LM's ``get_model_chunk_id``): groups of p microbatches, each group through
-    chunk 0, then chunk 1, ..., then the next group. The k-th forward of a rank is
+    Stage s (of p*v) runs on rank s % p. Every rank runs its m*v forwards in the same order:
+    groups of p microbatches, each group through chunk 0, then chunk 1, ..., then the next
+    group. The k-th forward of a rank is
 
         chunk      (k // p) % v
         microbatch (k // (p*v)) * p + k % p
@@ -162,13 +162,16 @@ def interleaved_one_f_one_b(p: int, m: int, v: int = 2) -> Schedule:
     and the k-th backward is the same with the chunks reversed (v - 1 first). Rank r warms up
     with ``(v - 1)*p + 2*(p - r - 1)`` forwards (capped at m*v), then alternates one forward
     and one backward, then runs the cool-down backwards. The ``(v - 1)*p`` term lets the first
-    group of microbatches reach the last chunk; the factor 2 (Megatron's) keeps every link's
-    messages in the order they are sent, which ``(v - 1)*p + (p - r - 1)`` would not for p = 2.
-    (Megatron also makes every pass warm-up when m == p; that only holds more activations,
-    so it is left out here, as in PyTorch's ``ScheduleInterleaved1F1B``.)
+    group of microbatches reach the last chunk; the factor 2 keeps every link's messages in
+    the order they are sent, which ``(v - 1)*p + (p - r - 1)`` would not for p = 2.
+
+    The group size is p here, as in PyTorch's ``ScheduleInterleaved1F1B``. Megatron-LM names
+    it ``microbatch_group_size_per_vp_stage`` (p by default) and accepts any group size of at
+    least p, with the same warm-up formula in the group size; groups of p keep the schedule
+    simplest, and need m to be a multiple of p.
 
     With v = 1 this is exactly :func:`one_f_one_b` (Megatron then uses its non-interleaved
-    schedule). Needs m to be a multiple of p, as Megatron does.
+    schedule).
     """
     _check_positive(ranks=p, microbatches=m, chunks=v)
     if m % p:

@@ -43,8 +43,12 @@ class DeferredWeightGrads:
 
 
 def _accumulate(parameter: nn.Parameter, gradient: torch.Tensor) -> None:
-    if parameter.requires_grad:
-        parameter.grad = gradient if parameter.grad is None else parameter.grad + gradient
+    if not parameter.requires_grad:
+        return
+    if parameter.grad is None:
+        parameter.grad = gradient
+    else:
+        parameter.grad.add_(gradient)
 
 
 class _SplitLinear(torch.autograd.Function):
