@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as distributed_c10d
 import torch.nn.functional as F
 from torch import nn
 
@@ -241,13 +242,15 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
         planned = exchanges.get(step)
         if planned is None:
             return
-        operations = [dist.P2POp(dist.isend, outgoing.contiguous(), peer(m.dst), group, m.tag)
-                      for m in planned.sends]
+        # P2POp accepts torch's own isend/irecv only (not a tracer's or profiler's wrappers,
+        # which see the batch through batch_isend_irecv instead).
+        operations = [dist.P2POp(distributed_c10d.isend, outgoing.contiguous(), peer(m.dst),
+                                 group, m.tag) for m in planned.sends]
         for message in planned.receives:
             arrived[message] = torch.empty(tuple(boundary_shape), dtype=boundary_dtype,
                                            device=device)
-            operations.append(dist.P2POp(dist.irecv, arrived[message], peer(message.src),
-                                         group, message.tag))
+            operations.append(dist.P2POp(distributed_c10d.irecv, arrived[message],
+                                         peer(message.src), group, message.tag))
         for work in dist.batch_isend_irecv(operations):
             work.wait()
 

@@ -8,6 +8,19 @@ gathered state can be compared with this one's name by name.
     x -> x + attn(ln1(x)) -> x + mlp(ln2(x))        one Block (pre-layernorm)
     attn: qkv (fused, [q; k; v] rows) -> causal softmax(q k^T / sqrt(d)) v per head -> proj
     mlp:  fc1 (hidden -> 4 hidden) -> GeLU -> fc2 (4 hidden -> hidden)
+
+The attention core is computed one of two ways, ``ModelConfig.attention`` (the same function,
+to fp32 rounding; ``tests/test_attention_kernels.py``):
+
+* ``"explicit"`` (the default, the one the labs write and count): the s x s scores are
+  materialised, masked and softmaxed, and autograd keeps the softmax, b * heads * s * s
+  elements per block, for the backward (``memory/activation_memory.py`` counts them);
+* ``"sdpa"``: ``torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)``,
+  which on a GPU runs a fused kernel (FlashAttention or memory-efficient attention) that never
+  stores the scores: it keeps q, k, v, the output and one log-sum-exp per row, and recomputes
+  the scores block by block in the backward (PyTorch's CPU kernel does the same: per block,
+  4 (16 sbh + a s b) + 16 sb bytes saved instead of 4 (16 sbh + a s^2 b) + 16 sb + s^2). The
+  scale is the same 1/sqrt(d).
 """
 from __future__ import annotations
 
@@ -19,6 +32,17 @@ import torch.nn.functional as F
 from torch import nn
 
 
+ATTENTION_KERNELS = ("explicit", "sdpa")
+
+
+def check_attention(attention: str) -> str:
+    """``attention`` if it names an attention kernel, else a ValueError naming the choices."""
+    if attention not in ATTENTION_KERNELS:
+        raise ValueError(f"attention must be one of {', '.join(map(repr, ATTENTION_KERNELS))}, "
+                         f"got {attention!r}")
+    return attention
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 64
@@ -27,6 +51,10 @@ class ModelConfig:
     heads: int = 4
     layers: int = 2
     ffn_multiple: int = 4
+    attention: str = "explicit"  # "explicit" (s x s scores kept) or "sdpa" (a fused kernel)
+
+    def __post_init__(self):
+        check_attention(self.attention)
 
     @property
     def head_dim(self) -> int:
@@ -51,6 +79,16 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return scores.masked_fill(future, float("-inf")).softmax(dim=-1) @ v
 
 
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   attention: str = "explicit") -> torch.Tensor:
+    """Causal attention of (batch, heads, seq, head_dim) tensors by the chosen kernel:
+    ``"explicit"`` is :func:`causal_attention`, ``"sdpa"`` PyTorch's fused
+    ``scaled_dot_product_attention`` (same scale 1/sqrt(d), same causal mask)."""
+    if check_attention(attention) == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return causal_attention(q, k, v)
+
+
 def split_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(batch, seq, 3*heads*d) with [q; k; v] blocks -> q, k, v of shape (batch, heads, seq, d)."""
     batch, seq, _ = qkv.shape
@@ -65,24 +103,25 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, hidden: int, heads: int):
+    def __init__(self, hidden: int, heads: int, attention: str = "explicit"):
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not divisible by heads = {heads}")
         self.heads = heads
+        self.attention = check_attention(attention)  # the kernel: "explicit" or "sdpa"
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
 
     def forward(self, x):
         q, k, v = split_heads(self.qkv(x), self.heads)
-        return self.proj(merge_heads(causal_attention(q, k, v)))
+        return self.proj(merge_heads(attention_core(q, k, v, self.attention)))
 
 
 class Block(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.ln1 = nn.LayerNorm(config.hidden)
-        self.attn = CausalSelfAttention(config.hidden, config.heads)
+        self.attn = CausalSelfAttention(config.hidden, config.heads, config.attention)
         self.ln2 = nn.LayerNorm(config.hidden)
         self.mlp = MLP(config.hidden, config.ffn_multiple * config.hidden)
 

@@ -22,6 +22,18 @@ are the single-device GPT's losses on the same batches (``tests/test_train.py``)
 rank 0 prints: a header, one line per ``--log-every`` steps (step, loss, tokens/s, elapsed)
 and a final line.
 
+At GPU speed: the host waits for the GPU only where it has to read something, when a line is
+logged. Between log lines the steps are queued without a host sync: with one pipeline stage
+per rank (``--pp 1``, one chunk) the trainer runs the micro-batches itself
+(:func:`device_step`, the arithmetic of ``parallel_3d.train_step``: forward, loss / m,
+backward, ``sync_gradients``, step) and keeps each loss on the device, read when it is
+printed. With ``--pp`` > 1 it uses ``parallel_3d.train_step``, whose pipeline executor times
+every action and returns the loss as a float (a sync per step). The optimizer updates all
+parameters in one go: Adam and SGD with ``fused=True`` on CUDA, ``foreach=True`` on the CPU
+(the same update as the for-loop versions, to fp32 rounding). ``--attention sdpa`` computes
+attention with PyTorch's fused kernel (``F.scaled_dot_product_attention``; see ``model.py``)
+instead of the explicit s x s softmax (``explicit``, the default).
+
 Checkpoints (``reference_impl.hybrid.checkpoint``): ``--checkpoint-dir DIR`` writes ``DIR/checkpoint.pt``
 every ``--checkpoint-every`` steps and at the end, in the single-device GPT's names, so it loads
 into any layout or a plain ``model.GPT``. ``--resume`` continues from it (same ``--seed``,
@@ -41,9 +53,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from reference_impl.comm.launcher import (current_device, launch, resolve_backend,
+                                          under_torchrun, wait_for_device)
 from reference_impl.hybrid import checkpoint, parallel_3d
-from reference_impl.comm.launcher import launch, resolve_backend, under_torchrun, wait_for_device
-from reference_impl.model import GPT, ModelConfig
+from reference_impl.hybrid.data_parallel import sync_gradients
+from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig
+from reference_impl.pipeline.pipeline_executor import split_batch
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -73,6 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     model.add_argument("--vocab", type=int, default=128)
     model.add_argument("--batch", type=int, default=16, help="global batch (samples per step)")
     model.add_argument("--seed", type=int, default=0, help="seeds the weights and the data")
+    model.add_argument("--attention", choices=ATTENTION_KERNELS, default="explicit",
+                       help="attention kernel: explicit (s x s scores, the default) or sdpa "
+                            "(torch's scaled_dot_product_attention: flash/memory-efficient "
+                            "kernels on GPU)")
     optim = parser.add_argument_group("optimisation")
     optim.add_argument("--steps", type=int, default=20, help="total optimizer steps")
     optim.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
@@ -118,7 +137,7 @@ def check_world_size(args, world: int) -> None:
 
 def model_config(args) -> ModelConfig:
     return ModelConfig(vocab_size=args.vocab, seq_len=args.seq, hidden=args.hidden,
-                       heads=args.heads, layers=args.layers)
+                       heads=args.heads, layers=args.layers, attention=args.attention)
 
 
 def optimizer_info(args) -> dict:
@@ -128,9 +147,24 @@ def optimizer_info(args) -> dict:
 
 
 def make_optimizer(args, parameters) -> torch.optim.Optimizer:
+    """Adam or SGD updating every parameter at once: ``fused=True`` (one kernel) when the
+    parameters are on CUDA, else ``foreach=True`` (one multi-tensor op per step of the update)."""
+    parameters = list(parameters)
+    on_cuda = bool(parameters) and all(p.is_cuda for p in parameters)
+    multi_tensor = {"fused": True} if on_cuda else {"foreach": True}
     if args.optimizer == "adam":
-        return torch.optim.Adam(parameters, lr=args.lr, eps=args.adam_eps)
-    return torch.optim.SGD(parameters, lr=args.lr, momentum=args.momentum)
+        return torch.optim.Adam(parameters, lr=args.lr, eps=args.adam_eps, **multi_tensor)
+    return torch.optim.SGD(parameters, lr=args.lr, momentum=args.momentum, **multi_tensor)
+
+
+def _steps_on_parameter_devices(optimizer: torch.optim.Optimizer) -> None:
+    """A fused optimizer keeps Adam's ``step`` on the parameter's device; a checkpoint's step
+    (written from any layout) is put there, as ``Optimizer.load_state_dict`` would."""
+    if not any(group.get("fused") for group in optimizer.param_groups):
+        return
+    for parameter, state in optimizer.state.items():
+        if torch.is_tensor(state.get("step")):
+            state["step"] = state["step"].to(parameter.device, torch.float32)
 
 
 def data_info(args) -> dict:
@@ -138,10 +172,14 @@ def data_info(args) -> dict:
 
 
 def _check_resumable(saved: dict, args) -> None:
-    """A resume must continue the same run: same model, data stream and optimizer."""
-    wanted = {"config": dataclasses.asdict(model_config(args)), "data": data_info(args),
+    """A resume must continue the same run: same model, data stream and optimizer. The
+    attention kernel may change (both compute the same function)."""
+    def shape(config: dict) -> dict:
+        return {key: value for key, value in config.items() if key != "attention"}
+
+    wanted = {"config": shape(dataclasses.asdict(model_config(args))), "data": data_info(args),
               "optimizer kind": args.optimizer}
-    found = {"config": saved["config"], "data": saved["data"],
+    found = {"config": shape(saved["config"]), "data": saved["data"],
              "optimizer kind": saved["optimizer"]["kind"]}
     for what, value in wanted.items():
         if value != found[what]:
@@ -155,6 +193,32 @@ def _check_resumable(saved: dict, args) -> None:
 def _say(*parts) -> None:
     if dist.get_rank() == 0:
         print(*parts, flush=True)
+
+
+def device_step(model: parallel_3d.Parallel3DModel, tokens: torch.Tensor,
+                targets: torch.Tensor, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """``parallel_3d.train_step`` for a model with a single pipeline stage (pp = 1, one
+    chunk), without a host sync: the same arithmetic (the replica's slice of the batch, each
+    micro-batch's loss / m backward, gradients accumulated in micro-batch order, synchronised
+    the Megatron way, one optimizer step); returns the global batch's mean loss as a 0-d tensor
+    on the device (read it with ``float`` when it is needed)."""
+    context, device = model.context, current_device()
+    [stage] = model.stage_modules().values()
+    optimizer.zero_grad(set_to_none=True)
+    local_tokens = parallel_3d.replica_slice(tokens, context).to(device, non_blocking=True)
+    local_targets = parallel_3d.replica_slice(targets, context).to(device, non_blocking=True)
+    m = model.schedule.microbatches
+    loss = torch.zeros((), dtype=torch.float32, device=device)
+    for x, y in zip(split_batch(local_tokens, m), split_batch(local_targets, m)):
+        micro = model.loss_fn(stage(x), y) / m
+        micro.backward()
+        loss += micro.detach()
+    sync_gradients(list(model.stages.values()), context.groups, "megatron", model.bucket_bytes)
+    optimizer.step()
+    if context.dp > 1:  # the global mean averages the dp replicas' means
+        dist.all_reduce(loss, group=context.groups.rdp)
+        loss /= context.dp
+    return loss
 
 
 def train_on_rank(args) -> dict:
@@ -176,6 +240,7 @@ def train_on_rank(args) -> dict:
     optimizer = make_optimizer(args, model.parameters())
     if saved is not None:
         checkpoint.load_optimizer_state(model, optimizer, gpt, saved["optimizer"]["state"])
+        _steps_on_parameter_devices(optimizer)
     del gpt, saved
     dataset = parallel_3d.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
 
@@ -185,17 +250,21 @@ def train_on_rank(args) -> dict:
          + (f"steps {start + 1}..{args.steps}" if start < args.steps else "no steps left")
          + (f" (resumed at step {start})" if start else ""))
     tokens_per_step = args.batch * args.seq
+    # One stage on this rank: the trainer's own step, with no host sync. Otherwise the
+    # pipeline executor's (which reads the loss on the host every step).
+    step_fn = device_step if model.schedule.stages == 1 else parallel_3d.train_step
     wait_for_device()
-    losses, began = [], time.perf_counter()
+    losses, began = [], time.perf_counter()  # losses: 0-d device tensors or floats
     window_start, window_steps = began, 0
     for step in range(start, args.steps):
-        losses.append(parallel_3d.train_step(model, *dataset[step], optimizer))
+        losses.append(step_fn(model, *dataset[step], optimizer))
         done, window_steps = step + 1, window_steps + 1
         if done % args.log_every == 0 or done == args.steps:
+            loss = float(losses[-1])  # the host reads the loss only here (and waits for it)
             wait_for_device()
             now = time.perf_counter()
             rate = window_steps * tokens_per_step / max(now - window_start, 1e-9)
-            _say(f"step {done}/{args.steps} loss {losses[-1]:.8f} tokens/s {rate:.0f} "
+            _say(f"step {done}/{args.steps} loss {loss:.8f} tokens/s {rate:.0f} "
                  f"elapsed {now - began:.2f}s")
             window_start, window_steps = now, 0
         if args.checkpoint_dir and (done == args.steps or (
@@ -206,6 +275,8 @@ def train_on_rank(args) -> dict:
                 _say(f"saved checkpoint of step {done} to {path}")
     wait_for_device()
     seconds = time.perf_counter() - began
+    if losses and torch.is_tensor(losses[0]):  # one read of them all, after the clock stopped
+        losses = torch.stack(losses).tolist()
     tokens = len(losses) * tokens_per_step
     final = f"{losses[-1]:.8f}" if losses else "n/a"
     _say(f"done: {len(losses)} steps, final loss {final}, {tokens} tokens in {seconds:.2f}s "

@@ -7,6 +7,10 @@ training of the same GPT on the same batches.
 * checkpoints: resuming gives the losses of a run that never stopped (same layout: to 1e-6;
   another layout: to 1e-5, fp32 reordering only); a checkpoint loads into a plain ``model.GPT``;
 * a layout that does not match the number of processes is refused, with the numbers.
+* at GPU speed: with pp = 1 the trainer's own step (no host sync, the loss read only when
+  logged) gives ``parallel_3d.train_step``'s losses and weights bit for bit; ``--attention
+  sdpa`` trains as the explicit single-device GPT does (atol 1e-5); a resume may change the
+  kernel; the optimizer is the multi-tensor one (``foreach`` on the CPU).
 
 Tolerances (fp32): the parallel runs only reorder additions, so losses and weights agree with
 single device to atol 1e-5 (as in ``test_hybrid.py``). Adam uses eps 1e-4 for the reason given
@@ -248,3 +252,62 @@ def test_bad_layout_from_the_command_line():
     assert code == 2, stdout + stderr
     assert "error: --dp 2 x --tp 1 x --pp 3 = 6 ranks, but WORLD_SIZE is 4" in stderr
     assert "Traceback" not in stderr
+
+
+# ---------------------------------------------------------------- the trainer at GPU speed
+
+def _both_steps(argv):
+    """On every rank: the trainer's ``device_step`` and ``parallel_3d.train_step`` from the same
+    GPT on the same batches; their losses and final weights."""
+    args = train.parse_args(argv)
+    context = hybrid.initialize_parallelism(args.dp, args.tp, args.pp)
+    torch.manual_seed(args.seed)
+    gpt = GPT(train.model_config(args))
+    dataset = hybrid.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
+    results = []
+    for step_fn in (train.device_step, hybrid.train_step):
+        model = hybrid.build_3d_gpt(gpt, context, args.microbatches, args.schedule)
+        optimizer = train.make_optimizer(args, model.parameters())
+        losses = [float(step_fn(model, *batch, optimizer)) for batch in dataset]
+        results.append((losses, hybrid.gather_full_state(model)))
+    return results
+
+
+def test_device_step_is_train_step_without_the_host_sync(run_on_ranks):
+    """pp = 1: the trainer's own step (loss kept on the device) does train_step's arithmetic
+    in the same order, so the losses and weights are the same to the last bit."""
+    argv = ["--dp", "2", "--tp", "1", "--pp", "1", "--microbatches", "2", "--steps", "3",
+            *ADAM]
+    for rank, ((losses, state), (expected, expected_state)) in enumerate(
+            run_on_ranks(_both_steps, 2, argv)):
+        assert losses == expected, f"rank {rank}: {losses} vs train_step's {expected}"
+        for name, value in expected_state.items():
+            assert torch.equal(state[name], value), f"rank {rank}: {name} differs"
+
+
+def test_sdpa_trainer_matches_explicit_single_device():
+    sdpa = train.main(["--dp", "2", "--tp", "2", "--pp", "1", "--steps", "3",
+                       "--attention", "sdpa", *ADAM])
+    expected, _ = single_device(["--steps", "3", *ADAM])  # the explicit kernel
+    assert_close(torch.tensor(sdpa["losses"]), torch.tensor(expected),
+                 "--attention sdpa (2x2x1) vs the explicit single-device GPT", atol=ATOL)
+
+
+def test_resume_may_change_the_attention_kernel():
+    args = train.parse_args(["--steps", "6", "--attention", "sdpa", *ADAM])
+    saved = {"config": {key: value for key, value in
+                        vars(train.model_config(train.parse_args(["--steps", "6", *ADAM])))
+                        .items() if key != "attention"},  # as written before the option
+             "data": train.data_info(args), "optimizer": {"kind": "adam"}, "step": 3}
+    train._check_resumable(saved, args)  # no error
+    saved["config"]["hidden"] = 32
+    with pytest.raises(ValueError, match="cannot resume: the checkpoint's config"):
+        train._check_resumable(saved, args)
+
+
+def test_optimizer_updates_all_parameters_at_once():
+    args = train.parse_args(["--optimizer", "adam"])
+    parameters = [torch.nn.Parameter(torch.zeros(3))]
+    assert train.make_optimizer(args, parameters).defaults["foreach"] is True  # CPU
+    args = train.parse_args(["--optimizer", "sgd"])
+    assert train.make_optimizer(args, parameters).defaults["foreach"] is True

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as distributed_c10d
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class CommTracer:
             original = getattr(dist, op)
             self._originals[op] = original
             setattr(dist, op, self._wrap(op, argument, original))
+        self._originals["batch_isend_irecv"] = dist.batch_isend_irecv
+        dist.batch_isend_irecv = self._wrap_batch(dist.batch_isend_irecv)
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -67,6 +70,17 @@ class CommTracer:
             group = kwargs.get("group")
             self.calls.append(CommCall(op, dist.get_world_size(group), _size(args[argument])))
             return original(*args, **kwargs)
+        return traced
+
+    def _wrap_batch(self, original):
+        """Point-to-point operations posted together (``batch_isend_irecv``, as the pipeline
+        executor does): each is recorded as the isend or irecv it is."""
+        def traced(operations):
+            for operation in operations:
+                op = "isend" if operation.op is distributed_c10d.isend else "irecv"
+                self.calls.append(CommCall(op, dist.get_world_size(operation.group),
+                                           _size(operation.tensor)))
+            return original(operations)
         return traced
 
     def count(self, op: str | None = None) -> int:

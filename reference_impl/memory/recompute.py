@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 from reference_impl.model import (
     Block,
     CausalSelfAttention,
-    causal_attention,
+    attention_core,
     merge_heads,
     split_heads,
 )
@@ -43,12 +43,13 @@ class _FullRecompute:
 
 class _SelectiveRecompute:
     """Mixed in before an attention module's class: ``CausalSelfAttention.forward`` with the
-    attention core, ``causal_attention(q, k, v)``, under a checkpoint (the paper's selective
-    recomputation: its s^2 scores and softmax are not kept, but computed again)."""
+    attention core (``attention_core``: explicit, or PyTorch's fused kernel) under a checkpoint
+    (the paper's selective recomputation: its s^2 scores and softmax are not kept, but
+    computed again)."""
 
     def forward(self, x):
         q, k, v = split_heads(self.qkv(x), self.heads)
-        core = checkpoint(causal_attention, q, k, v, use_reentrant=False)
+        core = checkpoint(attention_core, q, k, v, self.attention, use_reentrant=False)
         return self.proj(merge_heads(core))
 
 

@@ -14,9 +14,10 @@ signature is short, frequent all-reduces.* :func:`profiled` puts a named range
   gradient of the module's output is ready and closes when that of its input is computed);
 * around every collective and point-to-point call ("all_reduce", "isend", ...), by wrapping
   the ``torch.distributed`` functions of ``comm_trace``'s table while active, as
-  ``CommTracer`` does (the two nest, in either order). ``isend``/``irecv`` return their work
-  wrapped, so that its ``wait()`` gets a range too ("irecv wait"): that is where a pipeline
-  stage sits idle, waiting for its neighbour.
+  ``CommTracer`` does (the two nest, in either order). ``isend``/``irecv`` and
+  ``batch_isend_irecv`` (the pipeline executor posts each step's send and receive together)
+  return their work wrapped, so that its ``wait()`` gets a range too ("batch_isend_irecv
+  wait"): that is where a pipeline stage sits idle, waiting for its neighbour.
 
 The ranges are ``torch.profiler.record_function`` ranges (they show up as ``user_annotation``
 events in a ``torch.profiler.profile`` run, exported per rank as a Chrome/Perfetto JSON trace by
@@ -45,9 +46,9 @@ open them together in the Nsight Systems GUI, "Add report to timeline".) What to
   ``ncclDevKernel_AllReduce`` kernels, 2 per block forward and 2 backward, each under an NVTX
   "all_reduce" range nested in "attn forward"/"mlp forward" (or backward); the GEMMs wait
   on them, so their total share of the step is TP's communication cost.
-* **PP**: ``SendRecv`` kernels ("isend"/"irecv" ranges) only at stage boundaries, one
+* **PP**: ``SendRecv`` kernels ("batch_isend_irecv" ranges) only at stage boundaries, one
   activation per microbatch forward and one gradient backward, and the **bubble**: the idle
-  stretch at the start (before the first microbatch arrives, "irecv wait") and at the end of
+  stretch at the start (before the first microbatch arrives, "batch_isend_irecv wait") and at the end of
   every stage but the first and the last.
 
 On the CPU (gloo) the same picture comes from :func:`rank_trace`'s per-rank JSON traces:
@@ -84,8 +85,8 @@ from reference_impl.comm.comm_trace import _PAYLOAD_ARGUMENT
 from reference_impl.comm.launcher import current_device, wait_for_device
 
 #: the torch.distributed functions given a range: CommTracer's table (so both see the same calls)
-COMM_OPS = tuple(_PAYLOAD_ARGUMENT)
-_ASYNC_OPS = ("isend", "irecv")
+COMM_OPS = tuple(_PAYLOAD_ARGUMENT) + ("batch_isend_irecv",)
+_ASYNC_OPS = ("isend", "irecv", "batch_isend_irecv")
 WAIT_SUFFIX = " wait"
 COMPUTE_SUFFIXES = (" forward", " backward")
 RANGE_CATEGORY = "user_annotation"  # how record_function ranges appear in a torch.profiler trace
@@ -258,6 +259,8 @@ class profiled(contextlib.ContextDecorator):  # noqa: N801 - used like a functio
         def ranged(*args, **kwargs):
             with ranges.range(op):
                 result = original(*args, **kwargs)
+            if op in _ASYNC_OPS and isinstance(result, list):  # batch_isend_irecv's works
+                return [_TimedWork(work, op + WAIT_SUFFIX, ranges) for work in result]
             if op in _ASYNC_OPS and result is not None:
                 return _TimedWork(result, op + WAIT_SUFFIX, ranges)
             return result

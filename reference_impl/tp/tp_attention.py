@@ -12,7 +12,9 @@ communication, between two linear layers split the Megatron way:
 * the output projection is **row-parallel**: its input is the concatenation of all heads, and
   rank r holds exactly its heads' slice of it; one all-reduce sums the partial outputs.
 
-The forward pass is ``model.CausalSelfAttention``'s own, with ``heads`` = the local heads. A TP
+The forward pass is ``model.CausalSelfAttention``'s own, with ``heads`` = the local heads and
+the single-device module's attention kernel (``attention``: ``"explicit"`` or ``"sdpa"``, see
+``model.py``; heads are independent, so either kernel runs on a rank's heads alone). A TP
 block puts attention and the TP MLP between replicated layernorms: 2 all-reduces forward (one
 after attention, one after the MLP) and 2 backward (the input gradients of QKV and of fc1).
 """
@@ -36,6 +38,7 @@ class ParallelSelfAttention(CausalSelfAttention):
         if attention.heads % tp:
             raise ValueError(f"heads {attention.heads} is not divisible by the "
                              f"tensor-parallel size tp = {tp}")
+        self.attention = attention.attention  # the same kernel ("explicit" or "sdpa")
         # BEGIN SOLUTION lab3: self.heads = the heads of this rank; self.qkv column-parallel (blocks=3, so each rank gets the q, k and v of its heads); self.proj row-parallel (input already split)
         self.heads = attention.heads // tp
         self.qkv = ColumnParallelLinear(attention.qkv, group, blocks=3)

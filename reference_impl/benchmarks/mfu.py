@@ -1,0 +1,257 @@
+"""Model FLOPs utilisation (MFU) of the course's GPT trained on one device.
+
+    python -m reference_impl.benchmarks.mfu [--dtype fp32|bf16 --attention explicit|sdpa
+        --layers L --hidden h --heads a --seq s --batch B --vocab V --steps N --warmup W
+        --peak TFLOPS --device auto|cpu|cuda]
+
+Trains ``model.GPT`` (AdamW: ``fused=True`` on CUDA, ``foreach=True`` on the CPU) for
+``--warmup`` steps, then times ``--steps`` more and prints tokens/s, the model's TFLOP/s and
+its MFU: the model FLOP/s over the device's peak. On a GPU the defaults are a GPT of about
+1.5B parameters (24 layers, hidden 2048, 16 heads, seq 2048, vocab 50304, batch 4, bf16
+autocast, ``sdpa`` attention) and the peak allocated memory is printed too; without a GPU
+they are tiny, so that the run takes seconds on a laptop's CPU.
+
+**FLOPs counted** (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
+GPU Clusters Using Megatron-LM", section 5.1 and appendix): a forward pass of one transformer
+layer does 24 B s h^2 + 4 B s^2 h floating-point operations (multiply-adds counted as 2: QKV
+6 B s h^2, scores 2 B s^2 h, attention over the values 2 B s^2 h, output projection 2 B s h^2,
+MLP 16 B s h^2), the logit layer 2 B s h V; the backward does twice the forward. Without
+activation recomputation (none here) one iteration is therefore
+
+    72 B s L h^2 (1 + s / (6 h) + V / (12 L h))
+
+(the paper's 96 B s L h^2 (1 + s / (6 h) + V / (16 L h)) counts a second forward, for full
+recomputation). Per token that is 6 N + 12 L h s, with N the parameters that multiply
+activations (every parameter but the token and position embedding tables, which are looked
+up): 6 N is 2 (forward) + 4 (backward) FLOPs per parameter and token, and 12 L h s the
+attention scores and their product with the values. This script uses 6 N + 12 L h s, which is
+the paper's count plus the biases and layernorms (6 x 13 h per layer and 6 x 2 h for the
+final layernorm). The causal mask is not discounted (a flash kernel skips about half of the
+score blocks), nor is anything else that does not scale with N: the softmax, the
+layernorms' arithmetic, the optimizer step. "Model FLOPs" are the model's, whatever the
+kernels do, so MFU compares implementations fairly.
+
+**Peak** (dense, no sparsity), by the name ``torch.cuda.get_device_name`` gives: bf16 tensor
+cores for ``--dtype bf16``, plain fp32 (no TF32: PyTorch's default for matmuls) for
+``--dtype fp32``. ``--peak`` overrides it, and is needed on a GPU not in the table; on the
+CPU the default is a nominal 1 TFLOP/s (say what your CPU does with ``--peak``).
+
+**Timing**: on a GPU two ``torch.cuda.Event`` around the timed steps, read after a
+synchronisation; on the CPU ``time.perf_counter``. Nothing inside the timed steps reads a
+value on the host (no ``.item()``): the loss is read once, after the clock stops.
+Single device only; ``python -m reference_impl.train`` prints tokens/s for dp x tp x pp runs.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+
+import torch
+
+from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig
+from reference_impl.pipeline.pipeline_executor import gpt_loss
+
+# Dense peak TFLOP/s by device name (first match wins, so the specific names come first):
+# NVIDIA's data sheets, sparsity's 2x removed.
+PEAK_TFLOPS = (
+    ("H100 PCIE", {"bf16": 756.0, "fp32": 51.0}),
+    ("H100 NVL", {"bf16": 835.0, "fp32": 60.0}),
+    ("H100", {"bf16": 989.0, "fp32": 67.0}),  # SXM
+    ("H200 NVL", {"bf16": 835.0, "fp32": 60.0}),
+    ("H200", {"bf16": 989.0, "fp32": 67.0}),  # SXM
+    ("A100", {"bf16": 312.0, "fp32": 19.5}),
+)
+NOMINAL_CPU_PEAK = 1.0  # TFLOP/s: a round number, not a measurement of any CPU
+
+GPU_DEFAULTS = {"layers": 24, "hidden": 2048, "heads": 16, "seq": 2048, "batch": 4,
+                "vocab": 50304, "steps": 10, "warmup": 3, "dtype": "bf16"}
+CPU_DEFAULTS = {"layers": 2, "hidden": 128, "heads": 4, "seq": 128, "batch": 4,
+                "vocab": 512, "steps": 10, "warmup": 2, "dtype": "fp32"}
+
+
+# ---------------------------------------------------------------- the FLOP count
+
+def flop_parameters(config: ModelConfig) -> int:
+    """N: the parameters that multiply activations, i.e. all of ``GPT(config)``'s but the
+    embedding tables. Per block the two layernorms (4h), qkv (3h^2 + 3h), proj (h^2 + h), fc1
+    (f h + f) and fc2 (f h + h) with f = ffn_multiple * h; then the final layernorm (2h) and
+    the LM head (V h, no bias)."""
+    h, f = config.hidden, config.ffn_multiple * config.hidden
+    block = 4 * h + (3 * h * h + 3 * h) + (h * h + h) + (f * h + f) + (f * h + h)
+    return config.layers * block + 2 * h + config.vocab_size * h
+
+
+def flops_per_token(config: ModelConfig, seq: int | None = None) -> int:
+    """Training FLOPs per token, forward + backward, no recomputation: 6 N + 12 L h s."""
+    seq = config.seq_len if seq is None else seq
+    return 6 * flop_parameters(config) + 12 * config.layers * config.hidden * seq
+
+
+def narayanan_flops_per_iteration(batch: int, config: ModelConfig,
+                                  recompute: bool = False) -> float:
+    """Narayanan et al. 2021's closed form for one iteration of B sequences:
+    72 B s L h^2 (1 + s/(6h) + V/(12 L h)), or with full recomputation
+    96 B s L h^2 (1 + s/(6h) + V/(16 L h)). (Matmuls only, ffn_multiple 4.)"""
+    b, s, L, h, V = batch, config.seq_len, config.layers, config.hidden, config.vocab_size
+    if recompute:
+        return 96 * b * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    return 72 * b * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+
+
+def peak_tflops(device_name: str, dtype: str) -> float | None:
+    """The table's dense peak for a GPU of this name (``torch.cuda.get_device_name``) and
+    dtype; None when the name is not in the table."""
+    name = device_name.upper()
+    for key, peaks in PEAK_TFLOPS:
+        if key in name:
+            return peaks[dtype]
+    return None
+
+
+# ---------------------------------------------------------------- the run
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m reference_impl.benchmarks.mfu",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="auto: the GPU if there is one, else the CPU")
+    parser.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
+                        help="bf16: autocast (weights, gradients and AdamW stay fp32); "
+                             "default bf16 on a GPU, fp32 on the CPU")
+    parser.add_argument("--attention", choices=ATTENTION_KERNELS, default="sdpa")
+    for name in ("layers", "hidden", "heads", "seq", "batch", "vocab", "steps", "warmup"):
+        parser.add_argument(f"--{name}", type=int, default=None,
+                            help=f"default {GPU_DEFAULTS[name]} on a GPU, "
+                                 f"{CPU_DEFAULTS[name]} on the CPU")
+    parser.add_argument("--peak", type=float, default=None,
+                        help="the device's peak TFLOP/s (needed on a GPU not in the table; "
+                             f"on the CPU default {NOMINAL_CPU_PEAK:g}, nominal)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda, but torch sees no GPU")
+    defaults = GPU_DEFAULTS if args.device == "cuda" else CPU_DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    for name in ("layers", "hidden", "heads", "seq", "batch", "vocab", "steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    if args.warmup < 0:
+        parser.error("--warmup must be at least 0")
+    if args.hidden % args.heads:
+        parser.error(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
+    if args.peak is not None and args.peak <= 0:
+        parser.error("--peak must be positive")
+    return args
+
+
+def train_steps(model, optimizer, tokens, targets, steps: int, autocast) -> torch.Tensor:
+    """``steps`` training steps on one batch; the last loss, left on the device."""
+    loss = None
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        with autocast():
+            loss = gpt_loss(model(tokens), targets)
+        loss.backward()
+        optimizer.step()
+    return loss.detach() if loss is not None else None
+
+
+def measure(args) -> dict:
+    """Build, warm up, time; the numbers the script prints."""
+    device = torch.device(args.device)
+    config = ModelConfig(vocab_size=args.vocab, seq_len=args.seq, hidden=args.hidden,
+                         heads=args.heads, layers=args.layers, attention=args.attention)
+    torch.manual_seed(args.seed)
+    with device:  # parameters made on the device (1.5B of them take a while on a CPU)
+        model = GPT(config)
+    multi_tensor = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **multi_tensor)
+    generator = torch.Generator().manual_seed(args.seed)
+    data = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator)
+    tokens, targets = data[:, :-1].to(device), data[:, 1:].to(device)
+    if args.dtype == "bf16":
+        def autocast():
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+    else:
+        autocast = contextlib.nullcontext
+
+    cuda = device.type == "cuda"
+    train_steps(model, optimizer, tokens, targets, args.warmup, autocast)
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        loss = train_steps(model, optimizer, tokens, targets, args.steps, autocast)
+        end.record()
+        torch.cuda.synchronize(device)
+        seconds = start.elapsed_time(end) / 1000.0
+    else:
+        began = time.perf_counter()
+        loss = train_steps(model, optimizer, tokens, targets, args.steps, autocast)
+        seconds = time.perf_counter() - began
+    tokens_timed = args.steps * args.batch * args.seq
+    per_token = flops_per_token(config)
+    tflops = tokens_timed * per_token / seconds / 1e12
+    return {
+        "config": config,
+        "device_name": torch.cuda.get_device_name(device) if cuda else "CPU",
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "flop_parameters": flop_parameters(config),
+        "flops_per_token": per_token,
+        "seconds": seconds,
+        "tokens_per_second": tokens_timed / seconds,
+        "tflops": tflops,
+        "loss": float(loss),  # read after the clock stopped
+        "peak_memory": torch.cuda.max_memory_allocated(device) if cuda else None,
+    }
+
+
+def resolve_peak(args) -> tuple[float, str]:
+    """(peak TFLOP/s, where it comes from)."""
+    if args.peak is not None:
+        return args.peak, "--peak"
+    if args.device == "cpu":
+        return NOMINAL_CPU_PEAK, ("nominal: no peak is known for a CPU, so MFU here is only "
+                                  "achieved / 1 TFLOP/s; pass --peak")
+    peak = peak_tflops(torch.cuda.get_device_name(), args.dtype)
+    if peak is None:
+        raise SystemExit(f"error: no peak known for {torch.cuda.get_device_name()!r} "
+                         f"({args.dtype}); pass --peak TFLOPS (dense, for {args.dtype})")
+    return peak, f"{torch.cuda.get_device_name()}, dense {args.dtype}, from the table"
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    peak, peak_source = resolve_peak(args)  # before the run: an unknown GPU fails at once
+    result = measure(args)
+    config, n = result["config"], result["flop_parameters"]
+    print(f"device: {result['device_name']} ({args.device}), torch {torch.__version__}")
+    print(f"model: GPT {config.layers} layers, hidden {config.hidden}, {config.heads} heads, "
+          f"seq {config.seq_len}, vocab {config.vocab_size}: {result['parameters']:,} "
+          f"parameters, N = {n:,} without the embedding tables; batch {args.batch}, "
+          f"{args.dtype}, attention {args.attention}, AdamW "
+          + ("fused" if args.device == "cuda" else "foreach"))
+    print(f"FLOPs per token: 6N + 12*L*h*s = {6 * n:,} + "
+          f"{12 * config.layers * config.hidden * config.seq_len:,} = "
+          f"{result['flops_per_token']:,} (Narayanan et al. 2021, fwd+bwd, no recomputation)")
+    print(f"timed {args.steps} steps after {args.warmup} warm-up: {result['seconds']:.3f} s "
+          f"({1000 * result['seconds'] / args.steps:.1f} ms/step), last loss "
+          f"{result['loss']:.4f}")
+    print(f"tokens/s: {result['tokens_per_second']:.1f}")
+    print(f"model TFLOP/s: {result['tflops']:.4g}")
+    result["mfu"] = result["tflops"] / peak
+    print(f"MFU: {100 * result['mfu']:.3g}% of {peak:g} TFLOP/s ({peak_source})")
+    if result["peak_memory"] is not None:
+        print(f"peak memory allocated: {result['peak_memory'] / 2 ** 30:.2f} GiB "
+              f"(torch.cuda.max_memory_allocated, timed steps)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
