@@ -30,7 +30,8 @@ The generators, p ranks, m microbatches:
   times, for v times more point-to-point messages.
 * :func:`zb_h1` (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): the backward split into
   B and W; W passes are postponed to fill the cool-down, bubble (p-1)(T_F + T_B - T_W)
-  instead of (p-1)(T_F + T_B + T_W), with 1F1B's activation memory.
+  instead of (p-1)(T_F + T_B + T_W), with 1F1B's peak activation memory (reached on every
+  rank: a microbatch's weight-gradient inputs are held until its W).
 
 A schedule can also be written by hand, one string per rank (see :func:`schedule_from_strings`)::
 
@@ -206,7 +207,9 @@ def zb_h1(p: int, m: int) -> Schedule:
 
     The backward is split into B (gradient of the stage's input, which the previous stage is
     waiting for) and W (gradient of the weights, which nobody waits for). The order of F and B
-    is 1F1B's, so the activation memory is the same. Rank r postpones its first r W passes:
+    is 1F1B's. Activations (or the weight gradients' inputs) are held until W, so every rank
+    holds min(p, m) microbatches: 1F1B's peak, which 1F1B reaches on rank 0 only. Rank r
+    postpones its first r W passes:
     the B passes travel back to rank 0 sooner, and the postponed W passes fill rank r's
     cool-down, where 1F1B idles. From rank r's (r+1)-th B on, each B is followed by the oldest
     W still waiting (the order of PyTorch's ``ScheduleInterleavedZeroBubble`` with one chunk,
