@@ -331,8 +331,8 @@ def main(argv=None) -> None:
 
     print(f"\n4. one training step, reference executor vs torch.distributed.pipelining, "
           f"p={P}")
-    config = ModelConfig(vocab_size=256, seq_len=64, hidden=128, heads=4, layers=8)
-    m, batch, repeats = 8, 32, 5
+    config = ModelConfig(vocab_size=256, seq_len=64, hidden=128, heads=4, layers=6)
+    m, batch, repeats = 8, 32, 3
     torch.manual_seed(0)
     gpt = GPT(config)
     skip_torch = args.skip_torch

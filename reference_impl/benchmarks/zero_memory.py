@@ -1,8 +1,8 @@
 """ZeRO memory: model-state bytes per rank, measured, next to the course's formulas.
 
-    python -m reference_impl.benchmarks.zero_memory [--hidden 252 --heads 6 --layers 4 --vocab 512]
+    python -m reference_impl.benchmarks.zero_memory [--hidden 252 --heads 6 --layers 2 --vocab 512]
 
-For a GPT of a few million parameters, on N = 1, 2, 4, 8 ranks (gloo on the CPU), each rank
+For a GPT of about two million parameters, on N = 1, 2, 4, 8 ranks (gloo on the CPU), each rank
 builds the model, runs one forward, backward and Adam step with plain data parallelism
 (stage 0: ``torch.optim.Adam``, everything replicated) and with ZeRO stages 1, 2, 3
 (``reference_impl.hybrid.zero.ZeroOptimizer``), and measures the bytes it then holds for parameters,
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hidden", type=int, default=252)
     parser.add_argument("--heads", type=int, default=6)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--seq", type=int, default=32)
     args = parser.parse_args(argv)

@@ -36,19 +36,16 @@ class DeferredWeightGrads:
         """W: every deferred weight gradient, accumulated into ``.grad``; then forget them."""
         for linear, x, dy in self.pending:
             x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-            _accumulate(linear.weight, dy2.t() @ x2)
-            if linear.bias is not None:
-                _accumulate(linear.bias, dy2.sum(0))
+            weight, bias = linear.weight, linear.bias
+            if weight.requires_grad:  # dW = dy^T x, added in place into .grad (one matmul)
+                if weight.grad is None:
+                    weight.grad = dy2.t() @ x2
+                else:
+                    weight.grad.addmm_(dy2.t(), x2)
+            if bias is not None and bias.requires_grad:
+                db = dy2.sum(0)
+                bias.grad = db if bias.grad is None else bias.grad.add_(db)
         self.pending.clear()
-
-
-def _accumulate(parameter: nn.Parameter, gradient: torch.Tensor) -> None:
-    if not parameter.requires_grad:
-        return
-    if parameter.grad is None:
-        parameter.grad = gradient
-    else:
-        parameter.grad.add_(gradient)
 
 
 class _SplitLinear(torch.autograd.Function):
