@@ -156,16 +156,39 @@ def _measure_all(cases, cost_f, cost_b):
 
 # ---------------------------------------------------------------- PyTorch's pipelining
 
+def _gpt_batch(config, batch):
+    """The same random tokens and targets on every rank, on this rank's device."""
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, config.vocab_size, (batch, config.seq_len), generator=generator)
+    targets = torch.randint(0, config.vocab_size, (batch, config.seq_len), generator=generator)
+    return tokens.to(current_device()), targets.to(current_device())
+
+
+def _median_step_times(candidates, repeats) -> dict[str, float]:
+    """Per rank: (label, step function, its stage modules) timed in turns, a barrier before and
+    after each step; the median of ``repeats`` steps each, after one warm-up."""
+    samples = {label: [] for label, _, _ in candidates}
+    for repeat in range(repeats + 1):
+        for label, fn, modules in candidates:
+            for module in modules.values():
+                module.zero_grad(set_to_none=True)
+            wait_for_device()
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            wait_for_device()
+            dist.barrier()
+            if repeat:
+                samples[label].append(time.perf_counter() - start)
+    return {label: statistics.median(values) for label, values in samples.items()}
+
+
 def _step_times(gpt, config, m, batch, repeats):
     """Per rank: the reference executor and torch.distributed.pipelining, alternately."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     rank, p = dist.get_rank(), dist.get_world_size()
-    device = current_device()
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, config.vocab_size, (batch, config.seq_len), generator=generator)
-    targets = torch.randint(0, config.vocab_size, (batch, config.seq_len), generator=generator)
-    tokens, targets = tokens.to(device), targets.to(device)
+    device, (tokens, targets) = current_device(), _gpt_batch(config, batch)
     shape = (batch // m, config.seq_len, config.hidden)
     times = {}
     for name, torch_schedule in (("gpipe", ScheduleGPipe), ("1f1b", Schedule1F1B)):
@@ -187,20 +210,8 @@ def _step_times(gpt, config, m, batch, repeats):
             else:
                 runner.step()
 
-        samples = {"reference": [], "pytorch": []}
-        for repeat in range(repeats + 1):  # the first of each is a warm-up
-            for label, fn in (("reference", reference), ("pytorch", pytorch)):
-                for module in (ours if label == "reference" else theirs).values():
-                    module.zero_grad(set_to_none=True)
-                wait_for_device()
-                dist.barrier()
-                start = time.perf_counter()
-                fn()
-                wait_for_device()
-                dist.barrier()
-                if repeat:
-                    samples[label].append(time.perf_counter() - start)
-        times[name] = {label: statistics.median(values) for label, values in samples.items()}
+        times[name] = _median_step_times(
+            [("reference", reference, ours), ("pytorch", pytorch, theirs)], repeats)
     return times
 
 
@@ -212,11 +223,7 @@ def _gpt_schedule_times(gpt, config, m, batch, repeats, skip_torch):
         PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble)
 
     rank, p = dist.get_rank(), dist.get_world_size()
-    device = current_device()
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, config.vocab_size, (batch, config.seq_len), generator=generator)
-    targets = torch.randint(0, config.vocab_size, (batch, config.seq_len), generator=generator)
-    tokens, targets = tokens.to(device), targets.to(device)
+    device, (tokens, targets) = current_device(), _gpt_batch(config, batch)
     shape = (batch // m, config.seq_len, config.hidden)
     results = {}
     for name, v, torch_schedule in (("1f1b", 1, Schedule1F1B),
@@ -247,20 +254,7 @@ def _gpt_schedule_times(gpt, config, m, batch, repeats, skip_torch):
                     runner.step()
 
             candidates.append(("pytorch", pytorch, theirs))
-        samples = {label: [] for label, _, _ in candidates}
-        for repeat in range(repeats + 1):  # the first of each is a warm-up
-            for label, fn, modules in candidates:
-                for module in modules.values():
-                    module.zero_grad(set_to_none=True)
-                wait_for_device()
-                dist.barrier()
-                start = time.perf_counter()
-                fn()
-                wait_for_device()
-                dist.barrier()
-                if repeat:
-                    samples[label].append(time.perf_counter() - start)
-        results[name] = {label: statistics.median(values) for label, values in samples.items()}
+        results[name] = _median_step_times(candidates, repeats)
         results[name]["peak_bytes"] = max(run.peak_saved_bytes for run in runs)
     return results
 
