@@ -146,12 +146,18 @@ def optimizer_info(args) -> dict:
     return {"kind": args.optimizer, "hyper": hyper}
 
 
-def make_optimizer(args, parameters) -> torch.optim.Optimizer:
-    """Adam or SGD updating every parameter at once: ``fused=True`` (one kernel) when the
+def multi_tensor_options(parameters) -> dict:
+    """How an optimizer updates every parameter at once: ``fused=True`` (one kernel) when the
     parameters are on CUDA, else ``foreach=True`` (one multi-tensor op per step of the update)."""
     parameters = list(parameters)
     on_cuda = bool(parameters) and all(p.is_cuda for p in parameters)
-    multi_tensor = {"fused": True} if on_cuda else {"foreach": True}
+    return {"fused": True} if on_cuda else {"foreach": True}
+
+
+def make_optimizer(args, parameters) -> torch.optim.Optimizer:
+    """Adam or SGD, with :func:`multi_tensor_options`."""
+    parameters = list(parameters)
+    multi_tensor = multi_tensor_options(parameters)
     if args.optimizer == "adam":
         return torch.optim.Adam(parameters, lr=args.lr, eps=args.adam_eps, **multi_tensor)
     return torch.optim.SGD(parameters, lr=args.lr, momentum=args.momentum, **multi_tensor)

@@ -51,6 +51,7 @@ import torch
 
 from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig
 from reference_impl.pipeline.pipeline_executor import gpt_loss
+from reference_impl.train import multi_tensor_options
 
 # Dense peak TFLOP/s by device name (first match wins, so the specific names come first):
 # NVIDIA's data sheets, sparsity's 2x removed.
@@ -169,8 +170,8 @@ def measure(args) -> dict:
     torch.manual_seed(args.seed)
     with device:  # parameters made on the device (1.5B of them take a while on a CPU)
         model = GPT(config)
-    multi_tensor = {"fused": True} if device.type == "cuda" else {"foreach": True}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, **multi_tensor)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
+                                  **multi_tensor_options(model.parameters()))
     generator = torch.Generator().manual_seed(args.seed)
     data = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator)
     tokens, targets = data[:, :-1].to(device), data[:, 1:].to(device)

@@ -164,6 +164,18 @@ def _gpt_batch(config, batch):
     return tokens.to(current_device()), targets.to(current_device())
 
 
+def _torch_step(runner, tokens, targets) -> None:
+    """One step of a ``torch.distributed.pipelining`` schedule on this rank: the first stage
+    (rank 0) takes the tokens, the last (rank p - 1, also with v chunks per rank) the targets."""
+    rank, p = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        runner.step(tokens)
+    elif rank == p - 1:
+        runner.step(target=targets, losses=[])
+    else:
+        runner.step()
+
+
 def _median_step_times(candidates, repeats) -> dict[str, float]:
     """Per rank: (label, step function, its stage modules) timed in turns, a barrier before and
     after each step; the median of ``repeats`` steps each, after one warm-up."""
@@ -203,12 +215,7 @@ def _step_times(gpt, config, m, batch, repeats):
                          gpt_loss, boundary_shape=shape)
 
         def pytorch():
-            if rank == 0:
-                runner.step(tokens)
-            elif rank == p - 1:
-                runner.step(target=targets, losses=[])
-            else:
-                runner.step()
+            _torch_step(runner, tokens, targets)
 
         times[name] = _median_step_times(
             [("reference", reference, ours), ("pytorch", pytorch, theirs)], repeats)
@@ -246,12 +253,7 @@ def _gpt_schedule_times(gpt, config, m, batch, repeats, skip_torch):
                                     n_microbatches=m, loss_fn=gpt_loss)
 
             def pytorch():
-                if rank == 0:
-                    runner.step(tokens, target=targets if rank == p - 1 else None)
-                elif rank == p - 1 or schedule.rank_of(schedule.stages - 1) == rank:
-                    runner.step(target=targets, losses=[])
-                else:
-                    runner.step()
+                _torch_step(runner, tokens, targets)
 
             candidates.append(("pytorch", pytorch, theirs))
         results[name] = _median_step_times(candidates, repeats)
