@@ -65,8 +65,8 @@ from reference_impl.comm.launcher import current_device, wait_for_device
 from reference_impl.pipeline.pipeline_partition import gpt_layers, layer_sizes, partition
 from reference_impl.pipeline.pipeline_schedules import Action, Schedule, build_schedule
 from reference_impl.pipeline.pipeline_simulator import TimedAction, Timeline
-from reference_impl.pipeline.pipeline_validator import (Message, exchange_plan, input_message,
-                                                        output_message, validate)
+from reference_impl.pipeline.pipeline_validator import (Message, check_rendezvous, exchange_plan,
+                                                        input_message, output_message, validate)
 from reference_impl.pipeline.split_backward import DeferredWeightGrads, weight_grads_deferred
 
 
@@ -200,7 +200,9 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
         raise RuntimeError("run_schedule needs an initialised process group (use launch)")
     # Checked under the strictest model: sends that wait for their receiver (NCCL), matched
     # in order per link, posted and waited for exchange by exchange as the plan says.
-    validate(schedule, in_order=True, rendezvous=True)
+    plan = exchange_plan(schedule)
+    validate(schedule, in_order=True)
+    check_rendezvous(schedule, plan)
     p, m = schedule.ranks, schedule.microbatches
     if dist.get_world_size(group) != p:
         raise ValueError(f"the schedule is for {p} ranks but the pipeline group has "
@@ -235,7 +237,7 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
     events: list[TimedAction] = []
     peak_saved = peak_bytes = 0
     actions, outgoing = schedule.actions[rank], None
-    exchanges = {exchange.step: exchange for exchange in exchange_plan(schedule)[rank]}
+    exchanges = {exchange.step: exchange for exchange in plan[rank]}
 
     def exchange(step: int) -> None:
         """Post this step's sends and receives together, and wait for all of them."""
