@@ -3,7 +3,9 @@
 :func:`plot_gantt` draws one row per rank and one box per pass, F, B and W in their own
 colours with the microbatch number inside; the grey behind the boxes is the bubble, the time
 a rank waits. Several timelines (1F1B next to ZB-H1, simulated next to measured) are stacked,
-one panel each, on the same time axis when their units agree.
+one panel each, on the same time axis when their units agree; ``until`` draws the pipeline as
+it fills, up to a time. :func:`plot_gantt_with_memory` puts under the chart the activations
+each rank holds over time (:func:`in_flight_over_time`).
 
 :func:`chrome_trace` writes the same timeline in the Chrome trace-event format (one "process"
 per rank, one complete "X" event per pass, times in microseconds), which
@@ -39,8 +41,13 @@ def _axis_label(unit: str) -> str:
 
 
 def plot_gantt(timeline_or_list: Timeline | list[Timeline],
-               titles: list[str] | None = None) -> Figure:
-    """One panel per timeline, one row per rank (rank 0 at the top), one box per pass."""
+               titles: list[str] | None = None, fontsize: float = 8,
+               until: float | None = None) -> Figure:
+    """One panel per timeline, one row per rank (rank 0 at the top), one box per pass.
+
+    ``fontsize``: of the labels (8 for a notebook; about 13 for a slide). ``until``: draw only
+    what has run by that time, on the whole time axis (the pipeline filling, step by step).
+    """
     timelines = (list(timeline_or_list) if isinstance(timeline_or_list, (list, tuple))
                  else [timeline_or_list])
     if not timelines:
@@ -55,49 +62,104 @@ def plot_gantt(timeline_or_list: Timeline | list[Timeline],
     longest = max(timeline.makespan for timeline in timelines)
     for index, (axes, timeline) in enumerate(zip(panels, timelines)):
         title = titles[index] if titles is not None else None
-        _draw(axes, timeline, title)
+        _draw(axes, timeline, title, fontsize, until)
         axes.set_xlim(0, longest if same_unit else timeline.makespan)
         if index == len(timelines) - 1 or not same_unit:
-            axes.set_xlabel(_axis_label(timeline.unit))
+            axes.set_xlabel(_axis_label(timeline.unit), fontsize=fontsize)
     kinds = sorted({event.action.kind for timeline in timelines for event in timeline.events},
                    key="FBW".index)
     handles = [Patch(facecolor=_COLOURS[kind][0], label=f"{kind}: {KIND_NAMES[kind]}")
                for kind in kinds]
     handles.append(Patch(facecolor=_IDLE, label="idle (bubble)"))
-    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8,
-                  frameon=False)
+    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles),
+                  fontsize=fontsize, frameon=False)
     return figure
 
 
-def _draw(axes, timeline: Timeline, title: str | None) -> None:
+def _draw(axes, timeline: Timeline, title: str | None, fontsize: float = 8,
+          until: float | None = None) -> None:
     schedule = timeline.schedule
     p, start, makespan = schedule.ranks, timeline.start, timeline.makespan
     shortest = min((e.end - e.start for e in timeline.events if e.end > e.start), default=1.0)
     # Two digits at size f take about f points; a box is shortest/makespan of ~10 inches
-    # (720 points) wide: shrink the text to fit the narrowest box, within 4..8 points.
-    fontsize = max(4.0, min(8.0, 720 * shortest / makespan))
+    # (720 points) wide: shrink the text to fit the narrowest box, within 4..fontsize points.
+    box_fontsize = max(4.0, min(fontsize, 720 * shortest / makespan))
+    shown = makespan if until is None else max(0.0, min(until, makespan))
     for rank in range(p):
-        axes.add_patch(Rectangle((0, rank - 0.4), makespan, 0.8, facecolor=_IDLE,
+        axes.add_patch(Rectangle((0, rank - 0.4), shown, 0.8, facecolor=_IDLE,
                                  edgecolor="none", zorder=1))
     for event in timeline.events:
-        x, width = event.start - start, event.end - event.start
+        if until is not None and event.start - start >= until:
+            continue
+        x = event.start - start
+        width = event.end - event.start if until is None else min(event.end - start, until) - x
         axes.add_patch(Rectangle((x, event.rank - 0.4), width, 0.8,
                                  facecolor=_colour(event, p), edgecolor="white",
                                  linewidth=0.6, zorder=2))
         axes.text(x + width / 2, event.rank, str(event.action.microbatch), ha="center",
-                  va="center", fontsize=fontsize, zorder=3,
+                  va="center", fontsize=box_fontsize, zorder=3,
                   color="white" if event.action.stage % (3 * p) < p else "black")
     axes.set_ylim(p - 0.5, -0.5)
-    axes.set_yticks(range(p), [f"rank {rank}" for rank in range(p)], fontsize=8)
+    axes.set_yticks(range(p), [f"rank {rank}" for rank in range(p)], fontsize=fontsize)
+    axes.tick_params(axis="x", labelsize=fontsize)
     axes.tick_params(axis="y", length=0)
     for side in ("top", "right", "left"):
         axes.spines[side].set_visible(False)
     summary = f"{schedule.name}: p={p}, m={schedule.microbatches}"
     if schedule.chunks > 1:
         summary += f", v={schedule.chunks} (lighter: later chunks)"
-    summary += (f"; makespan {makespan:.4g} {'s' if timeline.unit == 's' else 'units'}, "
-                f"bubble {timeline.bubble_fraction:.1%}")
-    axes.set_title(f"{title}\n{summary}" if title else summary, fontsize=9, loc="left")
+    if until is None:
+        summary += (f"; makespan {makespan:.4g} {'s' if timeline.unit == 's' else 'units'}, "
+                    f"bubble {timeline.bubble_fraction:.1%}")
+    else:
+        started = sum(event.start - start < until for event in timeline.events)
+        summary += f"; at t = {until:g}: {started} of {len(timeline.events)} passes started"
+        axes.axvline(shown, color="black", linewidth=1, zorder=4)
+    axes.set_title(f"{title}\n{summary}" if title else summary, fontsize=fontsize + 1,
+                   loc="left")
+
+
+def in_flight_over_time(timeline: Timeline, rank: int) -> list[tuple[float, int]]:
+    """``rank``'s held activations as steps ``(time, count)`` from time 0: one more when a
+    forward starts, one fewer when its last use ends (the B, or the W when the backward is
+    split), as :attr:`Timeline.peak_in_flight` counts them; its maximum is that peak."""
+    release = "W" if timeline.schedule.split_backward else "B"
+    changes = sorted([(event.start - timeline.start, 1) for event in timeline.on_rank(rank)
+                      if event.action.kind == "F"]
+                     + [(event.end - timeline.start, -1) for event in timeline.on_rank(rank)
+                        if event.action.kind == release])
+    steps, held = [(0.0, 0)], 0
+    for time, change in changes:  # a release and a forward at the same time: one net step
+        held += change
+        if steps[-1][0] == time:
+            steps[-1] = (time, held)
+        else:
+            steps.append((time, held))
+    return steps
+
+
+def plot_gantt_with_memory(timeline: Timeline, title: str | None = None,
+                           fontsize: float = 12) -> Figure:
+    """The Gantt chart, and under it on the same time axis the activations each rank holds
+    (in microbatches; in chunks with v > 1): GPipe's climb to m, 1F1B's plateau at p - r."""
+    p = timeline.schedule.ranks
+    figure = Figure(figsize=(10, 5), layout="constrained")
+    gantt, memory = figure.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [1, 1]})
+    _draw(gantt, timeline, title, fontsize)
+    gantt.set_xlim(0, timeline.makespan)
+    for rank in range(p):
+        times, held = zip(*in_flight_over_time(timeline, rank))
+        memory.step([*times, timeline.makespan], [*held, held[-1]], where="post",
+                    color=f"C{rank}", linewidth=2, label=f"rank {rank}")
+    unit = "chunks" if timeline.schedule.chunks > 1 else "microbatches"
+    memory.set_ylabel(f"activations held\n({unit})", fontsize=fontsize)
+    memory.set_xlabel(_axis_label(timeline.unit), fontsize=fontsize)
+    memory.set_ylim(0, 1.4 * max(timeline.peak_in_flight) + 0.5)  # room for the legend
+    memory.tick_params(labelsize=fontsize)
+    memory.legend(fontsize=fontsize - 1, ncol=p, loc="upper right", frameon=False)
+    for side in ("top", "right"):
+        memory.spines[side].set_visible(False)
+    return figure
 
 
 def chrome_trace(timeline: Timeline, us_per_unit: float | None = None) -> dict:
