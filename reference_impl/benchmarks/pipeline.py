@@ -31,13 +31,16 @@ Everything runs the reference executor (``pipeline_executor.run_schedule``) on p
    oversubscribed, so the ratio says more than either time.
 
 5. **The course's GPT through 1F1B, interleaved 1F1B (v = 2) and ZB-H1**, at p = 2 (one core
-   per rank on a 2-core machine) and p = 4: the reference executor's step time and peak bytes
-   saved for the backward, beside PyTorch's ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` and
-   ``ScheduleInterleavedZeroBubble`` on the same stages, and ZB-H1's time over 1F1B's. ZB-H1
-   fills the pipeline's bubble with the deferred weight gradients (B + W is one backward, see
-   ``split_backward.py``), so with a core per rank it should take no longer than 1F1B; with
-   more ranks than cores, the ranks' "idle" time is spent running other ranks, so a bubble
-   costs nothing and filling it gains nothing.
+   per rank on a 2-core machine) and p = 4, with m = 2p microbatches (1F1B's bubble is then
+   (p - 1)/(3p - 1), a fifth at p = 2, so what ZB-H1 wins back shows above the noise): the
+   reference executor's step time and peak bytes saved for the backward, beside PyTorch's
+   ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` and ``ScheduleInterleavedZeroBubble`` on the
+   same stages, and ZB-H1's time over 1F1B's. Every candidate runs in turn within each repeat,
+   so a slow moment of the machine falls on all of them. ZB-H1 fills the pipeline's bubble
+   with the deferred weight gradients (B + W is one backward, see ``split_backward.py``), so
+   with a core per rank it should take no longer than 1F1B; with more ranks than cores, the
+   ranks' "idle" time is spent running other ranks, so a bubble costs nothing and filling it
+   gains nothing.
 
 Times are printed, never asserted (``tests/test_pipeline_measured.py`` asserts the ratios).
 """
@@ -176,7 +179,7 @@ def _torch_step(runner, tokens, targets) -> None:
         runner.step()
 
 
-def _median_step_times(candidates, repeats) -> dict[str, float]:
+def _median_step_times(candidates, repeats) -> dict:
     """Per rank: (label, step function, its stage modules) timed in turns, a barrier before and
     after each step; the median of ``repeats`` steps each, after one warm-up."""
     samples = {label: [] for label, _, _ in candidates}
@@ -225,39 +228,41 @@ def _step_times(gpt, config, m, batch, repeats):
 def _gpt_schedule_times(gpt, config, m, batch, repeats, skip_torch):
     """Per rank: one training step of the GPT through 1F1B, interleaved 1F1B (v = 2) and ZB-H1,
     reference executor and (unless ``skip_torch``) PyTorch's schedule of the same name on the
-    same stages, alternately; the medians and the executor's peak saved bytes."""
+    same stages. Every candidate is timed in turn within each repeat, so a slow moment of a
+    noisy machine falls on all of them alike and the ratios hold; the medians and the
+    executor's peak saved bytes."""
     from torch.distributed.pipelining import (
         PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble)
 
     rank, p = dist.get_rank(), dist.get_world_size()
     device, (tokens, targets) = current_device(), _gpt_batch(config, batch)
     shape = (batch // m, config.seq_len, config.hidden)
-    results = {}
+    candidates, runs = [], {}
     for name, v, torch_schedule in (("1f1b", 1, Schedule1F1B),
                                     ("interleaved", 2, ScheduleInterleaved1F1B),
                                     ("zb-h1", 1, ScheduleInterleavedZeroBubble)):
         schedule = build_schedule(name, p, m, v)
         ours, _ = build_gpt_stages(gpt, schedule, rank)
-        runs = []
+        runs[name] = []
 
-        def reference():
-            runs.append(run_schedule(schedule, ours, split_batch(tokens, m),
+        def reference(schedule=schedule, ours=ours, into=runs[name]):
+            into.append(run_schedule(schedule, ours, split_batch(tokens, m),
                                      split_batch(targets, m), gpt_loss, boundary_shape=shape))
 
-        candidates = [("reference", reference, ours)]
+        candidates.append(((name, "reference"), reference, ours))
         if not skip_torch:
             theirs, _ = build_gpt_stages(gpt, schedule, rank)
             stages = [PipelineStage(module, index, schedule.stages, device)
                       for index, module in sorted(theirs.items())]
             runner = torch_schedule(stages if v > 1 or name == "zb-h1" else stages[0],
                                     n_microbatches=m, loss_fn=gpt_loss)
-
-            def pytorch():
-                _torch_step(runner, tokens, targets)
-
-            candidates.append(("pytorch", pytorch, theirs))
-        results[name] = _median_step_times(candidates, repeats)
-        results[name]["peak_bytes"] = max(run.peak_saved_bytes for run in runs)
+            candidates.append(((name, "pytorch"),
+                               lambda runner=runner: _torch_step(runner, tokens, targets), theirs))
+    results = {name: {} for name in runs}
+    for (name, implementation), seconds in _median_step_times(candidates, repeats).items():
+        results[name][implementation] = seconds
+    for name, done in runs.items():
+        results[name]["peak_bytes"] = max(run.peak_saved_bytes for run in done)
     return results
 
 
@@ -348,26 +353,23 @@ def main(argv=None) -> None:
             ours, theirs = times[name]["reference"], times[name]["pytorch"]
             print(f"{name:<6} reference {ours * 1e3:7.1f} ms   {label:<14}{theirs * 1e3:7.1f} "
                   f"ms   ratio reference/PyTorch {ours / theirs:.2f}")
-    gpt_schedules(gpt, config, m, batch, repeats, skip_torch)
+    gpt_schedules(gpt, config, batch, repeats + 2, skip_torch)
 
 
-def gpt_schedules(gpt, config, m, batch, repeats, skip_torch) -> None:
-    print(f"\n5. the GPT through 1F1B, interleaved (v = 2) and ZB-H1, m={m}; median of "
-          f"{repeats} steps; peak = most bytes autograd held for the backward on one rank")
+def gpt_schedules(gpt, config, batch, repeats, skip_torch) -> None:
+    print(f"\n5. the GPT through 1F1B, interleaved (v = 2) and ZB-H1, m = 2p microbatches; "
+          f"median of {repeats} steps, every candidate in turn; peak = most bytes autograd "
+          f"held for the backward on one rank")
     labels = {"1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
               "zb-h1": "ScheduleInterleavedZeroBubble"}
     for p in (2, 4):
-        results = launch(_gpt_schedule_times, p, gpt, config, m, batch, repeats, skip_torch,
+        results = launch(_gpt_schedule_times, p, gpt, config, 2 * p, batch, repeats, skip_torch,
                          timeout=LAUNCH_TIMEOUT)[0]
         for name, row in results.items():
             torch_part = (f"   {labels[name]:<30}{row['pytorch'] * 1e3:7.1f} ms   ratio "
                           f"{row['reference'] / row['pytorch']:.2f}" if "pytorch" in row else "")
-            print(f"p={p} {name:<12} reference {row['reference'] * 1e3:7.1f} ms  peak "
+            print(f"p={p} m={2 * p} {name:<12} reference {row['reference'] * 1e3:7.1f} ms  peak "
                   f"{row['peak_bytes'] / 2**20:6.1f} MiB{torch_part}")
         print(f"p={p} ZB-H1 / 1F1B step time: "
               f"{results['zb-h1']['reference'] / results['1f1b']['reference']:.2f}"
-              + ("  (4 ranks on fewer cores: see 5. above)" if p > (os.cpu_count() or 1) else ""))
-
-
-if __name__ == "__main__":
-    main()
+              + ("  (more ranks than cores: see 5. above)" if p > (os.cpu_count() or 1) else ""))

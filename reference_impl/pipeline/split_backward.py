@@ -33,8 +33,9 @@ class DeferredWeightGrads:
         self.pending: list[tuple[nn.Linear, torch.Tensor, torch.Tensor]] = []
 
     def flush(self) -> None:
-        """W: every deferred weight gradient, accumulated into ``.grad``; then forget them."""
-        for linear, x, dy in self.pending:
+        """W: every deferred weight gradient, accumulated into ``.grad``; then forget them.
+        Last stored first: B ended on the stage's first layers, whose tensors are still in cache."""
+        for linear, x, dy in reversed(self.pending):
             x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
             weight, bias = linear.weight, linear.bias
             if weight.requires_grad:  # dW = dy^T x, added in place into .grad (one matmul)
