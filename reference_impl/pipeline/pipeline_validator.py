@@ -34,7 +34,10 @@ is that plan, per rank: before each action, one :class:`Exchange` holding the se
 previous action's output and the receive of this action's input, posted as one batch
 (``batch_isend_irecv``) and waited for as a whole; :func:`check_rendezvous` runs the ranks
 through their exchanges with rendezvous sends and reports the cycle if they jam.
-``validate(schedule, rendezvous=True)`` adds it; the executor runs exactly this plan.
+``validate(schedule, rendezvous=True)`` adds it; the executor runs exactly this plan. (It
+waits for less: for an exchange's receives before it computes, for the sends at the end of
+the step. Waiting less only lets a rank post its later operations sooner, in the same order
+per link, so a plan that passes with whole exchanges waited for passes with that too.)
 """
 from __future__ import annotations
 
