@@ -1,15 +1,18 @@
 """Lab 1, graded: the rank layout (SageMaker's 8-GPU table, the group properties over every small
 layout, the figure) and real process groups that contain exactly the intended ranks.
 
-The process-group tests build their layout with the reference, so they grade
-``create_process_groups`` on its own."""
+The student's code runs in a helper process or on the ranks; every layout it returns comes back
+as data (groups as lists, coordinates as tuples) and is checked here, against the table of
+SageMaker's documentation and against the groups computed in this file from their definition
+(``expected_layout``)."""
+import contextlib
+import io
 import itertools
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from reference_impl.comm.groups import AXES, ORDERS, build_rank_layout
 from reference_impl.comm.groups_figure import plot_rank_groups
 from reference_impl.comm.launcher import current_device
 
@@ -28,7 +31,59 @@ GPU5: pp_rank 1, tp_rank 0, rdp_rank 1, dp_rank 2, mp_rank 1
 GPU6: pp_rank 0, tp_rank 1, rdp_rank 1, dp_rank 3, mp_rank 2
 GPU7: pp_rank 1, tp_rank 1, rdp_rank 1, dp_rank 3, mp_rank 3""".splitlines()
 
+# The three axes of a rank's coordinates; an order lists them fastest-varying first.
+AXES = ("tp", "pp", "rdp")
+ORDERS = {"sagemaker": ("pp", "tp", "rdp"), "megatron": ("tp", "rdp", "pp")}
 ALL_ORDERS = list(ORDERS) + ["-".join(p) for p in itertools.permutations(AXES)]
+# The axes along which the members of each kind of group differ (SageMaker's definitions).
+VARYING = {"TP": ("tp",), "PP": ("pp",), "DP": ("tp", "rdp"), "RDP": ("rdp",),
+           "MP": ("tp", "pp"), "WORLD": AXES}
+COORDINATE_OF = {"TP": "tp_rank", "PP": "pp_rank", "DP": "dp_rank", "RDP": "rdp_rank",
+                 "MP": "mp_rank"}
+
+
+def expected_layout(world_size, tp, pp, order):
+    """{kind: sorted groups}, from the definition: rank r's position along each axis is its
+    mixed-radix digit (the order's first axis varying fastest); a group holds the ranks that
+    agree on every axis its kind does not vary."""
+    axes = ORDERS.get(order, tuple(order.split("-")))
+    sizes = {"tp": tp, "pp": pp, "rdp": world_size // (tp * pp)}
+    position = []
+    for rank in range(world_size):
+        digits, rest = {}, rank
+        for axis in axes:
+            digits[axis] = rest % sizes[axis]
+            rest //= sizes[axis]
+        position.append(digits)
+    groups = {}
+    for kind, varying in VARYING.items():
+        fixed = [axis for axis in AXES if axis not in varying]
+        keys = {}
+        for rank in range(world_size):
+            keys.setdefault(tuple(position[rank][axis] for axis in fixed), []).append(rank)
+        groups[kind] = sorted(keys.values())
+    return groups
+
+
+def group_of(groups, kind, rank):
+    return next(group for group in groups[kind] if rank in group)
+
+
+def layout_as_data(layout):
+    """A RankLayout as plain data: its groups and each rank's coordinates."""
+    return {"groups": {kind: [list(group) for group in groups]
+                       for kind, groups in layout.groups.items()},
+            "ranks": [{name: getattr(c, name) for name in COORDINATE_OF.values()}
+                      for c in layout.ranks]}
+
+
+def cli_output(impl, argv):
+    """What ``groups.main(argv)`` prints."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        impl.module("groups").main(argv)
+    return printed.getvalue()
+
 
 
 def all_small_layouts(max_world_size=16):
@@ -38,15 +93,15 @@ def all_small_layouts(max_world_size=16):
                 yield world_size, tp, pp
 
 
-def test_cli_reproduces_the_sagemaker_8_gpu_table(impl, capsys):
-    impl.module("groups").main(["--world-size", "8", "--tp", "2", "--pp", "2", "--order", "sagemaker"])
-    lines = capsys.readouterr().out.splitlines()
+def test_cli_reproduces_the_sagemaker_8_gpu_table(impl, run_alone):
+    lines = run_alone(cli_output, impl, ["--world-size", "8", "--tp", "2", "--pp", "2", "--order",
+                                         "sagemaker"]).splitlines()
     assert lines[:8] == SAGEMAKER_8_GPU_TABLE
 
 
-def test_cli_prints_the_groups_after_the_table(impl, capsys):
-    impl.module("groups").main(["--world-size", "8", "--tp", "2", "--pp", "2"])
-    groups = capsys.readouterr().out.splitlines()[9:]
+def test_cli_prints_the_groups_after_the_table(impl, run_alone):
+    groups = run_alone(cli_output, impl, ["--world-size", "8", "--tp", "2", "--pp", "2"]
+                       ).splitlines()[9:]
     # SageMaker's ranking page: pipelines (0,1) (2,3) (4,5) (6,7); data parallelism over 0,2,4,6 and
     # 1,3,5,7; tensor parallelism over (0,2) (1,3) (4,6) (5,7).
     assert groups == [
@@ -59,9 +114,9 @@ def test_cli_prints_the_groups_after_the_table(impl, capsys):
     ]
 
 
-def test_megatron_order_puts_tp_peers_on_neighbouring_ranks(impl, capsys):
-    impl.module("groups").main(["--world-size", "8", "--tp", "2", "--pp", "2", "--order", "megatron"])
-    lines = capsys.readouterr().out.splitlines()
+def test_megatron_order_puts_tp_peers_on_neighbouring_ranks(impl, run_alone):
+    lines = run_alone(cli_output, impl, ["--world-size", "8", "--tp", "2", "--pp", "2", "--order",
+                                         "megatron"]).splitlines()
     assert lines[1] == "GPU1: pp_rank 0, tp_rank 1, rdp_rank 0, dp_rank 1, mp_rank 1"
     assert lines[9] == "TP_GROUP:  [0, 1] [2, 3] [4, 5] [6, 7]"
     assert lines[11] == "DP_GROUP:  [0, 1, 2, 3] [4, 5, 6, 7]"
@@ -69,52 +124,62 @@ def test_megatron_order_puts_tp_peers_on_neighbouring_ranks(impl, capsys):
     assert lines[12] == "RDP_GROUP: [0, 2] [1, 3] [4, 6] [5, 7]"
 
 
-def test_cli_saves_a_figure(impl, tmp_path, capsys):
-    target = tmp_path / "groups.png"
-    impl.module("groups").main(["--world-size", "8", "--tp", "2", "--pp", "2", "--plot", str(target)])
-    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def saved_figure(impl, target):
+    cli_output(impl, ["--world-size", "8", "--tp", "2", "--pp", "2", "--plot", target])
+    with open(target, "rb") as handle:
+        return handle.read(8)
 
 
-def test_figure_has_a_panel_per_group_kind(impl):
+def test_cli_saves_a_figure(impl, run_alone, tmp_path):
+    assert run_alone(saved_figure, impl, str(tmp_path / "groups.png")) == b"\x89PNG\r\n\x1a\n"
+
+
+def figure_panels(impl):
+    """The figure of the 8-GPU layout, as data: each panel's title and number of labels."""
     figure = plot_rank_groups(impl.module("groups").build_rank_layout(8, tp=2, pp=2))
-    titles = [axes.get_title() for axes in figure.axes]
+    return [(axes.get_title(), len(axes.texts)) for axes in figure.axes]
+
+
+def test_figure_has_a_panel_per_group_kind(impl, run_alone):
+    panels = run_alone(figure_panels, impl)
+    titles = [title for title, _ in panels]
     assert [title.split(":")[0].split("\n")[0] for title in titles] == [
         "TP_GROUP", "PP_GROUP", "DP_GROUP", "RDP_GROUP", "MP_GROUP", "WORLD"]
     assert "4 group(s) of 2" in titles[0]
-    assert all(len(axes.texts) == 8 for axes in figure.axes)  # one label per GPU
+    assert all(labels == 8 for _, labels in panels)  # one label per GPU
+
+
+def small_layouts(impl, order):
+    build = impl.module("groups").build_rank_layout
+    return [layout_as_data(build(world_size, tp, pp, order))
+            for world_size, tp, pp in all_small_layouts()]
 
 
 @pytest.mark.parametrize("order", ALL_ORDERS)
-def test_group_properties_hold_for_every_small_layout(impl, order):
-    build = impl.module("groups").build_rank_layout
-    for world_size, tp, pp in all_small_layouts():
-        layout = build(world_size, tp, pp, order)
+def test_group_properties_hold_for_every_small_layout(impl, run_alone, order):
+    for (world_size, tp, pp), layout in zip(all_small_layouts(), run_alone(small_layouts, impl,
+                                                                            order)):
         where = f"world {world_size}, tp {tp}, pp {pp}, order {order}"
-        sizes = {"TP": tp, "PP": pp, "DP": world_size // pp, "RDP": world_size // (tp * pp),
-                 "MP": tp * pp, "WORLD": world_size}
-        for kind, groups in layout.groups.items():
-            members = sorted(rank for group in groups for rank in group)
-            assert members == list(range(world_size)), f"{kind} is not a partition ({where})"
-            assert {len(group) for group in groups} == {sizes[kind]}, f"{kind} size ({where})"
-        # Each rank has a unique (tp, pp, rdp) coordinate.
-        coords = {(c.tp_rank, c.pp_rank, c.rdp_rank) for c in layout.ranks}
-        assert len(coords) == world_size, where
-        for rank, c in enumerate(layout.ranks):
-            group = {kind: set(layout.group_of(kind, rank)) for kind in layout.groups}
-            assert group["TP"] <= group["DP"] and group["TP"] <= group["MP"], where
-            union_of_pp = set().union(*(layout.group_of("PP", peer) for peer in group["TP"]))
-            assert group["MP"] == union_of_pp, where
-            same_tp = {r for r in range(world_size) if layout.ranks[r].tp_rank == c.tp_rank}
-            assert group["RDP"] == group["DP"] & same_tp, where
-            for kind, index in (("TP", c.tp_rank), ("PP", c.pp_rank), ("RDP", c.rdp_rank),
-                                ("DP", c.dp_rank), ("MP", c.mp_rank)):
-                assert layout.group_of(kind, rank)[index] == rank, f"{kind} index ({where})"
+        expected = expected_layout(world_size, tp, pp, order)
+        for kind, groups in expected.items():
+            got = sorted(layout["groups"].get(kind, []))
+            assert got == groups, (f"{kind}_GROUP ({where}): got {got}, expected {groups}: "
+                                   "a group holds the ranks that differ only along "
+                                   f"{' and '.join(VARYING[kind])}")
+        for rank, coordinates in enumerate(layout["ranks"]):
+            for kind, name in COORDINATE_OF.items():
+                group = group_of(expected, kind, rank)
+                assert coordinates[name] == group.index(rank), (
+                    f"rank {rank}'s {name} is {coordinates[name]} ({where}); it is the rank's "
+                    f"index in its {kind}_GROUP {group}, i.e. {group.index(rank)}")
 
 
 @pytest.mark.parametrize("order, contiguous_kind", [("sagemaker", "PP"), ("megatron", "TP")])
-def test_fastest_axis_groups_are_neighbouring_ranks(impl, order, contiguous_kind):
-    layout = impl.module("groups").build_rank_layout(16, tp=2, pp=4, order=order)
-    for group in layout.groups[contiguous_kind]:
+def test_fastest_axis_groups_are_neighbouring_ranks(impl, run_alone, order, contiguous_kind):
+    layout = next(layout for (world_size, tp, pp), layout in
+                  zip(all_small_layouts(), run_alone(small_layouts, impl, order))
+                  if (world_size, tp, pp) == (16, 2, 4))
+    for group in layout["groups"][contiguous_kind]:
         assert list(group) == list(range(group[0], group[0] + len(group)))
 
 
@@ -122,7 +187,7 @@ def test_fastest_axis_groups_are_neighbouring_ranks(impl, order, contiguous_kind
 
 def sums_over_every_group(impl, tp, pp, order):
     """Each rank contributes 2**rank; a sum over a group says exactly who was in it."""
-    layout = build_rank_layout(dist.get_world_size(), tp, pp, order)
+    layout = impl.module("groups").build_rank_layout(dist.get_world_size(), tp, pp, order)
     groups = impl.module("process_groups").create_process_groups(layout)
     seen = {}
     for kind in layout.groups:
@@ -137,11 +202,11 @@ def sums_over_every_group(impl, tp, pp, order):
                                            (4, 1, "sagemaker"), (2, 4, "rdp-pp-tp"),
                                            (1, 8, "megatron")])
 def test_real_groups_reduce_over_exactly_their_members(impl, run_on_ranks, tp, pp, order):
-    layout = build_rank_layout(8, tp, pp, order)
+    expected = expected_layout(8, tp, pp, order)
     for rank, seen in enumerate(run_on_ranks(sums_over_every_group, 8, impl, tp, pp, order)):
-        coords = layout.coordinates(rank)
-        ranks_in_group = {"TP": coords.tp_rank, "PP": coords.pp_rank, "DP": coords.dp_rank,
-                          "RDP": coords.rdp_rank, "MP": coords.mp_rank, "WORLD": rank}
+        assert sorted(seen) == sorted(expected), f"rank {rank}: groups of kinds {sorted(seen)}"
         for kind, (members, group_rank) in seen.items():
-            assert members == list(layout.group_of(kind, rank)), f"rank {rank}, {kind}_GROUP"
-            assert group_rank == ranks_in_group[kind], f"rank {rank}, {kind}_GROUP rank"
+            group = group_of(expected, kind, rank)
+            assert members == group, (f"rank {rank}: an all-reduce over its {kind}_GROUP summed "
+                                      f"ranks {members}, expected {group}")
+            assert group_rank == group.index(rank), f"rank {rank}, {kind}_GROUP rank"

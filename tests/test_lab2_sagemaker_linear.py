@@ -23,7 +23,6 @@ from torch import nn
 from reference_impl.checks import assert_close
 from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.launcher import current_device
-from reference_impl.tp.tp_layers import full_state
 
 pytestmark = pytest.mark.lab2
 
@@ -51,6 +50,21 @@ LIKELY_CAUSES = {
 
 def random(shape, seed):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(current_device())
+
+
+def gathered(module, group, grads=False):
+    """Every parameter (or gradient) of ``module`` at full size: a shard (marked ``tp_dim``, one
+    block per rank) is all-gathered over the group and concatenated along that dimension."""
+    state = {}
+    for name, parameter in module.named_parameters():
+        local = (parameter.grad if grads else parameter.detach()).contiguous()
+        dim = getattr(parameter, "tp_dim", None)
+        if dim is not None:
+            parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+            dist.all_gather(parts, local, group=group)
+            local = torch.cat(parts, dim=dim)
+        state[name] = local
+    return state
 
 
 def data_parallel_and_distributed(impl, tp):
@@ -81,11 +95,11 @@ def data_parallel_and_distributed(impl, tp):
 
     pairs = [("output", y, y_ref), ("input grad", x.grad, x_ref.grad)]
     reference = dict(replica.named_parameters())
-    for name, gradient in full_state(layer, group, grads=True).items():
+    for name, gradient in gathered(layer, group, grads=True).items():
         pairs.append((f"grad of {name}", gradient, reference[name].grad))
     for parameters in (replica.parameters(), layer.parameters()):
         torch.optim.SGD(parameters, lr=LR).step()
-    for name, value in full_state(layer, group).items():
+    for name, value in gathered(layer, group).items():
         pairs.append((f"{name} after a step", value, reference[name]))
     return [(what, a.detach().cpu(), b.detach().cpu()) for what, a, b in pairs]
 

@@ -4,10 +4,12 @@ p = 1..5 and m = 1..9; the exact per-rank order on small cases; and, simulated w
 T_F = 1 and T_B = 2, the bubble fraction (p-1)/(m+p-1) and the activations each rank holds
 (m for GPipe, min(p - r, m) for 1F1B).
 
-The schedule is checked with the reference validator and simulator. A student's
-``pipeline_schedules`` module defines its own ``Action`` and ``Schedule`` classes, so each
-schedule is first rebuilt from the reference classes, field by field (``as_reference``).
+The student's generators run in a helper process and their schedules come back as data
+(each rank's (kind, microbatch, stage) triples); here they are rebuilt with the kit's classes
+(the validator's ``normalized``), then validated and simulated by the kit.
 """
+from types import SimpleNamespace
+
 import pytest
 
 from reference_impl.pipeline.pipeline_simulator import simulate
@@ -42,28 +44,49 @@ GOLDEN = {
 }
 
 
-def call(impl, generator, p, m):
-    return getattr(impl.module("pipeline_schedules"), generator)(p, m)
+def schedules_as_data(impl, generator, sizes):
+    """``generator(p, m)`` of the student's module for every (p, m), as data; or the reason
+    a returned value is not a Schedule of per-rank Actions."""
+    make = getattr(impl.module("pipeline_schedules"), generator)
+    found = []
+    for p, m in sizes:
+        schedule = make(p, m)
+        try:
+            found.append({"name": str(schedule.name), "ranks": int(schedule.ranks),
+                          "microbatches": int(schedule.microbatches),
+                          "chunks": int(schedule.chunks),
+                          "split_backward": bool(schedule.split_backward),
+                          "actions": [[(str(a.kind), int(a.microbatch), int(a.stage)) for a in ops]
+                                      for ops in schedule.actions]})
+        except (AttributeError, TypeError, ValueError) as error:
+            found.append(f"{type(error).__name__}: {error}")
+    return found
 
 
-def as_reference(schedule, where):
-    """The student's schedule rebuilt from the reference ``Action`` and ``Schedule``."""
-    try:
-        return normalized(schedule)
-    except (AttributeError, TypeError) as error:
+def as_reference(data, where):
+    """The student's schedule, from its data, rebuilt with the kit's ``Action`` and
+    ``Schedule``."""
+    if isinstance(data, str):
         pytest.fail(f"{where} did not return a Schedule whose actions are per-rank tuples of "
-                    f"Action(kind, microbatch, stage) ({error}); keep the generator's "
+                    f"Action(kind, microbatch, stage) ({data}); keep the generator's "
                     f"`return Schedule(...)` and append one tuple of Actions per rank")
+    actions = [[SimpleNamespace(kind=k, microbatch=mb, stage=st) for k, mb, st in ops]
+               for ops in data["actions"]]
+    return normalized(SimpleNamespace(**{**data, "actions": actions}))
+
+
+def student_schedules(impl, run_alone, generator, sizes):
+    return dict(zip(sizes, run_alone(schedules_as_data, impl, generator, list(sizes))))
 
 
 def row(schedule, rank):
     return " ".join(f"{action.kind}{action.microbatch}" for action in schedule.actions[rank])
 
 
-def checked(impl, generator, p, m):
+def checked(schedules, generator, p, m):
     """The student's schedule for (p, m), validated; a failure quotes the validator and hints."""
     where = f"{generator}(p={p}, m={m})"
-    schedule = as_reference(call(impl, generator, p, m), where)
+    schedule = as_reference(schedules[p, m], where)
     try:
         validate(schedule, in_order=True)
     except ScheduleError as error:
@@ -88,17 +111,18 @@ def first_difference(expected, got):
 
 
 @pytest.mark.parametrize("generator", ["gpipe", "one_f_one_b"])
-def test_valid_for_every_size(impl, generator):
+def test_valid_for_every_size(impl, run_alone, generator):
+    schedules = student_schedules(impl, run_alone, generator, SIZES)
     for p, m in SIZES:
-        schedule = checked(impl, generator, p, m)
+        schedule = checked(schedules, generator, p, m)
         assert (schedule.ranks, schedule.microbatches, schedule.chunks) == (p, m, 1), (
             f"{generator}(p={p}, m={m}) says it is for p={schedule.ranks}, "
             f"m={schedule.microbatches}, v={schedule.chunks}")
 
 
 @pytest.mark.parametrize("generator, p, m", sorted(GOLDEN))
-def test_golden_order_on_every_rank(impl, generator, p, m):
-    schedule = checked(impl, generator, p, m)
+def test_golden_order_on_every_rank(impl, run_alone, generator, p, m):
+    schedule = checked(student_schedules(impl, run_alone, generator, [(p, m)]), generator, p, m)
     for rank, expected in enumerate(GOLDEN[generator, p, m]):
         got = row(schedule, rank)
         assert got == expected, (
@@ -113,9 +137,11 @@ def test_golden_order_on_every_rank(impl, generator, p, m):
 
 
 @pytest.mark.parametrize("generator", ["gpipe", "one_f_one_b"])
-def test_simulated_bubble_is_p_minus_1_over_m_plus_p_minus_1(impl, generator):
-    for p, m in [(1, 4), (2, 1), (2, 5), (3, 3), (4, 2), (4, 8), (5, 9)]:
-        timeline = simulate(checked(impl, generator, p, m), cost_f=1.0, cost_b=2.0)
+def test_simulated_bubble_is_p_minus_1_over_m_plus_p_minus_1(impl, run_alone, generator):
+    sizes = [(1, 4), (2, 1), (2, 5), (3, 3), (4, 2), (4, 8), (5, 9)]
+    schedules = student_schedules(impl, run_alone, generator, sizes)
+    for p, m in sizes:
+        timeline = simulate(checked(schedules, generator, p, m), cost_f=1.0, cost_b=2.0)
         expected = (p - 1) / (m + p - 1)
         assert timeline.bubble_fraction == pytest.approx(expected, abs=1e-9), (
             f"{generator}(p={p}, m={m}), simulated with T_F = 1, T_B = 2: bubble "
@@ -125,9 +151,11 @@ def test_simulated_bubble_is_p_minus_1_over_m_plus_p_minus_1(impl, generator):
 
 
 @pytest.mark.parametrize("generator", ["gpipe", "one_f_one_b"])
-def test_peak_activations_in_flight(impl, generator):
-    for p, m in [(1, 3), (2, 5), (3, 2), (4, 4), (4, 8), (5, 9)]:
-        peaks = simulate(checked(impl, generator, p, m)).peak_in_flight
+def test_peak_activations_in_flight(impl, run_alone, generator):
+    sizes = [(1, 3), (2, 5), (3, 2), (4, 4), (4, 8), (5, 9)]
+    schedules = student_schedules(impl, run_alone, generator, sizes)
+    for p, m in sizes:
+        peaks = simulate(checked(schedules, generator, p, m)).peak_in_flight
         for rank, peak in enumerate(peaks):
             if generator == "gpipe":
                 expected, why = m, "GPipe runs all m forwards before the first backward"

@@ -133,8 +133,7 @@ def diagnose(name, distributed, convention, actual, candidates, sizes):
 
 def synced_grads(impl, convention):
     """4 ranks, tp = 2, rdp = 2. ``convention`` picks the data layout, the TP layers and the
-    sync convention together."""
-    data_parallel = impl.module("data_parallel")
+    sync convention together. The candidates are computed before the submission is loaded."""
     device = current_device()
     layout = build_rank_layout(4, tp=2, pp=1, order=convention)
     groups = create_process_groups(layout)
@@ -150,12 +149,15 @@ def synced_grads(impl, convention):
         shard = slice(coordinates.rdp_rank * 4, coordinates.rdp_rank * 4 + 4)
     toy_loss(model, tokens[shard], targets[shard]).backward()
     candidates = candidate_grads(model, groups)
+    data_parallel = impl.module("data_parallel")
     distributed = {name: data_parallel.is_tp_distributed(owner, p)
                    for owner_name, owner in model.named_modules()
                    for name, p in ((f"{owner_name}.{n}" if owner_name else n, p)
                                    for n, p in owner.named_parameters(recurse=False))}
     data_parallel.sync_gradients(model, groups, convention, bucket_bytes=None)
-    grads = {name: unshard(p.grad, p, groups.tp) for name, p in model.named_parameters()}
+    grads = {name: unshard(p.grad, p, groups.tp).cpu() for name, p in model.named_parameters()}
+    candidates = {key: value.cpu() for key, value in candidates.items()}
+    distributed = {name: bool(value) for name, value in distributed.items()}
     sizes = {kind: dist.get_world_size(groups.of_kind(kind)) for kind in ("RDP", "DP")}
     return grads, candidates, distributed, sizes
 
@@ -175,25 +177,32 @@ def test_sync_gives_the_single_device_gradients(impl, run_on_ranks, convention):
                          rank=rank, likely_cause=cause, **TOLERANCE)
 
 
-def test_gradient_plan_follows_sagemaker_and_megatron(impl):
-    """Which parameter goes to which group, without any communication."""
-    data_parallel = impl.module("data_parallel")
+def plans(impl):
+    """gradient_plan's names per group, for both conventions, of the toy with fc distributed."""
     toy, _, _ = toy_and_batch()
     toy.fc.weight.tp_dim = 1  # as DistributedLinear marks its shard: fc is TP-distributed
-    sagemaker = data_parallel.gradient_plan(toy, "sagemaker")
-    rdp = [name for name, _ in sagemaker["RDP"]]
-    dp = [name for name, _ in sagemaker["DP"]]
+    gradient_plan = impl.module("data_parallel").gradient_plan
+    return {convention: {kind: [name for name, _ in pairs]
+                         for kind, pairs in gradient_plan(toy, convention).items()}
+            for convention in ("sagemaker", "megatron")}
+
+
+def test_gradient_plan_follows_sagemaker_and_megatron(impl, run_alone):
+    """Which parameter goes to which group, without any communication."""
+    toy, _, _ = toy_and_batch()
+    found = run_alone(plans, impl)
+    rdp, dp = found["sagemaker"]["RDP"], found["sagemaker"]["DP"]
     assert rdp == ["fc.weight", "fc.bias"], (
         f"sagemaker plan: RDP_GROUP gets {rdp}; SageMaker's rule: only the TP-distributed module's "
         "parameters (fc.weight, sharded, and its bias) are reduced over RDP_GROUP")
     assert dp == [n for n, _ in toy.named_parameters() if not n.startswith("fc.")], (
         f"sagemaker plan: DP_GROUP gets {dp}; SageMaker's rule: every replicated parameter, in the "
         "module's order")
-    megatron = data_parallel.gradient_plan(toy, "megatron")
-    assert [n for n, _ in megatron["DP"]] == [], (
+    megatron = found["megatron"]
+    assert megatron["DP"] == [], (
         "megatron plan: nothing goes over DP_GROUP (a TP group shares its samples: an "
         "all-reduce over DP_GROUP would sum tp equal copies)")
-    assert [n for n, _ in megatron["RDP"]] == [n for n, _ in toy.named_parameters()], (
+    assert megatron["RDP"] == [n for n, _ in toy.named_parameters()], (
         "megatron plan: every parameter over RDP_GROUP, in the module's order")
 
 
@@ -231,21 +240,23 @@ def zero1_on_rank(impl):
         model(x).backward(upstream)
         optimizer.step()
         if step == 0:
-            memory = zero.model_state_bytes(model, optimizer)
+            memory = {kind: int(value) for kind, value in
+                      zero.model_state_bytes(model, optimizer).items()}
         optimizer.zero_grad()
-    return {name: p.detach().clone() for name, p in model.named_parameters()}, memory
+    return {name: p.detach().cpu().clone() for name, p in model.named_parameters()}, memory
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_zero1_matches_unsharded_adam_and_the_formula(impl, run_on_ranks, world_size):
-    zero = impl.module("zero")
     results = run_on_ranks(zero1_on_rank, world_size, impl, timeout=TIMEOUT)
     expected = unsharded_adam(world_size)
     model = zero_model()
     num_params = sum(p.numel() for p in model.parameters())
-    padded = zero.padded_numel(model, world_size)
-    formula = zero.zero_memory_formula(num_params, world_size, 1, mixed_precision=False,
-                                       padded_num_params=padded)
+    # ZeRO shards each parameter padded to a multiple of N; fp32 ZeRO-1 (Rajbhandari et al.
+    # 2020): 4 + 4 bytes of parameter and gradient per parameter, and Adam's m and v, 8 bytes,
+    # for 1/N of the padded parameters.
+    padded = sum(-(-p.numel() // world_size) * world_size for p in model.parameters())
+    formula = 8 * num_params + 8 * padded // world_size
     for rank, (state, memory) in enumerate(results):
         for name, value in expected.items():
             assert_close(state[name], value, f"ZeRO-1 parameter {name} after {STEPS} steps "

@@ -38,7 +38,20 @@ launch with :class:`LaunchTimeout`, which shows where each stuck rank was. The f
 to fail raises :class:`RankFailure` in the parent with its rank and traceback. Either way
 the other ranks are ended, and no process outlives the launch, also on Ctrl-C or when the
 parent itself is killed (each rank holds a "lifeline" pipe from the caller and exits when
-it closes).
+it closes). Each rank leads its own process group, ended as a whole with the rank, so a
+process the launched code starts (``subprocess.Popen``) does not outlive the launch either.
+
+For code that must not be trusted (a student's submission, graded), three options:
+
+* ``results="data"``: what a rank sends back is written with ``torch.save`` and read with
+  ``torch.load(weights_only=True)``, a loader that rebuilds tensors, numbers, strings, lists,
+  tuples and dicts and runs no code of the sender's; anything else is refused as
+  :class:`RankFailure`. (By default results travel by cloudpickle, whose loading runs the
+  sender's code: fine for your own functions, not for someone else's.)
+* ``output_limit=N``: each rank's stdout and stderr go through a pipe of the caller's, which
+  keeps the first N bytes of each and counts the rest; they are printed after the launch.
+* ``rank_setup=fn``: ``fn()`` runs in each rank before the work is unpickled (the grading
+  uses it to decide where the student's modules come from before a test module is imported).
 """
 from __future__ import annotations
 
@@ -47,6 +60,7 @@ import contextlib
 import ctypes
 import faulthandler
 import importlib
+import io
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -87,6 +101,8 @@ _FAILURE_GRACE = 0.5  # seconds to hear from other failing ranks before choosing
 _KNOCK_ON_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError")
 _FORK_WARNING = r".*use of fork\(\) may lead to deadlocks"
 _KNOCK_ON_MESSAGES = ("Connection closed by peer", "Connection reset by peer")
+RESULT_KINDS = ("any", "data")  # how a rank's return value travels: cloudpickle, or data only
+_OUTPUT_JOIN = 2.0  # seconds to wait for the last of a rank's output after it ended
 
 
 class RankFailure(RuntimeError):
@@ -167,26 +183,34 @@ def start_rank_server() -> None:
 
 
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = DEFAULT_TIMEOUT,
-           threads: int = 1, start_method: str | None = None, **kwargs) -> list:
+           threads: int = 1, start_method: str | None = None, results: str = "any",
+           output_limit: int | None = None, rank_setup=None, **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return the list of results by rank.
 
     ``start_method`` overrides how ranks start: ``"forkserver"`` (the default: forked from the
     rank server), ``"spawn"`` (a fresh interpreter per rank: slower), or ``"fork"`` (forked
     from this process: refused on a machine with a GPU, where it breaks autograd and CUDA).
+    ``results="data"``, ``output_limit`` and ``rank_setup`` are for code that must not be
+    trusted (see the module's docstring).
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, got {timeout}")
+    if results not in RESULT_KINDS:
+        raise ValueError(f"results must be one of {', '.join(RESULT_KINDS)}, got {results!r}")
+    if output_limit is not None and output_limit < 0:
+        raise ValueError(f"output_limit must be a number of bytes >= 0, got {output_limit}")
     if under_torchrun():
         return _run_as_torchrun_rank(fn, world_size, args, kwargs, backend, timeout)
     backend = resolve_backend(backend, world_size)
     start_method = _check_start_method(start_method or default_start_method())
     payload = _pickle_the_work(fn, args, kwargs)
+    setup = cloudpickle.dumps(rank_setup)
     context = _context(start_method)
     workdir = tempfile.mkdtemp(prefix="launch-")
     lifeline, lifeline_end = context.Pipe(duplex=False)  # closed when this process ends
-    processes, connections = [], []
+    processes, connections, outputs = [], [], []
     expected_parent = os.getpid() if start_method != "forkserver" else None
     try:
         with _main_module_hidden(), warnings.catch_warnings():
@@ -195,22 +219,40 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
             warnings.filterwarnings("ignore", _FORK_WARNING, DeprecationWarning)
             for rank in range(world_size):
                 receiver, sender = context.Pipe(duplex=False)
+                output_writer = None
+                if output_limit is not None:
+                    output = _CappedOutput(context, output_limit)
+                    outputs.append(output)
+                    output_writer = output.writer
                 process = context.Process(
                     target=_run_rank, name=f"rank{rank}",
                     args=(rank, world_size, backend, workdir, timeout, threads, expected_parent,
-                          lifeline, dict(os.environ), sender, payload))
+                          lifeline, dict(os.environ), sender, (setup, payload), results,
+                          output_writer))
                 process.start()
                 sender.close()
+                if output_writer is not None:
+                    output.started()
                 processes.append(process)
                 connections.append(receiver)
         lifeline.close()
-        return _collect(processes, connections, timeout, workdir)
+        server = _rank_server_pid() if start_method == "forkserver" else None
+        try:
+            return _collect(processes, connections, timeout, workdir, results)
+        except RankFailure as failure:
+            if server is None or _is_running(server):
+                raise
+            raise RankFailure(failure.rank, failure.summary + " (the rank server, the ranks' "
+                              "parent process, was killed during this launch)",
+                              failure.remote_traceback) from None
     finally:
         _end(processes)
         for connection in connections:
             connection.close()
         lifeline_end.close()
         shutil.rmtree(workdir, ignore_errors=True)
+        for rank, output in enumerate(outputs):
+            output.report(f"rank {rank}")
 
 
 def _check_start_method(start_method: str) -> str:
@@ -328,9 +370,13 @@ def _destroy_process_group() -> None:
 
 
 def _run_rank(rank, world_size, backend, workdir, timeout, threads, expected_parent, lifeline,
-              environment, sender, payload):
+              environment, sender, payloads, results, output_writer):
     """Body of one rank's process: set up, run the work, send back ("ok", value) or the error."""
     _die_with_parent(expected_parent)
+    with contextlib.suppress(OSError):  # its own process group: what it starts ends with it
+        os.setsid()
+    if output_writer is not None:
+        _redirect_output(output_writer)
     threading.Thread(target=_exit_when_caller_exits, args=(lifeline,), daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "w")
@@ -340,6 +386,10 @@ def _run_rank(rank, world_size, backend, workdir, timeout, threads, expected_par
         os.environ.update(environment)
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
         torch.set_num_threads(threads)
+        setup, payload = payloads
+        setup = _unpickle_the_work(setup)
+        if setup is not None:
+            setup()
         fn, args, kwargs = _unpickle_the_work(payload)
         _init_process_group(
             backend, rank, init_method="file://" + os.path.join(workdir, "store"), rank=rank,
@@ -347,15 +397,19 @@ def _run_rank(rank, world_size, backend, workdir, timeout, threads, expected_par
         # Gloo may return from init on one rank while a peer is still completing its side of
         # their connection; a rank that then ran a short fn and exited would break it.
         dist.barrier()
-        _send(sender, ("ok", _on_cpu(fn(*args, **kwargs))))
+        _send(sender, ("ok", _on_cpu(fn(*args, **kwargs))), results)
         # The result is sent; now wait for the peers, so that no rank closes its connections
         # while another may still be reading from them.
         dist.barrier()
     except BaseException as error:  # noqa: BLE001 - everything goes back to the parent
-        _send(sender, ("error", type(error).__name__, str(error), traceback.format_exc()))
+        _send(sender, ("error", type(error).__name__, str(error), traceback.format_exc()),
+              results)
     finally:
         _destroy_process_group()
         sender.close()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
 
 
 class WorkNotLoadable(RuntimeError):
@@ -375,10 +429,95 @@ def _unpickle_the_work(payload: bytes):
             "only in memory.") from error
 
 
-def _send(sender, message) -> None:
+def _send(sender, message, result_kind: str) -> None:
     # By value (cloudpickle, which plain pickle can read): tensors are copied, not shared
     # through this process, which may have exited by the time the parent reads the message.
-    sender.send_bytes(cloudpickle.dumps(message))
+    # As data: torch.save's format, which the parent reads without running any code.
+    if result_kind == "any":
+        sender.send_bytes(cloudpickle.dumps(message))
+        return
+    buffer = io.BytesIO()
+    try:
+        torch.save(message, buffer, pickle_protocol=2)
+    except Exception as error:  # noqa: BLE001 - reported as this rank's failure
+        buffer = io.BytesIO()
+        torch.save(("error", "ResultNotData", _NOT_DATA.format(f"{type(error).__name__}: "
+                                                               f"{error}"), ""), buffer)
+    sender.send_bytes(buffer.getvalue())
+
+
+_NOT_DATA = ("the rank's result is not data ({}): with results='data' a rank returns tensors, "
+             "numbers, strings, None, and lists, tuples and dicts of them")
+
+
+def _load(data: bytes, result_kind: str):
+    if result_kind == "any":
+        return pickle.loads(data)
+    try:
+        with warnings.catch_warnings():  # torch warns on pickle protocols newer than its own
+            warnings.simplefilter("ignore")
+            message = torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as error:  # noqa: BLE001 - reported as this rank's failure
+        reason = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+        found = f"it holds a {reason.group(1)}" if reason else type(error).__name__
+        return ("error", "ResultNotData", _NOT_DATA.format(found), "")
+    well_formed = isinstance(message, tuple) and (
+        (len(message) == 2 and message[0] == "ok")
+        or (len(message) == 4 and message[0] == "error"
+            and all(isinstance(part, str) for part in message[1:])))
+    if not well_formed:
+        return ("error", "ResultNotData", "the rank sent a message the launcher did not write",
+                "")
+    return message
+
+
+class _CappedOutput:
+    """A rank's stdout and stderr, through a pipe the caller drains: the first ``limit`` bytes
+    are kept, the rest only counted, so a rank that prints without end costs no memory or
+    disk."""
+
+    def __init__(self, context, limit: int):
+        self.limit = limit
+        self.reader, self.writer = context.Pipe(duplex=False)
+        self.kept, self.total = bytearray(), 0
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+
+    def started(self) -> None:
+        self.writer.close()  # the rank holds the only writing end now
+        self.thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.reader.fileno(), 1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.total += len(chunk)
+            room = self.limit - len(self.kept)
+            if room > 0:
+                self.kept += chunk[:room]
+
+    def report(self, who: str) -> None:
+        """Print what was kept (after the rank and everything it started have ended)."""
+        self.thread.join(timeout=_OUTPUT_JOIN)
+        self.reader.close()
+        if self.total:
+            text = self.kept.decode(errors="replace")
+            cut = (f"\n[... {self.total - len(self.kept)} more bytes of output left out: "
+                   f"the first {self.limit} are kept]" if self.total > len(self.kept) else "")
+            print(f"--- output of {who} ---\n{text.rstrip()}{cut}", flush=True)
+
+
+def _redirect_output(writer) -> None:
+    """This process's file descriptors 1 and 2 (stdout, stderr) become ``writer``'s pipe."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os.dup2(writer.fileno(), 1)
+    os.dup2(writer.fileno(), 2)
+    writer.close()
 
 
 def _die_with_parent(expected_parent: int | None) -> None:
@@ -401,7 +540,7 @@ def _exit_when_caller_exits(lifeline) -> None:
     os._exit(1)
 
 
-def _collect(processes, connections, timeout, workdir) -> list:
+def _collect(processes, connections, timeout, workdir, result_kind) -> list:
     deadline = time.monotonic() + timeout
     results = [None] * len(processes)
     pending = set(range(len(processes)))
@@ -424,7 +563,7 @@ def _collect(processes, connections, timeout, workdir) -> list:
             rank = waitables[ready]
             if rank not in pending:
                 continue
-            message = _receive(connections[rank], processes[rank])
+            message = _receive(connections[rank], processes[rank], result_kind)
             pending.discard(rank)
             if message[0] == "ok":
                 results[rank] = message[1]
@@ -437,11 +576,11 @@ def _collect(processes, connections, timeout, workdir) -> list:
     return results
 
 
-def _receive(connection, process):
+def _receive(connection, process, result_kind):
     """The rank's message, or an error message saying how it died without sending one."""
     if connection.poll():
         try:
-            return pickle.loads(connection.recv_bytes())
+            return _load(connection.recv_bytes(), result_kind)
         except EOFError:  # closed with nothing sent: the rank died
             pass
     process.join(timeout=1.0)
@@ -493,8 +632,22 @@ def _the_work_s_frames(stack: str) -> str:
     return "\n".join(part for part in kept if part.strip())
 
 
+def _rank_server_pid() -> int | None:
+    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+
+
+def _is_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return not sys.platform.startswith("linux")  # elsewhere: assume it runs
+
+
 def _end(processes) -> None:
-    """Terminate every rank still running, then kill what is left; reap them all."""
+    """Terminate every rank still running, then kill what is left; reap them all. Then end
+    each rank's process group: what the rank started (if it got as far as its own group)."""
     for process in processes:
         if process.is_alive():
             process.terminate()
@@ -503,3 +656,7 @@ def _end(processes) -> None:
         if process.is_alive():
             process.kill()
             process.join()
+    for process in processes:
+        if process.pid is not None and process.pid != os.getpgrp():
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGKILL)

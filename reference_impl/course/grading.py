@@ -1,23 +1,68 @@
-"""Which implementation the graded tests check: the reference, or a student's files.
+"""Which implementation the graded tests check, and where a submission's code may run.
 
-``--impl reference`` (default) imports ``reference_impl.<module>``; ``--impl labs`` loads the
-student files in ``labs/``; ``--impl PATH`` loads ``PATH/<module>.py`` from a submitted copy of
-``labs/``. An :class:`Implementation` is small and picklable, so a rank function can take one
-as an argument and load the module inside the rank.
+``--impl reference`` (default) checks ``reference_impl.<module>``; ``--impl labs`` the student
+files in ``labs/``; ``--impl PATH`` a submitted copy of ``labs/`` at PATH.
+
+How a graded test is written (``tests/test_labN_*.py``, marked ``labN``)
+-----------------------------------------------------------------------
+
+A submission is code that must not be trusted: it may crash, hang, print without end, start
+processes, or try to make its own tests pass. So the student's code runs only in processes the
+launcher starts and ends (ranks, or one helper process), and the verdict is reached in
+pytest's own process, which never imports it. A graded test has three fixtures:
+
+``impl``
+    ``impl.module("tp_layers")`` is the implementation's module. Call it **only inside** a
+    function given to ``run_on_ranks`` or ``run_alone``: in pytest's process it raises
+    :class:`SubmissionOutsideItsProcess` (also under ``--impl reference``, so that the kit's
+    own suite catches a test that would load a submission in the wrong place).
+``run_on_ranks(fn, world_size, *args, timeout=None)``
+    ``fn(*args)`` on ``world_size`` ranks (gloo on CPU ranks, NCCL on GPUs); returns every
+    rank's return value, by rank.
+``run_alone(fn, *args)``
+    ``fn(*args)`` in one helper process (CPU): for exercises without communication (a
+    formula, a schedule as data, a command's printed output).
+
+Rules (``tests/test_course_rules.py`` checks those that can be checked):
+
+1. ``fn`` returns **data**: tensors, numbers, strings, None, and lists, tuples and dicts of
+   them. It travels as ``torch.save`` bytes and is read with ``torch.load(weights_only=True)``,
+   which runs no code of the sender's; anything else fails the test as "not data". Return a
+   schedule as its rows, a figure as its titles, printed text as a string.
+2. The test body compares the returned data with **expected values it computes itself**: the
+   single-device model, a formula, or code written in the test; with
+   :func:`reference_impl.checks.assert_close` (which names the rank and the likely cause) or a
+   plain ``assert`` with a message naming the mistake. Where the expected value needs the
+   ranks, compute it in ``fn`` *before* ``impl.module(...)`` is first called there: after it,
+   the submission's code has run in that process.
+3. A graded test never imports the reference module of the lab it grades (those with solution
+   regions for that lab, see :func:`reference_impl.course.make_labs.labs_of_modules`): in a
+   student handout that module is a stub. Modules of *other* labs may be used; in a handout
+   where one is withheld, the student's own file stands in for it (:meth:`Implementation.enter`).
+4. Nothing is asserted on time; limits come from the plugin (per launch, per test, and the
+   submission's budget: once a submission has hung, later launches get a short limit).
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
+import importlib.abc
 import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import cloudpickle
-
 REPO = Path(__file__).resolve().parents[2]
 LIBRARY = Path(__file__).resolve().parents[1]
+# Written into a student handout (course/handout.py): the reference modules that are stubs there.
+WITHHELD_LIST = Path(__file__).resolve().parent / "withheld.txt"
+
+_submission_may_run_here = False  # set in the ranks and helpers of a graded run (enter())
+
+
+class SubmissionOutsideItsProcess(RuntimeError):
+    """A graded test asked for the implementation's module in pytest's own process."""
 
 
 def reference_module_name(name: str) -> str:
@@ -27,6 +72,13 @@ def reference_module_name(name: str) -> str:
     if len(found) != 1:
         raise ModuleNotFoundError(f"no single reference module named {name!r} (found {found})")
     return ".".join(("reference_impl", found[0].parent.name, name))
+
+
+def withheld_modules() -> list[str]:
+    """The reference modules that are stubs in this copy of the kit (a student handout)."""
+    if not WITHHELD_LIST.exists():
+        return []
+    return [line.strip() for line in WITHHELD_LIST.read_text().splitlines() if line.strip()]
 
 
 @dataclass(frozen=True)
@@ -48,14 +100,34 @@ class Implementation:
     def name(self) -> str:
         return self.source
 
+    @property
+    def folder(self) -> Path | None:
+        return None if self.source == "reference" else Path(self.source)
+
+    def enter(self) -> None:
+        """Run first in every rank and helper of a graded run: the submission may run here,
+        and where this kit withholds a reference module (a handout), imports of it get the
+        submission's own file instead."""
+        global _submission_may_run_here
+        _submission_may_run_here = True
+        if self.folder is None:
+            return
+        names = {reference_module_name(name): name for name in withheld_modules()}
+        for module_name in names:
+            sys.modules.pop(module_name, None)  # a stub imported already (the rank server's)
+        sys.meta_path.insert(0, _SubmissionStandsIn(self.folder, names))
+
     def module(self, name: str):
         """The module ``name`` (e.g. ``"collectives"``) of this implementation."""
-        if self.source == "reference":
+        if not _submission_may_run_here:
+            raise SubmissionOutsideItsProcess(
+                f"impl.module({name!r}) in pytest's own process: a graded test loads the "
+                "implementation only inside a function it gives to run_on_ranks or run_alone "
+                "(see reference_impl.course.grading)")
+        if self.folder is None or name in withheld_modules():
             return importlib.import_module(reference_module_name(name))
-        path = Path(self.source) / f"{name}.py"
-        if not path.exists():
-            raise FileNotFoundError(f"{path} is missing: the submission needs every student "
-                                    f"file of labs/ ({name}.py among them)")
+        path = self.folder / f"{name}.py"
+        _require(path, name)
         key = f"_graded_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}_{name}"
         if key not in sys.modules:
             spec = importlib.util.spec_from_file_location(key, path)
@@ -66,7 +138,92 @@ class Implementation:
             except BaseException:
                 del sys.modules[key]
                 raise
-            # Loaded by path, it cannot be imported by name in a rank: what it defines
-            # travels to the ranks by value.
-            cloudpickle.register_pickle_by_value(module)
         return sys.modules[key]
+
+
+def _require(path: Path, name: str) -> None:
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: the submission needs every student "
+                                f"file of labs/ ({name}.py among them)")
+
+
+class _SubmissionStandsIn(importlib.abc.MetaPathFinder):
+    """Finds ``reference_impl.<package>.<name>`` in the submission's ``<name>.py``, for the
+    modules this copy of the kit withholds."""
+
+    def __init__(self, folder: Path, names: dict[str, str]):
+        self.folder, self.names = folder, names
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.names:
+            return None
+        file = self.folder / f"{self.names[fullname]}.py"
+        _require(file, self.names[fullname])
+        return importlib.util.spec_from_file_location(fullname, file)
+
+
+# ------------------------------------------------------------ a submission that re-exports
+
+def reference_imports(folder: Path, names) -> list[str]:
+    """Where a student file ``<name>.py`` in ``folder`` imports the reference implementation
+    of that same module, the part it must write: ``import reference_impl.tp.tp_layers``,
+    ``from reference_impl.tp.tp_layers import ...``, or names or ``*`` from a package that
+    re-exports it (``from reference_impl.tp import ParallelMLP``). One line per finding."""
+    findings = []
+    for name in names:
+        path = folder / f"{name}.py"
+        if not path.exists():
+            continue
+        target = reference_module_name(name)
+        try:
+            tree = ast.parse(path.read_text(errors="replace"))
+        except SyntaxError:
+            continue  # the tests report it
+        for node in ast.walk(tree):
+            if target in modules_imported(node) or target in _imported_by_name(node):
+                findings.append(f"{path.name} line {node.lineno} imports {target}, the "
+                                f"reference implementation of the module it must write")
+    return findings
+
+
+def _imported_by_name(node) -> list[str]:
+    """``importlib.import_module("...")`` or ``__import__("...")`` with a literal name."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return []
+    function = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(
+        node.func, "id", "")
+    name = node.args[0]
+    if function in ("import_module", "__import__") and isinstance(name, ast.Constant) \
+            and isinstance(name.value, str):
+        return [name.value]
+    return []
+
+
+def modules_imported(node) -> list[str]:
+    """The reference modules an import statement reaches, re-exports through packages
+    included."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+        return []
+    found = [node.module]
+    for alias in node.names:
+        found.append(f"{node.module}.{alias.name}")  # `from reference_impl.tp import tp_layers`
+        found.extend(_defining_modules(node.module, alias.name))
+    return found
+
+
+def _defining_modules(package: str, name: str) -> list[str]:
+    """The modules a reference package's ``__init__`` takes ``name`` from (all for ``*``)."""
+    parts = package.split(".")
+    if parts[0] != "reference_impl":
+        return []
+    init = LIBRARY.joinpath(*parts[1:], "__init__.py")
+    if not init.exists():
+        return []
+    modules = []
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if name == "*" or any(alias.name == name for alias in node.names):
+                modules.append(node.module)
+    return modules

@@ -60,15 +60,50 @@ def replace_regions(source: str, begin: re.Pattern, end: re.Pattern, stub, where
     return "\n".join(lines) + ("\n" if source.endswith("\n") else "")
 
 
-def student_module(path: Path) -> str:
-    """The student version of a reference module."""
+def stubbed_source(path: Path, labs=None) -> str:
+    """``path``'s text with the solution regions of ``labs`` (every lab if None) replaced by
+    their stubs; the regions of other labs are kept, without their markers."""
+    regions = []
+
     def stub(match):
         message = f"{match['lab']}: {match['hint']}"
-        return [f"{match['indent']}raise NotImplementedError({message!r})"]
+        if labs is None or match["lab"] in labs:
+            return [f"{match['indent']}raise NotImplementedError({message!r})"]
+        regions.append(match)
+        return [_KEPT]
 
-    body = replace_regions(path.read_text(), _MODULE_BEGIN, _MODULE_END, stub, str(path))
+    text = path.read_text()
+    body = replace_regions(text, _MODULE_BEGIN, _MODULE_END, stub, str(path))
     if "SOLUTION" in body:  # a marker not in the form above would leak its solution
         raise ValueError(f"{path}: malformed solution marker; use '# BEGIN SOLUTION labN: hint'")
+    if regions:  # put the kept regions back, markers left out
+        kept = iter(solution_regions(text))
+        body = "\n".join("\n".join(next(kept)[1]) if line == _KEPT else line
+                          for line in body.split("\n"))
+    return body
+
+
+_KEPT = "\0kept solution region\0"  # a placeholder no source line can be
+
+
+def solution_regions(source: str) -> list[tuple[str, list[str]]]:
+    """Every solution region of a reference module's text: (its lab, the lines inside it)."""
+    regions, inside = [], None
+    for line in source.splitlines():
+        opened = _MODULE_BEGIN.match(line)
+        if opened:
+            inside = (opened["lab"], [])
+        elif inside is not None and _MODULE_END.match(line):
+            regions.append(inside)
+            inside = None
+        elif inside is not None:
+            inside[1].append(line)
+    return regions
+
+
+def student_module(path: Path) -> str:
+    """The student version of a reference module."""
+    body = stubbed_source(path)
     header = (f"# Student file for the labs, generated from reference_impl/{path.name} by\n"
               "# `python -m reference_impl.course.make_labs`: fill in every\n"
               "# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.\n")
@@ -83,6 +118,12 @@ def modules_with_exercises() -> list[Path]:
     return sorted((path for package in LIBRARY_PACKAGES
                    for path in (REFERENCE / package).glob("*.py")
                    if "BEGIN SOLUTION" in path.read_text()), key=lambda path: path.name)
+
+
+def labs_of_modules() -> dict[str, list[str]]:
+    """Module name -> the labs whose exercises it holds, e.g. ``{"tp_layers": ["lab2"]}``."""
+    return {path.stem: sorted({lab for lab, _ in solution_regions(path.read_text())})
+            for path in modules_with_exercises()}
 
 
 def student_notebook(path: Path, module_names: list[str]) -> str:

@@ -13,13 +13,25 @@ submitted copy of ``labs/`` at PATH. Tests without a lab marker always check the
 ``--backend {auto,gloo,nccl}`` picks the process-group backend for multi-rank tests. ``auto``
 uses NCCL when there is a GPU for each of a test's ranks and gloo on the CPU otherwise;
 with ``nccl`` a test that needs more GPUs than the machine has is skipped, saying so.
+
+Limits, for a submission that hangs or floods: ``--launch-timeout`` (each launch of ranks or
+of a helper), ``--budget`` (the whole run's seconds; once spent, the remaining graded tests
+fail at once, saying so), ``--after-hang`` (once one launch has hung, later ones get this
+limit: a hang costs about one limit, not one per test), ``--output-limit`` (bytes kept of each
+rank's output per launch). ``--grading-log FILE`` appends one JSON line per collected test,
+per test phase and per finding (a graded file that imports the reference module it must
+write), as the run goes: ``python -m reference_impl.course.grade`` builds its results from it,
+also when the run is killed. How graded tests are written: ``reference_impl.course.grading``.
 """
+import json
 import re
+import time
 
 import pytest
 
-from reference_impl.course.grading import Implementation
-from reference_impl.comm.launcher import BACKENDS, gpu_count, launch
+from reference_impl.course.grading import Implementation, reference_imports
+from reference_impl.comm.launcher import (
+    BACKENDS, DEFAULT_TIMEOUT, LaunchTimeout, gpu_count, launch)
 
 LABS = {
     "lab0": "collectives",
@@ -32,6 +44,9 @@ LABS = {
 # A last line of defence for graders: no single test may run longer than this (pytest-timeout),
 # unless the run sets its own limit.
 DEFAULT_TEST_TIMEOUT = 300
+DEFAULT_AFTER_HANG = 5.0  # seconds a launch may take once the submission has hung
+DEFAULT_OUTPUT_LIMIT = 8_000  # bytes of each rank's output kept, per launch
+LOG_TEXT_LIMIT = 8_000  # characters of a test's failure message or output in the grading log
 _LAB_MARKER = re.compile(r"^lab\d+$")
 
 
@@ -42,6 +57,19 @@ def pytest_addoption(parser):
     group.addoption("--impl", default="reference",
                     help="implementation the graded tests check: reference (default), labs "
                          "(the student files in labs/), or PATH (a submitted copy of labs/)")
+    group.addoption("--launch-timeout", type=float, default=DEFAULT_TIMEOUT,
+                    help=f"seconds one launch may take (default {DEFAULT_TIMEOUT:g})")
+    group.addoption("--budget", type=float, default=None,
+                    help="seconds the whole graded run may spend in launches; then the "
+                         "remaining graded tests fail at once (default: no budget)")
+    group.addoption("--after-hang", type=float, default=DEFAULT_AFTER_HANG,
+                    help="seconds a launch may take once one has hung (default "
+                         f"{DEFAULT_AFTER_HANG:g})")
+    group.addoption("--output-limit", type=int, default=DEFAULT_OUTPUT_LIMIT,
+                    help=f"bytes of each rank's output kept per launch (default "
+                         f"{DEFAULT_OUTPUT_LIMIT})")
+    group.addoption("--grading-log", default=None,
+                    help="append the graded tests' outcomes to this file as JSON lines")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -59,11 +87,66 @@ def pytest_configure(config):
         config.implementation = Implementation.from_option(config.getoption("--impl"))
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
+    config.grading = GradedRun(config)
+
+
+class GradedRun:
+    """The limits of one graded run (one submission) and its log."""
+
+    def __init__(self, config):
+        self.implementation = config.implementation
+        self.launch_timeout = config.getoption("--launch-timeout")
+        self.budget = config.getoption("--budget")
+        self.after_hang = config.getoption("--after-hang")
+        self.output_limit = config.getoption("--output-limit")
+        self.started = time.monotonic()
+        self.hung_in = None  # the first test whose launch hung
+        log = config.getoption("--grading-log")
+        self.log = open(log, "a", buffering=1) if log else None
+        self.findings = []
+        if self.implementation.folder is not None:
+            from reference_impl.course.make_labs import labs_of_modules
+            for name, labs in labs_of_modules().items():
+                for finding in reference_imports(self.implementation.folder, [name]):
+                    self.findings.append((labs, finding))
+                    self.write(event="flag", labs=labs, text=finding)
+
+    def write(self, **record) -> None:
+        if self.log is not None:
+            self.log.write(json.dumps(record) + "\n")
+
+    def launch(self, fn, world_size, args, kwargs, backend, timeout, nodeid):
+        """The launcher under this run's limits, with a data-only result."""
+        limit = timeout or self.launch_timeout
+        if self.hung_in is not None:
+            limit = min(limit, self.after_hang)
+        if self.budget is not None:
+            remaining = self.budget - (time.monotonic() - self.started)
+            if remaining <= 0:
+                pytest.fail(f"not run: the graded run's time budget of {self.budget:g} s is "
+                            f"spent{self._hang_note()}", pytrace=False)
+            limit = min(limit, remaining)
+        try:
+            return launch(fn, world_size, *args, backend=backend, timeout=limit,
+                          results="data", output_limit=self.output_limit,
+                          rank_setup=self.implementation.enter, **kwargs)
+        except LaunchTimeout as error:
+            if self.hung_in is not None:
+                pytest.fail(f"{error}{self._hang_note()}", pytrace=False)
+            self.hung_in = nodeid
+            raise
+
+    def _hang_note(self) -> str:
+        if self.hung_in is None:
+            return ""
+        return (f" (the submission already hung in {self.hung_in}, so launches after it get "
+                f"at most {self.after_hang:g} s)")
 
 
 @pytest.fixture
 def impl(request):
-    """The implementation under test; ``impl.module("groups")`` is its groups module."""
+    """The implementation under test: ``impl.module("groups")`` is its groups module, inside
+    a function given to ``run_on_ranks`` or ``run_alone`` only."""
     return request.config.implementation
 
 
@@ -73,16 +156,94 @@ def backend(request):
 
 
 @pytest.fixture
-def run_on_ranks(backend):
-    """``run_on_ranks(fn, world_size, *args, **kwargs)``: the launcher, on the chosen backend."""
+def run_on_ranks(request, backend):
+    """``run_on_ranks(fn, world_size, *args, timeout=None, **kwargs)``: ``fn`` on the ranks,
+    on the chosen backend; every rank's result. In a graded test (one with a lab marker):
+    under the run's limits, and the results as data."""
+    graded = any(_LAB_MARKER.match(marker.name) for marker in request.node.iter_markers())
 
-    def run(fn, world_size, *args, **kwargs):
+    def run(fn, world_size, *args, timeout=None, **kwargs):
         gpus = gpu_count()
         if backend == "nccl" and gpus < world_size:
             pytest.skip(f"needs {world_size} GPUs for nccl, this machine has {gpus}")
-        return launch(fn, world_size, *args, backend=backend, **kwargs)
+        if not graded:
+            return launch(fn, world_size, *args, backend=backend,
+                          timeout=timeout or DEFAULT_TIMEOUT, **kwargs)
+        return request.config.grading.launch(fn, world_size, args, kwargs, backend, timeout,
+                                             request.node.nodeid)
 
     return run
+
+
+@pytest.fixture
+def run_alone(request):
+    """``run_alone(fn, *args, timeout=None, **kwargs)``: ``fn`` in one helper process on the
+    CPU, under the run's limits; its result, as data."""
+
+    def run(fn, *args, timeout=None, **kwargs):
+        return request.config.grading.launch(fn, 1, args, kwargs, "gloo", timeout,
+                                             request.node.nodeid)[0]
+
+    return run
+
+
+def _capped(text: str) -> str:
+    if len(text) <= LOG_TEXT_LIMIT:
+        return text
+    return f"[... {len(text) - LOG_TEXT_LIMIT} characters left out ...]\n" + text[-LOG_TEXT_LIMIT:]
+
+
+def pytest_collection_finish(session):
+    grading = session.config.grading
+    tests = [{"nodeid": item.nodeid, "lab": lab} for item in session.items
+             for lab in [next((m.name for m in item.iter_markers() if _LAB_MARKER.match(m.name)),
+                              None)] if lab]
+    grading.write(event="collected", tests=tests)
+
+
+def pytest_runtest_logstart(nodeid, location):
+    if _config is not None and hasattr(_config, "grading"):
+        _config.grading.write(event="start", nodeid=nodeid)
+
+
+def pytest_collectreport(report):
+    lab = _lab_of(report) if report.failed else None
+    if lab is not None:
+        _write_report(report, lab, "collect")
+
+
+def pytest_runtest_logreport(report):
+    lab = _lab_of(report)
+    if lab is not None:
+        _write_report(report, lab, report.when)
+
+
+_config = None  # the run's config, for the report hooks that are not given it
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    global _config
+    _config = session.config
+
+
+def _write_report(report, lab, phase):
+    if _config is None or not hasattr(_config, "grading"):
+        return
+    output = "".join(text for _, text in getattr(report, "sections", [])
+                     if isinstance(text, str))
+    _config.grading.write(event="report", nodeid=report.nodeid, lab=lab, phase=phase,
+                          outcome=report.outcome, duration=getattr(report, "duration", 0.0),
+                          message=_capped(report.longreprtext if report.failed else ""),
+                          output=_capped(output) if report.failed else "")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    grading = getattr(session.config, "grading", None)
+    if grading is not None and grading.log is not None:
+        grading.write(event="finished", exitstatus=int(exitstatus))
+        grading.log.close()
+        grading.log = None
 
 
 def graded_outcomes(stats) -> dict[str, tuple[str, bool]]:
@@ -122,3 +283,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     broken = sorted(nodeid for nodeid, (_, ok) in outcomes.items() if "::" not in nodeid and not ok)
     for nodeid in broken:
         terminalreporter.write_line(f"(could not be collected, counted as failed: {nodeid})")
+    grading = config.grading
+    for labs, finding in grading.findings:
+        terminalreporter.write_line(f"flagged ({', '.join(labs)}): {finding}")
+    if grading.hung_in is not None:
+        terminalreporter.write_line(f"hung: a launch did not finish in {grading.hung_in}; "
+                                    f"launches after it got at most {grading.after_hang:g} s")
