@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from reference_impl.checks import assert_close
+from reference_impl.precision import autocast
 from reference_impl.tp.tp_layers import full_state
 
 LIKELY_CAUSES = {
@@ -37,16 +38,19 @@ LIKELY_CAUSES = {
 
 
 def one_step_pairs(reference: nn.Module, parallel: nn.Module, x: torch.Tensor, group=None,
-                   lr: float = 0.1, seed: int = 0) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
-    """Forward, backward and one SGD step on both modules; (what, parallel, reference) triples."""
+                   lr: float = 0.1, seed: int = 0,
+                   precision: str = "fp32") -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """Forward, backward and one SGD step on both modules; (what, parallel, reference) triples.
+    ``precision="bf16"``: both forwards under bf16 autocast (``precision.py``)."""
     reference = copy.deepcopy(reference)  # the caller's module is left as it was
     inputs = {}
     outputs = {}
     for name, module in (("reference", reference), ("parallel", parallel)):
         inputs[name] = x.detach().clone().requires_grad_(x.is_floating_point())
-        outputs[name] = module(inputs[name])
-    upstream = torch.randn(outputs["reference"].shape,
-                           generator=torch.Generator().manual_seed(seed)).to(x.device)
+        with autocast(precision, x.device):
+            outputs[name] = module(inputs[name])
+    upstream = torch.randn(outputs["reference"].shape, generator=torch.Generator().manual_seed(
+        seed)).to(x.device, outputs["reference"].dtype)
     for name, module in (("reference", reference), ("parallel", parallel)):
         outputs[name].backward(upstream)
     pairs = [("output", outputs["parallel"], outputs["reference"])]

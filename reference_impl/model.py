@@ -72,11 +72,16 @@ class MLP(nn.Module):
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + causal mask) v, for (batch, heads, seq, head_dim) tensors."""
+    """softmax(q k^T / sqrt(d) + causal mask) v, for (batch, heads, seq, head_dim) tensors.
+
+    The softmax runs in fp32 and its probabilities meet v in v's dtype: nothing changes in
+    fp32; under bf16 autocast (``precision.py``) it is Megatron-LM's
+    ``attention_softmax_in_fp32``, as CUDA's autocast would do anyway (the CPU's would not)."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     seq = q.shape[-2]
     future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
-    return scores.masked_fill(future, float("-inf")).softmax(dim=-1) @ v
+    probabilities = scores.masked_fill(future, float("-inf")).float().softmax(dim=-1)
+    return probabilities.to(v.dtype) @ v
 
 
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

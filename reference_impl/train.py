@@ -23,16 +23,16 @@ rank 0 prints: a header, one line per ``--log-every`` steps (step, loss, tokens/
 and a final line.
 
 At GPU speed: the host waits for the GPU only where it has to read something, when a line is
-logged. Between log lines the steps are queued without a host sync: with one pipeline stage
-per rank (``--pp 1``, one chunk) the trainer runs the micro-batches itself
-(:func:`device_step`, the arithmetic of ``parallel_3d.train_step``: forward, loss / m,
-backward, ``sync_gradients``, step) and keeps each loss on the device, read when it is
-printed. With ``--pp`` > 1 it uses ``parallel_3d.train_step``, whose pipeline executor times
-every action and returns the loss as a float (a sync per step). The optimizer updates all
-parameters in one go: Adam and SGD with ``fused=True`` on CUDA, ``foreach=True`` on the CPU
-(the same update as the for-loop versions, to fp32 rounding). ``--attention sdpa`` computes
-attention with PyTorch's fused kernel (``F.scaled_dot_product_attention``; see ``model.py``)
-instead of the explicit s x s softmax (``explicit``, the default).
+logged. ``parallel_3d.train_step`` returns the loss as a 0-d tensor on the device and runs the
+pipeline schedule untimed (no barrier, no per-action sync), for any ``--pp``; the trainer reads
+the loss (``.item()``) only on the steps it logs, so between log lines the steps are queued
+without a host sync. The optimizer updates all parameters in one go: Adam and SGD with
+``fused=True`` on CUDA, ``foreach=True`` on the CPU (the same update as the for-loop versions,
+to fp32 rounding). ``--attention sdpa`` computes attention with PyTorch's fused kernel
+(``F.scaled_dot_product_attention``; see ``model.py``) instead of the explicit s x s softmax
+(``explicit``, the default). ``--dtype bf16`` computes the forward in bf16 (autocast) with fp32
+weights, gradients, gradient reduction and optimizer state (``precision.py``); ``fp32`` is the
+default.
 
 Checkpoints (``reference_impl.hybrid.checkpoint``): ``--checkpoint-dir DIR`` writes ``DIR/checkpoint.pt``
 every ``--checkpoint-every`` steps and at the end, in the single-device GPT's names, so it loads
@@ -53,12 +53,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from reference_impl.comm.launcher import (current_device, launch, resolve_backend,
-                                          under_torchrun, wait_for_device)
+from reference_impl.comm.launcher import (launch, resolve_backend, under_torchrun,
+                                          wait_for_device)
 from reference_impl.hybrid import checkpoint, parallel_3d
-from reference_impl.hybrid.data_parallel import sync_gradients
 from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig
-from reference_impl.pipeline.pipeline_executor import split_batch
+from reference_impl.precision import PRECISIONS
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -92,6 +91,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help="attention kernel: explicit (s x s scores, the default) or sdpa "
                             "(torch's scaled_dot_product_attention: flash/memory-efficient "
                             "kernels on GPU)")
+    model.add_argument("--dtype", choices=PRECISIONS, default="fp32",
+                       help="compute precision: fp32 (the default) or bf16 (autocast: bf16 "
+                            "matmuls, fp32 weights, gradients and optimizer state)")
     optim = parser.add_argument_group("optimisation")
     optim.add_argument("--steps", type=int, default=20, help="total optimizer steps")
     optim.add_argument("--optimizer", choices=("adam", "sgd"), default="adam")
@@ -201,32 +203,6 @@ def _say(*parts) -> None:
         print(*parts, flush=True)
 
 
-def device_step(model: parallel_3d.Parallel3DModel, tokens: torch.Tensor,
-                targets: torch.Tensor, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """``parallel_3d.train_step`` for a model with a single pipeline stage (pp = 1, one
-    chunk), without a host sync: the same arithmetic (the replica's slice of the batch, each
-    micro-batch's loss / m backward, gradients accumulated in micro-batch order, synchronised
-    the Megatron way, one optimizer step); returns the global batch's mean loss as a 0-d tensor
-    on the device (read it with ``float`` when it is needed)."""
-    context, device = model.context, current_device()
-    [stage] = model.stage_modules().values()
-    optimizer.zero_grad(set_to_none=True)
-    local_tokens = parallel_3d.replica_slice(tokens, context).to(device, non_blocking=True)
-    local_targets = parallel_3d.replica_slice(targets, context).to(device, non_blocking=True)
-    m = model.schedule.microbatches
-    loss = torch.zeros((), dtype=torch.float32, device=device)
-    for x, y in zip(split_batch(local_tokens, m), split_batch(local_targets, m)):
-        micro = model.loss_fn(stage(x), y) / m
-        micro.backward()
-        loss += micro.detach()
-    sync_gradients(list(model.stages.values()), context.groups, "megatron", model.bucket_bytes)
-    optimizer.step()
-    if context.dp > 1:  # the global mean averages the dp replicas' means
-        dist.all_reduce(loss, group=context.groups.rdp)
-        loss /= context.dp
-    return loss
-
-
 def train_on_rank(args) -> dict:
     """The training run, on one rank of an initialised default group of dp*tp*pp ranks.
     Returns {"start_step", "losses" (this run's steps), "seconds"} (the same on every rank)."""
@@ -242,7 +218,8 @@ def train_on_rank(args) -> dict:
         torch.set_rng_state(saved["rng"])
         start = saved["step"]
     model = parallel_3d.build_3d_gpt(gpt, context, args.microbatches, args.schedule,
-                                chunks=args.chunks, vocab_parallel=args.vocab_parallel)
+                                chunks=args.chunks, vocab_parallel=args.vocab_parallel,
+                                precision=args.dtype)
     optimizer = make_optimizer(args, model.parameters())
     if saved is not None:
         checkpoint.load_optimizer_state(model, optimizer, gpt, saved["optimizer"]["state"])
@@ -253,20 +230,18 @@ def train_on_rank(args) -> dict:
     backend = dist.get_backend()
     _say(f"training dp {args.dp} x tp {args.tp} x pp {args.pp} = {dist.get_world_size()} "
          f"ranks ({backend}), {args.schedule} with {args.microbatches} micro-batches, "
+         f"{args.dtype}, "
          + (f"steps {start + 1}..{args.steps}" if start < args.steps else "no steps left")
          + (f" (resumed at step {start})" if start else ""))
     tokens_per_step = args.batch * args.seq
-    # One stage on this rank: the trainer's own step, with no host sync. Otherwise the
-    # pipeline executor's (which reads the loss on the host every step).
-    step_fn = device_step if model.schedule.stages == 1 else parallel_3d.train_step
     wait_for_device()
-    losses, began = [], time.perf_counter()  # losses: 0-d device tensors or floats
+    losses, began = [], time.perf_counter()  # 0-d tensors on the device, read when logged
     window_start, window_steps = began, 0
     for step in range(start, args.steps):
-        losses.append(step_fn(model, *dataset[step], optimizer))
+        losses.append(parallel_3d.train_step(model, *dataset[step], optimizer))
         done, window_steps = step + 1, window_steps + 1
         if done % args.log_every == 0 or done == args.steps:
-            loss = float(losses[-1])  # the host reads the loss only here (and waits for it)
+            loss = losses[-1].item()  # the host reads the loss only here (and waits for it)
             wait_for_device()
             now = time.perf_counter()
             rate = window_steps * tokens_per_step / max(now - window_start, 1e-9)
@@ -281,7 +256,7 @@ def train_on_rank(args) -> dict:
                 _say(f"saved checkpoint of step {done} to {path}")
     wait_for_device()
     seconds = time.perf_counter() - began
-    if losses and torch.is_tensor(losses[0]):  # one read of them all, after the clock stopped
+    if losses:  # one read of them all, after the clock stopped
         losses = torch.stack(losses).tolist()
     tokens = len(losses) * tokens_per_step
     final = f"{losses[-1]:.8f}" if losses else "n/a"

@@ -105,7 +105,15 @@ def test_benchmark_runs_on_the_cpu_and_prints_positive_numbers(options):
     tflops = float(LINES["model TFLOP/s"].search(out).group(1))
     assert float(mfu_line.group(1)) == pytest.approx(100 * tflops / mfu.NOMINAL_CPU_PEAK,
                                                      rel=0.01)
-    assert "peak memory" not in out  # a GPU measurement only
+    # memory: the formulas, the saved bytes measured against them (exactly, on the CPU), and
+    # the allocator's peak, which the CPU does not have
+    assert re.search(r"^memory formulas: model states [\d.,]+ MiB .* activations [\d.,]+ MiB "
+                     r"\(gpt_activation_bytes, .*\); total [\d.,]+ MiB$", out, re.M), out
+    ratio = re.search(r"^saved for the backward, measured .*: [\d.,]+ MiB = ([\d.]+) x the "
+                      r"activations \+ weight copies formula$", out, re.M)
+    assert ratio and float(ratio.group(1)) == 1.0, out
+    assert ("peak memory allocated: not measured on the CPU (no allocator counter; "
+            "torch.cuda.max_memory_allocated on a GPU)") in out, out
 
 
 def test_peak_option_overrides_the_nominal_cpu_peak():

@@ -40,17 +40,32 @@ CPU the default is a nominal 1 TFLOP/s (say what your CPU does with ``--peak``).
 synchronisation; on the CPU ``time.perf_counter``. Nothing inside the timed steps reads a
 value on the host (no ``.item()``): the loss is read once, after the clock stops.
 Single device only; ``python -m reference_impl.train`` prints tokens/s for dp x tp x pp runs.
+
+**Memory against the formulas.** Beside the run it prints the kit's formulas for what one
+step holds: the model states, 16 bytes per parameter (fp32 weights, gradients, Adam's m and v:
+``hybrid/zero.zero_memory_formula`` on one rank), plus in bf16 the 2-byte copy autocast makes
+of each matmul weight (``precision.weight_copy_bytes``); and the activations of one forward
+(``memory/activation_memory.gpt_activation_bytes``: with the explicit kernel its s x s
+softmax, with sdpa one log-sum-exp per row instead). Measured beside them: the bytes autograd
+saves in one forward (saved-tensor hooks, ``SavedActivations``, on either device) against the
+activations and weight copies, and on a GPU the peak allocated during the timed steps
+(``torch.cuda.max_memory_allocated``) against the sum. A CPU has no allocator counter, and the
+output says so. The peak also holds what no formula here counts (the logits and their
+gradient, the backward's temporaries, allocator rounding), and it comes early in the backward,
+before every gradient exists (``zero_grad(set_to_none=True)``): read the ratio with that.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 
 import torch
 
+from reference_impl.hybrid.zero import zero_memory_formula
+from reference_impl.memory.activation_memory import SavedActivations, gpt_activation_bytes
 from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig
 from reference_impl.pipeline.pipeline_executor import gpt_loss
+from reference_impl.precision import PRECISIONS, autocast, weight_copy_bytes
 from reference_impl.train import multi_tensor_options
 
 # Dense peak TFLOP/s by device name (first match wins, so the specific names come first):
@@ -117,7 +132,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="auto: the GPU if there is one, else the CPU")
-    parser.add_argument("--dtype", choices=("fp32", "bf16"), default=None,
+    parser.add_argument("--dtype", choices=PRECISIONS, default=None,
                         help="bf16: autocast (weights, gradients and AdamW stay fp32); "
                              "default bf16 on a GPU, fp32 on the CPU")
     parser.add_argument("--attention", choices=ATTENTION_KERNELS, default="sdpa")
@@ -150,12 +165,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def train_steps(model, optimizer, tokens, targets, steps: int, autocast) -> torch.Tensor:
+def train_steps(model, optimizer, tokens, targets, steps: int, precision: str) -> torch.Tensor:
     """``steps`` training steps on one batch; the last loss, left on the device."""
     loss = None
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        with autocast():
+        with autocast(precision, tokens.device):
             loss = gpt_loss(model(tokens), targets)
         loss.backward()
         optimizer.step()
@@ -174,27 +189,23 @@ def measure(args) -> dict:
                                   **multi_tensor_options(model.parameters()))
     generator = torch.Generator().manual_seed(args.seed)
     data = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator)
-    tokens, targets = data[:, :-1].to(device), data[:, 1:].to(device)
-    if args.dtype == "bf16":
-        def autocast():
-            return torch.autocast(device.type, dtype=torch.bfloat16)
-    else:
-        autocast = contextlib.nullcontext
+    # separate tensors (gpt_activation_bytes counts tokens and targets once each)
+    tokens, targets = data[:, :-1].clone().to(device), data[:, 1:].clone().to(device)
 
     cuda = device.type == "cuda"
-    train_steps(model, optimizer, tokens, targets, args.warmup, autocast)
+    train_steps(model, optimizer, tokens, targets, args.warmup, args.dtype)
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        loss = train_steps(model, optimizer, tokens, targets, args.steps, autocast)
+        loss = train_steps(model, optimizer, tokens, targets, args.steps, args.dtype)
         end.record()
         torch.cuda.synchronize(device)
         seconds = start.elapsed_time(end) / 1000.0
     else:
         began = time.perf_counter()
-        loss = train_steps(model, optimizer, tokens, targets, args.steps, autocast)
+        loss = train_steps(model, optimizer, tokens, targets, args.steps, args.dtype)
         seconds = time.perf_counter() - began
     tokens_timed = args.steps * args.batch * args.seq
     per_token = flops_per_token(config)
@@ -210,7 +221,27 @@ def measure(args) -> dict:
         "tflops": tflops,
         "loss": float(loss),  # read after the clock stopped
         "peak_memory": torch.cuda.max_memory_allocated(device) if cuda else None,
+        "saved_bytes": saved_bytes(model, tokens, targets, args.dtype),
+        "memory_formula": memory_formula(model, config, args.batch, args.dtype),
     }
+
+
+def saved_bytes(model, tokens, targets, precision: str) -> int:
+    """Bytes autograd saves in one forward and loss (saved-tensor hooks; parameters excluded,
+    autocast's weight copies included); no backward is run."""
+    with SavedActivations(model.parameters()) as saved, autocast(precision, tokens.device):
+        gpt_loss(model(tokens), targets)
+    return saved.total
+
+
+def memory_formula(model, config: ModelConfig, batch: int, precision: str) -> dict:
+    """The kit's formulas for one training step on one device, in bytes."""
+    parameters = sum(p.numel() for p in model.parameters())
+    formula = {"model states": zero_memory_formula(parameters, 1, 0, mixed_precision=False),
+               "weight copies": weight_copy_bytes(model, precision),
+               "activations": gpt_activation_bytes(config, batch, precision)}
+    formula["total"] = sum(formula.values())
+    return formula
 
 
 def resolve_peak(args) -> tuple[float, str]:
@@ -248,10 +279,31 @@ def main(argv=None) -> dict:
     print(f"model TFLOP/s: {result['tflops']:.4g}")
     result["mfu"] = result["tflops"] / peak
     print(f"MFU: {100 * result['mfu']:.3g}% of {peak:g} TFLOP/s ({peak_source})")
-    if result["peak_memory"] is not None:
-        print(f"peak memory allocated: {result['peak_memory'] / 2 ** 30:.2f} GiB "
-              f"(torch.cuda.max_memory_allocated, timed steps)")
+    print_memory(result, args)
     return result
+
+
+def print_memory(result: dict, args) -> None:
+    """The formulas, the measurements beside them, and their ratios."""
+    formula, mib = result["memory_formula"], 2 ** 20
+    print(f"memory formulas: model states {formula['model states'] / mib:,.1f} MiB (16 B/param: "
+          f"fp32 weights, gradients, Adam m and v; zero_memory_formula), bf16 weight copies "
+          f"{formula['weight copies'] / mib:,.1f} MiB (2 B per matmul weight in bf16, 0 in "
+          f"fp32), activations {formula['activations'] / mib:,.1f} MiB "
+          f"(gpt_activation_bytes, {args.attention}, {args.dtype}"
+          + (": no s x s term" if args.attention == "sdpa" else ": with the s x s softmax")
+          + f"); total {formula['total'] / mib:,.1f} MiB")
+    expected = formula["activations"] + formula["weight copies"]
+    print(f"saved for the backward, measured (saved-tensor hooks, one forward): "
+          f"{result['saved_bytes'] / mib:,.2f} MiB = {result['saved_bytes'] / expected:.3f} x "
+          f"the activations + weight copies formula")
+    if result["peak_memory"] is None:
+        print("peak memory allocated: not measured on the CPU (no allocator counter; "
+              "torch.cuda.max_memory_allocated on a GPU)")
+    else:
+        print(f"peak memory allocated: {result['peak_memory'] / 2 ** 30:.2f} GiB "
+              f"(torch.cuda.max_memory_allocated, timed steps) = "
+              f"{result['peak_memory'] / formula['total']:.3f} x the formulas' total")
 
 
 if __name__ == "__main__":

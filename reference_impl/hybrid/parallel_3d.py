@@ -4,9 +4,10 @@ The composition, in the spirit of the high-level API of ApX Machine Learning's m
 hybrid parallelism:
 
     context = initialize_parallelism(dp=2, tp=2, pp=2)          # on every one of 8 ranks
-    model = build_3d_gpt(gpt, context, microbatches=2, schedule="1f1b")
+    model = build_3d_gpt(gpt, context, microbatches=2, schedule="1f1b")  # precision="bf16"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loss = train_step(model, tokens, targets, optimizer)          # the global batch, every rank
+    loss.item()                                                   # a 0-d tensor: read it to log
     state = gather_full_state(model)                              # the single-device state_dict
 
 What each piece does:
@@ -27,12 +28,17 @@ What each piece does:
   the RDP group), runs the pipeline schedule over the PP group (``pipeline_executor``), where
   the TP collectives run inside each stage, then synchronises the gradients
   (``data_parallel.sync_gradients``, convention ``"megatron"``: every gradient averaged over
-  RDP_GROUP; see that module for why, and for SageMaker's rule) and steps.
+  RDP_GROUP; see that module for why, and for SageMaker's rule) and steps. It returns the
+  loss as a 0-d tensor on the device and never waits for the device itself: the host reads
+  the loss when it needs it (a trainer, when it logs), so on a GPU the steps queue up.
+* ``precision="bf16"`` (:func:`build_3d_gpt`) runs every forward under bf16 autocast with fp32
+  weights, gradients, reduction and optimizer state (``precision.py``).
 * :func:`gather_full_state` unshards every parameter over the TP group and collects the stages
   over the PP group: the single-device GPT's ``state_dict`` (parameters), on every rank.
 
 Equivalence: the loss of every step and the weights after it match single-device training of
-the same GPT on the same global batch up to fp32 rounding (``tests/test_hybrid.py``).
+the same GPT on the same global batch up to fp32 rounding (``tests/test_hybrid.py``); in bf16,
+single-device training in bf16 up to bf16 rounding (``tests/test_bf16.py``).
 """
 from __future__ import annotations
 
@@ -51,6 +57,7 @@ from reference_impl.pipeline.pipeline_executor import Stage, gpt_loss, run_sched
 from reference_impl.pipeline.pipeline_partition import (GPTEmbedding, GPTHead, gpt_layers, layer_sizes,
                                                partition)
 from reference_impl.pipeline.pipeline_schedules import Schedule, build_schedule
+from reference_impl.precision import autocast, check_precision
 from reference_impl.comm.process_groups import ParallelGroups, create_process_groups
 from reference_impl.tp.tp_attention import ParallelBlock
 from reference_impl.tp.tp_layers import unshard
@@ -141,9 +148,10 @@ class Parallel3DModel(nn.Module):
 
     def __init__(self, gpt: GPT, context: ParallelContext, microbatches: int,
                  schedule: str | Schedule = "1f1b", chunks: int = 1, vocab_parallel: bool = True,
-                 bucket_bytes: int | None = DEFAULT_BUCKET_BYTES):
+                 bucket_bytes: int | None = DEFAULT_BUCKET_BYTES, precision: str = "fp32"):
         super().__init__()
         self.context, self.config = context, gpt.config
+        self.precision = check_precision(precision)  # of the forward; weights stay fp32
         self.vocab_parallel, self.bucket_bytes = vocab_parallel, bucket_bytes
         self.schedule = (build_schedule(schedule, context.pp, microbatches, chunks)
                          if isinstance(schedule, str) else schedule)
@@ -196,22 +204,25 @@ def replica_slice(batch: torch.Tensor, context: ParallelContext) -> torch.Tensor
 
 @dataclass(frozen=True)
 class StepResult:
-    loss: float  # the global batch's mean loss, on every rank
+    loss: torch.Tensor  # 0-d, on the device: the global batch's mean loss, on every rank
     sync: SyncReport
 
 
 def train_step(model: Parallel3DModel, tokens: torch.Tensor, targets: torch.Tensor,
                optimizer: torch.optim.Optimizer, *, convention: str = "megatron",
-               return_report: bool = False) -> float | StepResult:
-    """One optimizer step on the global batch (tokens, targets), given on every rank.
+               return_report: bool = False) -> torch.Tensor | StepResult:
+    """One optimizer step on the global batch (tokens, targets), given on every rank; the
+    global batch's mean loss, a 0-d tensor on this rank's device (``.item()`` reads it, and
+    waits for the device: do it only where the value is needed).
 
     ``convention`` is passed to ``sync_gradients``; this trainer's data layout is Megatron's,
     so ``"megatron"`` is the right one (``"sagemaker"`` is accepted to show what goes wrong).
     """
     context, device = model.context, current_device()
     optimizer.zero_grad(set_to_none=True)
-    local_tokens = replica_slice(tokens, context).to(device)
-    local_targets = replica_slice(targets, context).to(device)
+    # non_blocking: a copy from the host does not wait for the device's queued work
+    local_tokens = replica_slice(tokens, context).to(device, non_blocking=True)
+    local_targets = replica_slice(targets, context).to(device, non_blocking=True)
     m = model.schedule.microbatches
     micro_batch = local_tokens.shape[0] // m if local_tokens.shape[0] % m == 0 else None
     if micro_batch is None:
@@ -220,16 +231,16 @@ def train_step(model: Parallel3DModel, tokens: torch.Tensor, targets: torch.Tens
     run = run_schedule(model.schedule, model.stage_modules(), local_tokens, local_targets,
                        model.loss_fn, boundary_shape=(micro_batch, local_tokens.shape[1],
                                                       model.config.hidden),
-                       group=context.groups.pp)
+                       group=context.groups.pp, precision=model.precision, timed=False)
     report = sync_gradients(list(model.stages.values()), context.groups, convention,
                             model.bucket_bytes)
     optimizer.step()
     # The replica's loss is its slice's mean; the global mean averages the dp replicas.
-    loss = torch.tensor(run.loss, dtype=torch.float32, device=device)
+    loss = run.loss
     if context.dp > 1:
         dist.all_reduce(loss, group=context.groups.rdp)
         loss /= context.dp
-    result = StepResult(loss.item(), report)
+    result = StepResult(loss, report)
     return result if return_report else result.loss
 
 
@@ -266,15 +277,17 @@ def make_dataset(seed: int, steps: int, batch: int, seq_len: int,
     return data
 
 
-def train_single_device(gpt: GPT, dataset, make_optimizer) -> tuple[list[float], dict]:
-    """The oracle: train a deep copy of ``gpt`` on the same global batches; the losses of every
-    step and the final parameters by name."""
+def train_single_device(gpt: GPT, dataset, make_optimizer,
+                        precision: str = "fp32") -> tuple[list[float], dict]:
+    """The oracle: train a deep copy of ``gpt`` on the same global batches, the forward under
+    ``precision``; the losses of every step and the final parameters by name."""
     model = copy.deepcopy(gpt)
     optimizer = make_optimizer(model.parameters())
     losses = []
     for tokens, targets in dataset:
         optimizer.zero_grad(set_to_none=True)
-        loss = gpt_loss(model(tokens), targets)
+        with autocast(precision, next(model.parameters()).device):
+            loss = gpt_loss(model(tokens), targets)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())

@@ -37,6 +37,26 @@ mask). With sequence parallelism the layernorms and their inputs are t-split, bu
 keeps the *gathered* input of each column-parallel linear (see ``sequence_parallel.py``):
 4 (2sbh/t + 2sbh + 12sbh/t + as^2b/t) + 16sb/t + s^2, where Megatron-LM saves the shard and
 gathers it again in the backward (the paper's 34/t).
+
+**The attention kernel.** With ``attention="sdpa"`` (a fused kernel, FlashAttention on a GPU)
+no s x s tensor is saved: the softmax and the causal mask give way to one fp32 log-sum-exp per
+query row and head, 4 as b/t bytes (the kernel keeps q, k, v and its output, which are the
+tensors the explicit count already has). Korthikanti et al.'s 5as/h term goes the same way in
+:func:`activation_memory_formula`.
+
+**bf16** (``precision.py``: autocast, the residual stream and layernorms in fp32): every
+tensor a matmul saves is bf16, 2 bytes, and the rest keeps 4: the layernorm inputs (the
+residual stream) 4 sbh each, the linears' inputs 2 sbh each (the bf16 casts of the layernorm
+outputs) and 2 * 12sbh/t; the explicit softmax runs in fp32 (``model.causal_attention``), so
+its output takes 4 as^2b/t and the bf16 copy the @ v matmul keeps 2 more:
+
+    bf16, per block:  36 sbh + 6 as^2b + s^2 + 16 sb    (explicit, t = 1)
+                      36 sbh + 4 asb + 16 sb            (sdpa)
+
+Autocast also keeps a bf16 copy of each matmul weight from the forward to the backward;
+those are counted with the model states (``precision.weight_copy_bytes``), not here.
+:func:`gpt_activation_bytes` adds the rest of the GPT (embeddings, final layernorm, head,
+cross-entropy) to the blocks' count.
 """
 from __future__ import annotations
 
@@ -46,8 +66,11 @@ import torch
 from torch import nn
 
 from reference_impl.memory.recompute import MODES
+from reference_impl.model import ModelConfig, check_attention
+from reference_impl.precision import COMPUTE_DTYPES, check_precision
 
-FP32 = 4  # bytes per element of this model's activations
+FP32 = 4  # bytes per element of the fp32 activations (and of bf16 runs' residual stream)
+INDEX = 8  # bytes per token index (int64) that an embedding or the loss keeps
 
 
 class SavedActivations:
@@ -100,37 +123,68 @@ def saved_activation_bytes(module: nn.Module, *inputs: torch.Tensor) -> int:
 
 # -------------------------------------------------------------------------- the formulas
 
+def _element_bytes(precision: str) -> int:
+    """Bytes of one element a matmul saves: 4 in fp32, 2 in bf16."""
+    return torch.finfo(COMPUTE_DTYPES[check_precision(precision)]).bits // 8
+
+
 def model_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1,
-                           sequence_parallel: bool = False, recompute: str | None = None) -> int:
-    """Exact bytes saved for the backward by one block of *this* model (``model.Block``, fp32,
-    no dropout) on one rank of a TP group of size t; the derivation is in the module docstring.
-    s, b, h, a: sequence, micro-batch, hidden, heads (global, not per rank)."""
+                           sequence_parallel: bool = False, recompute: str | None = None,
+                           attention: str = "explicit", precision: str = "fp32") -> int:
+    """Exact bytes saved for the backward by one block of *this* model (``model.Block``, no
+    dropout) on one rank of a TP group of size t, with the ``attention`` kernel in
+    ``precision``; the derivation is in the module docstring. s, b, h, a: sequence,
+    micro-batch, hidden, heads (global, not per rank)."""
     if recompute not in MODES:
         raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")
     if h % t or a % t or (sequence_parallel and s % t):
         raise ValueError(f"t = {t} must divide h = {h}, a = {a} (and s = {s} with SP)")
-    sbh = s * b * h
-    if recompute == "full":
+    e, sbh = _element_bytes(precision), s * b * h
+    if recompute == "full":  # the block input: the residual stream, fp32 in either precision
         return FP32 * (sbh // t if sequence_parallel else sbh)
+    # the layernorms keep their (fp32) inputs, the linears after them their outputs in e bytes
     if sequence_parallel:  # ln inputs t-split; the linears keep the gathered ln outputs
-        replicated, layernorm_stats = 2 * sbh // t + 2 * sbh, 16 * s * b // t
+        replicated, layernorm_stats = FP32 * 2 * sbh // t + e * 2 * sbh, 16 * s * b // t
     else:
-        replicated, layernorm_stats = 4 * sbh, 16 * s * b
-    total = FP32 * (replicated + 12 * sbh // t) + layernorm_stats
-    if recompute is None:
-        total += FP32 * a * s * s * b // t + s * s  # softmax output, bool causal mask
+        replicated, layernorm_stats = FP32 * 2 * sbh + e * 2 * sbh, 16 * s * b
+    total = replicated + e * 12 * sbh // t + layernorm_stats
+    if recompute is None and check_attention(attention) == "explicit":
+        softmax = FP32 + (e if e != FP32 else 0)  # fp32 softmax (+ its bf16 copy for @ v)
+        total += softmax * a * s * s * b // t + s * s  # softmax output(s), bool causal mask
+    elif recompute is None:  # sdpa: one fp32 log-sum-exp per row and head
+        total += FP32 * a * s * b // t
     return total
+
+
+def gpt_activation_bytes(config: ModelConfig, batch: int, precision: str = "fp32") -> int:
+    """Exact bytes saved for the backward by one forward and loss of ``model.GPT(config)`` on
+    ``batch`` sequences (one device, no recomputation): ``layers`` blocks
+    (:func:`model_activation_bytes`) and the rest, with the tokens and the targets as separate
+    int64 tensors: the token and position indices (8 bs + 8 s), the final layernorm's input and
+    statistics (4 bsh + 8 bs), the head's input (e bsh), cross-entropy's fp32 log-softmax
+    (4 bsV), its targets (8 bs) and its 4-byte total weight."""
+    s, b, h = config.seq_len, batch, config.hidden
+    blocks = config.layers * model_activation_bytes(s, b, h, config.heads,
+                                                    attention=config.attention,
+                                                    precision=precision)
+    rest = (INDEX * b * s + INDEX * s + FP32 * b * s * h + 2 * FP32 * b * s
+            + _element_bytes(precision) * b * s * h + FP32 * b * s * config.vocab_size
+            + INDEX * b * s + FP32)
+    return blocks + rest
 
 
 def activation_memory_formula(s: int, b: int, h: int, a: int, t: int = 1,
                               sequence_parallel: bool = False, recompute: str | None = None,
-                              bytes_per_element: int = 2, mask_bytes: int = 1) -> float:
+                              bytes_per_element: int = 2, mask_bytes: int = 1,
+                              attention: str = "explicit") -> float:
     """Korthikanti et al. 2022, Table 2: activation bytes per transformer layer.
 
     With 16-bit activations (``bytes_per_element`` = 2) and 1-byte dropout masks:
     no parallelism sbh (34 + 5as/h); TP sbh (10 + 24/t + 5as/(ht)); TP + SP sbh/t (34 + 5as/h);
     selective recomputation drops the 5as/h term; full recomputation 2sbh (the layer input;
-    Table 2 lists it without t: with SP that input would be the 1/t shard).
+    Table 2 lists it without t: with SP that input would be the 1/t shard). With
+    ``attention="sdpa"`` (a fused kernel: no s x s tensor kept) the 5as/h term becomes the
+    kernel's fp32 log-sum-exp, 4 asb/t (no attention dropout).
     """
     if recompute not in MODES:
         raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")
@@ -147,5 +201,5 @@ def activation_memory_formula(s: int, b: int, h: int, a: int, t: int = 1,
         replicated /= t
     total = replicated + split / t
     if recompute is None:
-        total += scores / t
+        total += scores / t if check_attention(attention) == "explicit" else 4 * a * s * b / t
     return total

@@ -2,7 +2,8 @@
 alpha-beta prediction of the communication.
 
     python -m reference_impl.perf.scaling [--sizes 1 2 4 --hidden 128 --heads 8 --seq 64 --batch 8
-                                      --repeats 5 --plot FILE]
+                                      --repeats 5 --dtype fp32|bf16 --attention explicit|sdpa
+                                      --plot FILE]
 
 The course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism", lab step 3: "benchmark
 on N devices vs the 1-device baseline; compute scaling efficiency".
@@ -25,6 +26,14 @@ with the communication time measured in those steps (every ``dist.all_reduce`` t
 (predicted - measured) / measured. On a CPU with few cores the ranks compete for cores (see
 ``benchmarks.tp_block``): the numbers say as much about the machine as about the method.
 Times are printed, never asserted.
+
+**Kernels and precision** (:func:`default_kernels`): on GPUs (NCCL) the defaults are bf16
+(``precision.py``) and the fused attention kernel (``sdpa``), as models are trained; the
+compute of a step is then several times shorter than in fp32 with the explicit s x s softmax,
+and the exposed communication a realistic fraction of it (in fp32 the all-reduces would look
+cheap and every layout efficient). On CPU ranks (gloo) the defaults stay fp32 and explicit:
+a CPU has no fast bf16 matmul and no fused attention kernel to speak of, and the course's
+other CPU measurements are in fp32. ``--dtype`` and ``--attention`` override either.
 """
 from __future__ import annotations
 
@@ -40,9 +49,10 @@ import torch.distributed as dist
 from reference_impl.comm.alpha_beta import fit_alpha_beta, ring_all_reduce_seconds, time_all_reduce
 from reference_impl.perf.step_timing import median_step_seconds
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.comm.launcher import current_device, launch, wait_for_device
-from reference_impl.model import GPT, Block, ModelConfig
+from reference_impl.comm.launcher import current_device, launch, resolve_backend, wait_for_device
+from reference_impl.model import ATTENTION_KERNELS, GPT, Block, ModelConfig
 from reference_impl.pipeline.pipeline_executor import pipeline_train_step
+from reference_impl.precision import PRECISIONS, Autocast
 from reference_impl.tp.tp_attention import ParallelBlock
 
 FIT_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20)  # bytes of the fitted all-reduces
@@ -83,11 +93,19 @@ def _fit(n: int, repeats: int):
     return fit_alpha_beta(list(FIT_SIZES), seconds, n)
 
 
-def tp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> dict:
+def default_kernels(backend: str) -> tuple[str, str]:
+    """(precision, attention kernel) for ranks on ``backend``: ("bf16", "sdpa") on GPUs (NCCL),
+    ("fp32", "explicit") on CPU ranks (gloo)."""
+    return ("bf16", "sdpa") if backend == "nccl" else ("fp32", "explicit")
+
+
+def tp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int,
+               precision: str = "fp32", attention: str = "explicit") -> dict:
     """Strong and weak TP step times on N ranks, the all-reduce bytes and the measured comm."""
     device, n = current_device(), dist.get_world_size()
     torch.manual_seed(0)
-    block = ParallelBlock(Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq)).to(device))
+    config = ModelConfig(hidden=hidden, heads=heads, seq_len=seq, attention=attention)
+    block = Autocast(ParallelBlock(Block(config).to(device)), precision)
     result = {"n": n, "fit": _fit(n, repeats)}
     for mode, b in (("strong", batch), ("weak", batch * n)):
         x = torch.randn(b, seq, hidden).to(device).requires_grad_()
@@ -107,12 +125,14 @@ def tp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> d
     return result
 
 
-def dp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> dict:
+def dp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int,
+               precision: str = "fp32", attention: str = "explicit") -> dict:
     """Strong (global ``batch`` split) and weak (``batch`` per rank) DP step times, the gradient
-    bytes and the measured all-reduce time of a step."""
+    bytes (fp32 in either precision) and the measured all-reduce time of a step."""
     device, n = current_device(), dist.get_world_size()
     torch.manual_seed(0)
-    block = Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq)).to(device)
+    config = ModelConfig(hidden=hidden, heads=heads, seq_len=seq, attention=attention)
+    block = Autocast(Block(config).to(device), precision)
     parameters = list(block.parameters())
     result = {"n": n, "fit": _fit(n, repeats),
               "grad_bytes": sum(p.numel() * p.element_size() for p in parameters)}
@@ -142,7 +162,8 @@ def dp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> d
     return result
 
 
-def pp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> dict:
+def pp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int,
+               precision: str = "fp32", attention: str = "explicit") -> dict:
     """Strong and weak step times of a 1F1B pipeline over the N ranks: a GPT of 2 blocks a
     stage (``pipeline_executor.pipeline_train_step``, N microbatches). *Strong*: 4 blocks at
     every N (N <= 6) and the global ``batch``; *weak*: 2 blocks per rank, so the model grows
@@ -152,15 +173,17 @@ def pp_on_rank(hidden: int, heads: int, seq: int, batch: int, repeats: int) -> d
     for mode, layers in (("strong", 4), ("weak", 2 * n)):
         torch.manual_seed(0)
         gpt = GPT(ModelConfig(vocab_size=64, seq_len=seq, hidden=hidden, heads=heads,
-                              layers=layers))
+                              layers=layers, attention=attention))
         tokens = torch.randint(0, 64, (batch, seq))
-        pipeline_train_step(gpt, "1f1b", tokens, tokens, microbatches=n)  # warm-up
+        pipeline_train_step(gpt, "1f1b", tokens, tokens, microbatches=n,
+                            precision=precision)  # warm-up
         times = []
         for _ in range(repeats):
             wait_for_device()
             dist.barrier()
             start = time.perf_counter()
-            pipeline_train_step(gpt, "1f1b", tokens, tokens, microbatches=n)
+            pipeline_train_step(gpt, "1f1b", tokens, tokens, microbatches=n,
+                                precision=precision)
             wait_for_device()
             times.append(time.perf_counter() - start)
         result[mode] = _slowest(times)
@@ -195,12 +218,15 @@ def predicted_comm(result: dict, method: str) -> float | None:
 
 
 def measure(sizes=(1, 2, 4), hidden=128, heads=8, seq=64, batch=8, repeats=5,
-            backend="auto", threads=1) -> list[ScalingRow]:
-    """Launch every method at every size; one :class:`ScalingRow` per (method, N)."""
+            backend="auto", threads=1, precision=None, attention=None) -> list[ScalingRow]:
+    """Launch every method at every size; one :class:`ScalingRow` per (method, N).
+    ``precision`` and ``attention`` default to :func:`default_kernels` of the backend."""
+    defaults = default_kernels(resolve_backend(backend, max(sizes)))
+    precision, attention = precision or defaults[0], attention or defaults[1]
     rows = []
     for method, on_rank in (("TP", tp_on_rank), ("DP", dp_on_rank), ("PP", pp_on_rank)):
-        results = [launch(on_rank, n, hidden, heads, seq, batch, repeats, backend=backend,
-                          threads=threads, timeout=300.0)[0] for n in sizes]
+        results = [launch(on_rank, n, hidden, heads, seq, batch, repeats, precision, attention,
+                          backend=backend, threads=threads, timeout=300.0)[0] for n in sizes]
         base = results[0]  # sizes[0] is the baseline, normally 1
         for result in results:
             n = result["n"] / base["n"]
@@ -265,12 +291,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    parser.add_argument("--dtype", choices=PRECISIONS, default=None,
+                        help="default bf16 on GPUs, fp32 on CPU ranks")
+    parser.add_argument("--attention", choices=ATTENTION_KERNELS, default=None,
+                        help="default sdpa on GPUs, explicit on CPU ranks")
     parser.add_argument("--plot", metavar="FILE", help="write the plot to FILE (PNG)")
     args = parser.parse_args(argv)
+    defaults = default_kernels(resolve_backend(args.backend, max(args.sizes)))
+    precision, attention = args.dtype or defaults[0], args.attention or defaults[1]
     rows = measure(tuple(args.sizes), args.hidden, args.heads, args.seq, args.batch,
-                   args.repeats, args.backend, args.threads)
-    print(f"block hidden {args.hidden}, heads {args.heads}, seq {args.seq}, batch {args.batch}; "
-          f"os.cpu_count() = {os.cpu_count()}, {args.threads} thread(s) per rank")
+                   args.repeats, args.backend, args.threads, precision, attention)
+    print(f"block hidden {args.hidden}, heads {args.heads}, seq {args.seq}, batch {args.batch}, "
+          f"{precision}, attention {attention}; os.cpu_count() = {os.cpu_count()}, "
+          f"{args.threads} thread(s) per rank")
     print(format_table(rows))
     if args.plot:
         plot(rows, f"hidden {args.hidden}, seq {args.seq}, batch {args.batch}").savefig(
