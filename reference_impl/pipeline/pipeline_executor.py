@@ -31,9 +31,13 @@ is the number of microbatches whose activations a rank holds, the simulator's
 hooks, the bytes that autograd saved for them (parameters not counted).
 
 Every rank returns a :class:`PipelineRun`: the loss (the mean of the microbatch losses,
-*broadcast from the last stage to every rank*, so each rank can log it), this rank's
+*broadcast from the last stage to every rank*, so each rank can log it; a 0-d tensor on the
+rank's device, which the host reads only when it asks, e.g. ``float(run.loss)``), this rank's
 :class:`TimedAction` per action (seconds since a barrier that all ranks leave together, so the
-ranks' times share one origin to within the barrier's skew) and the peaks. In the parent,
+ranks' times share one origin to within the barrier's skew) and the peaks. Timing waits for
+the device around every action; ``timed=False`` (what a trainer passes) records no times, and
+the step then runs without a single host sync on a GPU. ``precision="bf16"`` runs every F
+(forward and loss) under bf16 autocast (``precision.py``). In the parent,
 :func:`measured_timeline` joins the ranks' events into a ``Timeline`` with ``unit="s"``: its
 ``bubble_fraction`` is the measured counterpart of the simulator's (the course
 measures every formula it states and checks that the two agree).
@@ -65,6 +69,7 @@ from reference_impl.pipeline.pipeline_simulator import TimedAction, Timeline
 from reference_impl.pipeline.pipeline_validator import (Message, check_rendezvous, exchange_plan,
                                                         input_message, output_message, validate)
 from reference_impl.pipeline.split_backward import DeferredWeightGrads, weight_grads_deferred
+from reference_impl.precision import autocast
 
 
 class Stage(nn.Sequential):
@@ -165,11 +170,16 @@ class PipelineRun:
     """One rank's view of one run of a schedule."""
 
     rank: int  # this rank's index in the pipeline (0..p-1)
-    loss: float  # mean of the microbatch losses, on every rank (broadcast from the last stage)
-    microbatch_losses: tuple[float, ...]  # unscaled, on the last stage's rank; () elsewhere
+    loss: torch.Tensor  # 0-d: mean of the microbatch losses, on every rank (from the last stage)
+    microbatch_losses: torch.Tensor  # (m,) unscaled, on the last stage's rank; (0,) elsewhere
     events: tuple[TimedAction, ...]  # this rank's actions, seconds since the common barrier
     peak_saved: int  # most (microbatch, stage) entries held at once: activations, in microbatches
     peak_saved_bytes: int  # most bytes autograd saved for them at once (parameters excluded)
+
+    def __getstate__(self) -> dict:
+        """A run sent to another process (a rank's result) carries its losses on the CPU."""
+        return {**self.__dict__, "loss": self.loss.detach().cpu(),
+                "microbatch_losses": self.microbatch_losses.detach().cpu()}
 
 
 def measured_timeline(schedule: Schedule, runs: Sequence[PipelineRun]) -> Timeline:
@@ -193,7 +203,8 @@ def _microbatches(data, m: int, what: str) -> list[torch.Tensor]:
 def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs=None,
                  targets=None, loss_fn: Callable = gpt_loss, *,
                  boundary_shape: Sequence[int] | None = None,
-                 boundary_dtype: torch.dtype = torch.float32, group=None) -> PipelineRun:
+                 boundary_dtype: torch.dtype = torch.float32, group=None,
+                 precision: str = "fp32", timed: bool = True) -> PipelineRun:
     """Run this rank's actions of ``schedule``; call it on every rank of the pipeline group.
 
     ``stage_modules`` maps each of this rank's stages (``schedule.stages_of(rank)``) to its
@@ -203,7 +214,10 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
     between stages, (micro_batch, seq, hidden) for the GPT, so receive buffers can be made
     before the data arrives. ``group`` is the pipeline's process group (default: the world);
     the pipeline rank is the rank in that group. Gradients are *accumulated* into the stage
-    modules' ``.grad``: zero them between steps.
+    modules' ``.grad``: zero them between steps. ``precision``: ``"bf16"`` runs each F under
+    bf16 autocast (the stages exchange the fp32 residual stream: ``boundary_dtype`` stays fp32).
+    ``timed=False``: no barrier and no per-action times (``events`` is empty), so nothing in
+    the step waits for the device.
     """
     if not dist.is_initialized():
         validate(schedule)  # refuse a broken schedule before asking for a process group
@@ -237,6 +251,8 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
         return pipeline_rank if group is None else dist.get_global_rank(group, pipeline_rank)
 
     def now() -> float:
+        if not timed:
+            return 0.0
         wait_for_device()
         return time.perf_counter()
 
@@ -266,7 +282,8 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
         for work in dist.batch_isend_irecv(operations):
             work.wait()
 
-    dist.barrier(group=group)  # the common origin of every rank's timestamps
+    if timed:
+        dist.barrier(group=group)  # the common origin of every rank's timestamps
     origin = now()
     for step, action in enumerate(actions):
         exchange(step)  # the previous action's output out, this action's input in
@@ -285,13 +302,14 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
             if schedule.split_backward:
                 context.deferred[key] = DeferredWeightGrads()
                 deferring = weight_grads_deferred(stage, context.deferred[key])
-            with counter, deferring:
+            with counter, deferring, autocast(precision, device):
                 outgoing = run_action(action, stage, received, saved, context)
             saved_bytes[key] = counter.total
         else:
             outgoing = run_action(action, stage, received, saved, context)
         end = now()
-        events.append(TimedAction(rank, action, start - origin, end - origin))
+        if timed:
+            events.append(TimedAction(rank, action, start - origin, end - origin))
 
         peak_saved = max(peak_saved, len(saved))
         peak_bytes = max(peak_bytes, sum(saved_bytes.get(key, 0) for key in saved))
@@ -303,12 +321,12 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
             handoff[(action.kind, action.microbatch, neighbour)] = outgoing  # same rank
     exchange(len(actions))  # the last action's output
 
-    total = sum(context.losses.values()) if last in mine else 0.0
-    loss = torch.as_tensor(total, dtype=torch.float32, device=device).reshape(())
+    # The loss stays on the device: summed, broadcast, never read here.
+    scaled = [context.losses[i].float() for i in sorted(context.losses)]
+    loss = torch.stack(scaled).sum() if scaled else torch.zeros((), device=device)
+    microbatch_losses = torch.stack(scaled) * m if scaled else torch.zeros(0, device=device)
     dist.broadcast(loss, src=peer(schedule.rank_of(last)), group=group)
-    microbatch_losses = tuple(float(context.losses[i]) * m for i in sorted(context.losses))
-    return PipelineRun(rank, loss.item(), microbatch_losses, tuple(events), peak_saved,
-                       peak_bytes)
+    return PipelineRun(rank, loss, microbatch_losses, tuple(events), peak_saved, peak_bytes)
 
 
 # ---------------------------------------------------------------- the course's GPT
@@ -338,14 +356,16 @@ class PipelineStepResult:
 
 def pipeline_train_step(gpt: nn.Module, schedule: Schedule | str, tokens: torch.Tensor,
                         targets: torch.Tensor, *, microbatches: int | None = None,
-                        chunks: int = 1, group=None) -> PipelineStepResult:
+                        chunks: int = 1, group=None,
+                        precision: str = "fp32") -> PipelineStepResult:
     """One forward and backward of ``gpt`` on (tokens, targets) through a pipeline schedule.
 
     ``schedule`` is a ``Schedule``, or a name from ``SCHEDULES`` with ``microbatches`` and
     ``chunks`` (v), built for the group's size. Run on every rank of the pipeline group; the
     caller's ``gpt`` is not modified. The loss is the mean of the microbatch losses, which for
     equal microbatches is the full batch's mean cross-entropy, and the gradients are those of
-    the single-device GPT (up to fp32 rounding).
+    the single-device GPT (up to fp32 rounding; with ``precision="bf16"``, those of the
+    single-device GPT under bf16 autocast, up to bf16 rounding).
     """
     if isinstance(schedule, str):
         schedule = build_schedule(schedule, dist.get_world_size(group), microbatches or 1,
@@ -358,8 +378,8 @@ def pipeline_train_step(gpt: nn.Module, schedule: Schedule | str, tokens: torch.
     shape = (micro_inputs[0].shape[0], micro_inputs[0].shape[1], gpt.config.hidden)
     run = run_schedule(schedule, stages, [t.to(device) for t in micro_inputs],
                        [t.to(device) for t in micro_targets], gpt_loss,
-                       boundary_shape=shape, group=group)
+                       boundary_shape=shape, group=group, precision=precision)
     grads = {names[id(parameter)]: parameter.grad.detach().cpu().clone()
              for stage in stages.values() for parameter in stage.parameters()
              if parameter.grad is not None}
-    return PipelineStepResult(run.loss, grads, run)
+    return PipelineStepResult(float(run.loss), grads, run)
