@@ -10,14 +10,18 @@ data). On each rank, for each of its actions in order:
 
 1. **Exchange**: post the send of the previous action's output together with the receive of
    this action's input (and any receive the plan posts early), as one ``batch_isend_irecv``,
-   and wait for all of it. This is ``exchange_plan`` in the validator, checked before a single
-   message moves under the strictest model (a send completes only when its receiver has
-   posted the receive, as on NCCL with large tensors; messages matched in order per link),
-   so a plan that could jam is refused with its cycle named instead of hanging. Posting each
-   send and each receive alone would deadlock 1F1B at p = 2 on NCCL: in the steady state both
-   ranks of the link send at once and neither has posted the receive the other needs. When
-   the neighbouring stage is on this rank (interleaved with p = 1), the tensor is handed over
-   in memory instead.
+   and wait for the receives; the sends are waited for at the end of the step, as PyTorch's
+   pipelining does, so a rank never idles until its neighbour takes a message. This is
+   ``exchange_plan`` in the validator, checked before a single message moves under the
+   strictest model (a send completes only when its receiver has posted the receive, as on
+   NCCL with large tensors; messages matched in order per link; each exchange waited for as a
+   whole), so a plan that could jam is refused with its cycle named instead of hanging.
+   Waiting for less than the whole exchange only lets a rank post its later operations
+   sooner, in the same order, so a plan that passes that check cannot jam here either.
+   Posting each send and each receive alone would deadlock 1F1B at p = 2 on NCCL: in the
+   steady state both ranks of the link send at once and neither has posted the receive the
+   other needs. When the neighbouring stage is on this rank (interleaved with p = 1), the
+   tensor is handed over in memory instead.
 2. **Compute**: :func:`run_action`, the only place that computes (lab 4).
 
 State per (microbatch, stage), the activation memory: an F keeps its input (``requires_grad``
@@ -250,13 +254,14 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
     saved_bytes: dict[tuple[int, int], int] = {}
     handoff: dict[tuple[str, int, int], torch.Tensor] = {}  # between stages on this rank
     arrived: dict[Message, torch.Tensor] = {}  # received, not yet used
+    sending: list[tuple[dist.Work, dist.P2POp]] = []  # posted sends, waited for at the end
     events: list[TimedAction] = []
     peak_saved = peak_bytes = 0
     actions, outgoing = schedule.actions[rank], None
     exchanges = {exchange.step: exchange for exchange in plan[rank]}
 
     def exchange(step: int) -> None:
-        """Post this step's sends and receives together, and wait for all of them."""
+        """Post this step's sends and receives together; wait for the receives."""
         planned = exchanges.get(step)
         if planned is None:
             return
@@ -269,7 +274,12 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
                                            device=device)
             operations.append(dist.P2POp(distributed_c10d.irecv, arrived[message],
                                          peer(message.src), group, message.tag))
-        for work in dist.batch_isend_irecv(operations):
+        works = dist.batch_isend_irecv(operations)
+        if len(works) == len(operations):  # a request per operation (gloo): sends wait later
+            sending.extend(zip(works[:len(planned.sends)], operations))
+            works = works[len(planned.sends):]
+        # else one coalesced request (NCCL): waiting on it holds the compute stream, not the host
+        for work in works:
             work.wait()
 
     if timed:
@@ -310,6 +320,8 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
             neighbour = action.stage + 1 if action.kind == "F" else action.stage - 1
             handoff[(action.kind, action.microbatch, neighbour)] = outgoing  # same rank
     exchange(len(actions))  # the last action's output
+    for work, _ in sending:  # the sends, and the tensors they read, kept until delivered
+        work.wait()
 
     # The loss stays on the device: summed, broadcast, never read here.
     scaled = [context.losses[i].float() for i in sorted(context.losses)]
