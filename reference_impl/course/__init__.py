@@ -1,4 +1,5 @@
 """Course tooling, not part of the library: the student files generated from the solutions
 (``make_labs``), the graded tests' choice of implementation (``grading``) and pytest plugin
-(``pytest_plugin``: ``--impl``, ``--backend``, the per-lab summary), and the deck builder
-(``build_slides``). It needs the ``dev`` extra (nbformat, Jupyter)."""
+(``pytest_plugin``: ``--impl``, ``--backend``, the limits and the per-lab summary; how a
+graded test is written is in ``grading``), the student handout (``handout``), batch grading
+of a class (``grade``), and the deck builder (``build_slides``). It needs the ``dev`` extra (nbformat, Jupyter)."""
