@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from reference_impl.comm import launcher
 from reference_impl.comm.launcher import LaunchTimeout, RankFailure, current_device, launch
+from reference_impl.course.grade import children_of
 
 SLACK = 5.0  # seconds allowed beyond a launch's timeout for reporting and cleanup
 REPO = Path(__file__).resolve().parents[1]
@@ -23,15 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def child_pids() -> set[int]:
     """Live (non-zombie) child processes of this process, read from /proc."""
-    children = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid() and fields[0] != "Z":
-            children.add(int(stat.parent.name))
-    return children
+    return children_of(os.getpid(), running_only=True)
 
 
 @pytest.fixture(autouse=True)
@@ -325,3 +318,41 @@ def test_runs_unchanged_under_torchrun(tmp_path):
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert process.returncode == 0, process.stdout + process.stderr
     assert "results [0, 100]" in process.stdout
+
+
+# ----------------------------------------------------------------- code that must not be trusted
+
+class RunsCodeWhenLoaded:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def returns_a_trap(marker):
+    return {"fine": torch.ones(2), "trap": RunsCodeWhenLoaded(marker)}
+
+
+def test_data_results_are_read_without_running_the_sender_s_code(tmp_path):
+    marker = str(tmp_path / "ran")
+    assert launch(rank_sum, 2, 0, results="data")[1] == (1, 2, 1.0)
+    with pytest.raises(RankFailure, match="not data"):
+        launch(returns_a_trap, 1, marker, results="data")
+    assert not Path(marker).exists()
+
+
+def starts_a_process_and_prints():
+    subprocess.Popen(["sleep", "1000.75"])
+    print("y" * 100_000, flush=True)
+    return 0
+
+
+def test_what_a_rank_starts_ends_with_it_and_its_output_is_capped(capfd):
+    assert launch(starts_a_process_and_prints, 1, output_limit=100) == [0]
+    out = capfd.readouterr().out
+    assert "--- output of rank 0 ---" in out and "more bytes of output left out" in out
+    assert len(out) < 1000
+    time.sleep(0.5)  # SIGKILL is delivered asynchronously
+    found = subprocess.run(["pgrep", "-f", "sleep 1000.75"], capture_output=True, text=True)
+    assert not found.stdout.split(), "a process the rank started outlived the launch"

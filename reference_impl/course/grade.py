@@ -366,14 +366,16 @@ class Reaper:
                 os.waitpid(pid, 0)
 
 
-def children_of(parent: int) -> set[int]:
+def children_of(parent: int, running_only: bool = False) -> set[int]:
+    """The child processes of ``parent``, read from /proc (zombies too, unless
+    ``running_only``)."""
     children = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if int(fields[1]) == parent:
+        if int(fields[1]) == parent and not (running_only and fields[0] == "Z"):
             children.add(int(stat.parent.name))
     return children
 
