@@ -1,0 +1,22 @@
+"""The topology planner (lab 7): which TP x CP x PP x DP layout, ZeRO stage, micro-batch and
+recomputation to use for a model on a cluster, with the math written out, validated against
+published training runs.
+
+    python -m reference_impl.perf.planner --preset 70b --nodes 16 --gpus-per-node 8 --explain
+    python -m reference_impl.perf.planner --validate
+    python -m reference_impl.perf.planner calibrate --dry-run
+
+One idea per module: ``model_spec`` (shapes, parameters, FLOPs), ``layer_efficiency`` (a layer's
+time from its TP-local shapes, fitted to a calibration table), ``calibrate`` (measuring that
+table), ``hardware`` (GPUs, links, clusters), ``framework_memory`` (model states and gradient
+traffic as ZeRO, DeepSpeed, Megatron-LM and FSDP allocate them), ``layout`` (degrees and the rules),
+``memory_estimate``, ``time_estimate``, ``plans`` (evaluate, rank, recommend), ``explain``,
+``published_runs`` and ``validation`` (predicted against published).
+"""
+from reference_impl.perf.planner.hardware import GB, GPUS, GiB, Cluster, cluster_of
+from reference_impl.perf.planner.layout import Layout, check_layout
+from reference_impl.perf.planner.model_spec import PRESETS, ModelSpec, get_model
+from reference_impl.perf.planner.plans import Plan, evaluate, plan, recommend, table
+
+__all__ = ["GB", "GPUS", "GiB", "Cluster", "cluster_of", "Layout", "check_layout", "PRESETS",
+           "ModelSpec", "get_model", "Plan", "evaluate", "plan", "recommend", "table"]

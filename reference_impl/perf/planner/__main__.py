@@ -1,0 +1,3 @@
+from reference_impl.perf.planner.cli import main
+
+main()

@@ -1,0 +1,68 @@
+"""The planner's command line: rank layouts, explain the recommendation, validate against
+published runs, or calibrate (``calibrate.py``)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+from reference_impl.perf.planner import calibrate
+from reference_impl.perf.planner.explain import explain, why
+from reference_impl.perf.planner.framework_memory import ACCOUNTINGS
+from reference_impl.perf.planner.hardware import GPUS, cluster_of
+from reference_impl.perf.planner.layer_efficiency import fit, load_table
+from reference_impl.perf.planner.model_spec import PRESETS, get_model, positive
+from reference_impl.perf.planner.plans import plan, recommend, table
+from reference_impl.perf.planner.validation import report
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["calibrate"]:
+        return calibrate.main(argv[1:])
+    parser = argparse.ArgumentParser(
+        prog="python -m reference_impl.perf.planner",
+        description="Rank TP x CP x PP x DP layouts for a model on a cluster by estimated step "
+                    "time; 'calibrate' measures this GPU's layer-efficiency table.")
+    parser.add_argument("--preset", default="70b", help=f"model: {', '.join(PRESETS)}")
+    parser.add_argument("--gpu", default="h100", help=f"one of {', '.join(GPUS)}")
+    parser.add_argument("--table", help="a calibration table (from 'calibrate') to fit and use")
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--seq", type=int, help="sequence length (default: the preset's)")
+    parser.add_argument("--global-batch", type=int, default=1024, help="sequences per step")
+    parser.add_argument("--accounting", default="megatron", choices=ACCOUNTINGS)
+    parser.add_argument("--tp", type=int, help="fix the TP degree")
+    parser.add_argument("--pp", type=int, help="fix the PP degree")
+    parser.add_argument("--top", type=int, default=5, help="rows of the ranked table")
+    parser.add_argument("--explain", action="store_true",
+                        help="the math of the recommended plan, and why it beats the runner-up")
+    parser.add_argument("--validate", action="store_true",
+                        help="predicted against published training runs")
+    args = parser.parse_args(argv)
+    if args.validate:
+        print(report())
+        return
+    try:
+        model = get_model(args.preset)
+        if args.seq is not None:
+            positive("seq", args.seq)
+            model = replace(model, seq_len=args.seq)
+        positive("top", args.top)
+        cluster = cluster_of(args.gpu, args.nodes, args.gpus_per_node)
+        if args.table:
+            layer = fit(load_table(args.table), cluster.gpu.layer.memory_bandwidth,
+                        f"fitted to {args.table}")
+            cluster = replace(cluster, gpu=replace(cluster.gpu, layer=layer))
+        plans = plan(model, cluster, args.global_batch, args.tp, args.pp, args.accounting)
+    except ValueError as error:
+        parser.error(str(error))
+    print(f"{len(plans)} layouts fit; the {min(args.top, len(plans))} fastest by the estimate:")
+    print(table(plans[:args.top]))
+    if args.explain:
+        best, runner_up = (recommend(model, cluster, args.global_batch, args.accounting)
+                           if not (args.tp or args.pp) else (plans[0], plans[0]))
+        print()
+        print(explain(best))
+        print()
+        print(why(best, runner_up))

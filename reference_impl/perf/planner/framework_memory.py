@@ -1,0 +1,97 @@
+"""Model-state bytes per GPU and data-parallel traffic, as each framework allocates and moves them.
+
+``accounting`` selects whose bookkeeping (P = parameters this GPU's stage holds, d = the degree
+the states are sharded over, dp x cp):
+
+=============  =====================================================  ===========================
+accounting     bytes per parameter                                    gradient traffic
+=============  =====================================================  ===========================
+``zero``       the ZeRO paper (Rajbhandari et al. 2020, section 3):   once per step, 2-byte
+               stage 0 16, 1: 4 + 12/d, 2: 2 + 14/d, 3: 16/d           gradients; stage 3 x 1.5
+``deepspeed``  as the paper, plus DeepSpeed's default buffers: stage  stage 2 reduce-scatters
+               2 two buckets of 5e8 bf16 elements (reduce and         every micro-step, stage 3
+               all-gather), stage 3 1e9 live bf16 parameters          also all-gathers the
+                                                                      parameters twice per
+                                                                      micro-step
+``megatron``   Megatron-LM: stage 0 18 (bf16 parameter 2, fp32        once per step: all-reduce
+               main gradient 4, fp32 master 4, Adam 8); stage 1, the  (stage 0) or reduce-scatter
+               distributed optimizer, 6 + 12/d                        (fp32) + all-gather (bf16)
+``fsdp``       PyTorch FSDP: stage 3 (FULL_SHARD) 16/d plus two       stage 3 per micro-step:
+               layers' bf16 parameters and gradients unsharded;       all-gather x 2, fp32
+               stage 2 (no resharding after forward, gradients        reduce-scatter; stage 2
+               accumulated unsharded, as the Llama 3 paper            once per step
+               describes) 2 + 2 + 16/d
+=============  =====================================================  ===========================
+
+Megatron-LM's distributed optimizer shards only the optimizer (ZeRO-1): stages 2 and 3 are
+refused there, as FSDP has no stage 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reference_impl.hybrid.zero import zero_memory_formula
+
+ACCOUNTINGS = ("zero", "deepspeed", "megatron", "fsdp")
+STAGES = {"zero": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "megatron": (0, 1), "fsdp": (2, 3)}
+DEEPSPEED_BUCKETS_BYTES = 2 * 5e8 * 2   # reduce_bucket_size + allgather_bucket_size, bf16
+DEEPSPEED_LIVE_PARAMETER_BYTES = 1e9 * 2  # stage3_max_live_parameters, bf16
+
+
+def check_accounting(accounting: str, zero: int) -> None:
+    if accounting not in ACCOUNTINGS:
+        raise ValueError(f"accounting must be one of {', '.join(ACCOUNTINGS)}, got {accounting!r}")
+    if zero not in STAGES[accounting]:
+        raise ValueError(f"{accounting} accounting has ZeRO stages {STAGES[accounting]}, not "
+                         f"{zero}" + (" (Megatron-LM's distributed optimizer is ZeRO-1)"
+                                      if accounting == "megatron" else ""))
+
+
+def model_state_bytes(params: float, shards: int, zero: int, accounting: str,
+                      layer_params: float = 0.0) -> float:
+    """Bytes of parameters, gradients and optimizer states one GPU holds (module docstring);
+    ``layer_params``: one layer's parameters on this GPU (FSDP's unsharded working set)."""
+    check_accounting(accounting, zero)
+    if accounting == "zero":
+        return zero_memory_formula(params, shards, zero)
+    if accounting == "deepspeed":
+        extra = {2: DEEPSPEED_BUCKETS_BYTES, 3: DEEPSPEED_LIVE_PARAMETER_BYTES}.get(zero, 0.0)
+        return zero_memory_formula(params, shards, zero) + extra
+    if accounting == "megatron":
+        return 18 * params if zero == 0 else 6 * params + 12 * params / shards
+    if zero == 3:  # fsdp
+        return 16 * params / shards + 2 * layer_params * (2 + 2)
+    return 4 * params + 16 * params / shards
+
+
+@dataclass(frozen=True)
+class GradientTraffic:
+    """Bytes one GPU sends in ring collectives over the d sharding ranks, by when they happen:
+    ``reduce`` (gradients) and ``gather`` (parameters) once per step, or per micro-step."""
+    reduce_per_step: float = 0.0
+    reduce_is_all_reduce: bool = False
+    gather_per_step: float = 0.0
+    per_microstep: float = 0.0   # the collective's payload per micro-step (gathers + reduce)
+
+
+def gradient_traffic(params: float, zero: int, accounting: str) -> GradientTraffic:
+    """The payloads (bytes of the full tensors; the ring moves (d-1)/d of them per rank)."""
+    check_accounting(accounting, zero)
+    if accounting == "zero":
+        if zero == 3:  # reduce-scatter + two all-gathers: 1.5 x an all-reduce (paper, sec. 7)
+            return GradientTraffic(per_microstep=0.0, reduce_per_step=2 * params * 1.5,
+                                   reduce_is_all_reduce=True)
+        return GradientTraffic(reduce_per_step=2 * params, reduce_is_all_reduce=True)
+    if accounting == "deepspeed":
+        if zero == 3:
+            return GradientTraffic(per_microstep=3 * 2 * params)
+        if zero == 2:
+            return GradientTraffic(per_microstep=2 * params, gather_per_step=2 * params)
+        return GradientTraffic(reduce_per_step=2 * params, reduce_is_all_reduce=True)
+    if accounting == "megatron":
+        if zero == 0:
+            return GradientTraffic(reduce_per_step=4 * params, reduce_is_all_reduce=True)
+        return GradientTraffic(reduce_per_step=4 * params, gather_per_step=2 * params)
+    if zero == 3:  # fsdp: all-gather bf16 forward and backward, reduce-scatter fp32
+        return GradientTraffic(per_microstep=2 * 2 * params + 4 * params)
+    return GradientTraffic(reduce_per_step=4 * params, gather_per_step=2 * params)

@@ -1,0 +1,113 @@
+"""GPUs and clusters: peak, memory, links, and each GPU's layer-time model.
+
+Peaks are dense BF16 tensor-core figures from the vendors' data sheets (A100 SXM 312 TFLOP/s,
+H100 SXM and H200 989); memory bandwidth likewise (A100 80GB 2.04 TB/s, H100 SXM 3.35, H200
+4.8). Link bandwidths are per GPU and direction, as NCCL's bus bandwidth reaches them in
+practice, about 80% of the nominal figure: NVLink 3 (A100, 300 GB/s nominal) 240 GB/s, NVLink 4
+(H100/H200, 450) 360 GB/s; one 200 Gb/s HDR NIC per A100 (25 GB/s nominal) 20 GB/s, one 400 Gb/s
+NIC per H100 (50) 40 GB/s.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reference_impl.perf.planner.layer_efficiency import H100_TABLE, LayerEfficiency
+from reference_impl.perf.planner.model_spec import positive
+
+GiB = 2 ** 30
+GB = 10 ** 9
+
+# H100: the five numbers fitted to data/h100_layer_efficiency.json by layer_efficiency.fit
+# (tests/test_planner_efficiency.py refits the table and checks these).
+H100_LAYER = LayerEfficiency(
+    device="H100 SXM", peak_flops=989e12, memory_bandwidth=3.35e12, e_gemm=0.6830,
+    gemm_fixed_flops=6.595e10, e_attention=0.4643, elementwise_s=2.514e-11,
+    launch_floor_s=2.05e-3, source=f"fitted to {H100_TABLE.name} (measured on one H100)")
+
+# A100: no calibration table was measured here. The H100's shape model moved to the A100's peak
+# and memory bandwidth, with ONE number fitted: the GEMM ceiling e_gemm, to the ten rows of
+# Narayanan et al. 2021, Table 1 (validation.fit_a100_ceiling; the test refits it).
+A100_E_GEMM = 0.657
+A100_LAYER = H100_LAYER.for_device(
+    "A100 SXM", 312e12, 2.04e12, A100_E_GEMM,
+    "H100 shape model; ceiling fitted to Narayanan et al. 2021, Table 1")
+
+# H200: the H100's die with more and faster memory; until `calibrate` measures it, the H100's
+# numbers with the elementwise term scaled to its bandwidth.
+H200_LAYER = H100_LAYER.for_device("H200", 989e12, 4.8e12, H100_LAYER.e_gemm,
+                                   "H100 table, scaled to H200 memory bandwidth")
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_gib: float
+    layer: LayerEfficiency
+
+    @property
+    def peak_tflops(self) -> float:
+        return self.layer.peak_flops / 1e12
+
+
+GPUS = {
+    "a100": GPU("A100 80GB", 80.0, A100_LAYER),
+    "h100": GPU("H100 80GB", 80.0, H100_LAYER),
+    "h200": GPU("H200 141GB", 141.0, H200_LAYER),
+}
+LINKS = {  # GB/s per GPU and direction as reached (module docstring): intra-node, inter-node
+    "a100": (240.0, 20.0),
+    "h100": (360.0, 40.0),
+    "h200": (360.0, 40.0),
+}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """GPUs per node x nodes; memory in GiB, bandwidths per GPU in GB/s, latencies in s."""
+    gpus_per_node: int = 8
+    nodes: int = 16
+    gpu: GPU = field(default=GPUS["h100"])
+    intra_bw_gbs: float = LINKS["h100"][0]
+    inter_bw_gbs: float = LINKS["h100"][1]
+    intra_alpha: float = 5e-6
+    inter_alpha: float = 10e-6
+    reserve: float = 0.10            # memory kept back for context, buffers, fragmentation
+
+    def __post_init__(self):
+        for name in ("gpus_per_node", "nodes", "intra_bw_gbs", "inter_bw_gbs"):
+            positive(name, getattr(self, name))
+        if not 0 <= self.reserve < 1:
+            raise ValueError(f"reserve must be in [0, 1), got {self.reserve}")
+        if self.intra_alpha < 0 or self.inter_alpha < 0:
+            raise ValueError(f"latencies must be >= 0, got {self.intra_alpha}, {self.inter_alpha}")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def gpu_memory_gib(self) -> float:
+        return self.gpu.memory_gib
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.gpu.memory_gib * GiB * (1 - self.reserve)
+
+    def link(self, group_span: int) -> tuple[float, float]:
+        """(alpha, bytes/s) of a group whose ranks span ``group_span`` consecutive GPUs."""
+        if group_span <= self.gpus_per_node:
+            return self.intra_alpha, self.intra_bw_gbs * GB
+        return self.inter_alpha, self.inter_bw_gbs * GB
+
+
+def cluster_of(gpu: str, nodes: int, gpus_per_node: int = 8, **overrides) -> Cluster:
+    """A cluster of a known GPU (a100, h100, h200) with its links."""
+    try:
+        spec = GPUS[gpu.lower()]
+    except KeyError:
+        raise ValueError(f"unknown GPU {gpu!r}; choose one of {', '.join(GPUS)}") from None
+    intra, inter = LINKS[gpu.lower()]
+    options = dict(gpus_per_node=gpus_per_node, nodes=nodes, gpu=spec, intra_bw_gbs=intra,
+                   inter_bw_gbs=inter)
+    options.update(overrides)
+    return Cluster(**options)

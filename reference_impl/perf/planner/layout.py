@@ -1,0 +1,118 @@
+"""A layout: the degrees of each parallelism and the options that change memory and time, the
+rules that make one legal, and every legal one for a model on a cluster."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reference_impl.perf.planner.framework_memory import STAGES, check_accounting
+from reference_impl.perf.planner.hardware import Cluster
+from reference_impl.perf.planner.layer_efficiency import ATTENTION_KERNELS
+from reference_impl.perf.planner.model_spec import ModelSpec
+
+RECOMPUTE = (None, "selective", "full")
+MICRO_BATCHES = (1, 2, 4)
+CONTEXT_PARALLEL = (1, 2, 4)
+VIRTUAL_STAGES = (1, 2, 4, 5, 8, 10)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """tp x cp x pp x dp GPUs (Megatron-LM's order: TP fastest, then CP, DP, PP); ``v``
+    virtual stages per pipeline rank (the interleaved schedule, Narayanan et al. 2021)."""
+    tp: int
+    pp: int
+    dp: int
+    zero: int = 1
+    micro_batch: int = 1
+    recompute: str | None = None
+    sequence_parallel: bool = True
+    cp: int = 1
+    v: int = 1
+    accounting: str = "megatron"
+    attention: str = "flash"
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    def describe(self) -> str:
+        return (f"TP {self.tp} x PP {self.pp}{f' (v {self.v})' if self.v > 1 else ''}"
+                f"{f' x CP {self.cp}' if self.cp > 1 else ''} x DP {self.dp}, "
+                f"{self.accounting} ZeRO-{self.zero}, micro-batch {self.micro_batch}, "
+                f"recompute {self.recompute or 'none'}"
+                f"{', SP' if self.sequence_parallel and self.tp > 1 else ''}")
+
+
+def check_layout(model: ModelSpec, cluster: Cluster, layout: Layout) -> None:
+    """What the model, the cluster and the schedule allow; a ValueError names the numbers."""
+    for name in ("tp", "pp", "dp", "cp", "v", "micro_batch"):
+        value = getattr(layout, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    tp, cp, pp, dp = layout.tp, layout.cp, layout.pp, layout.dp
+    if layout.gpus != cluster.num_gpus:
+        raise ValueError(f"tp {tp} x cp {cp} x pp {pp} x dp {dp} = {layout.gpus}, but the "
+                         f"cluster has {cluster.nodes} nodes x {cluster.gpus_per_node} = "
+                         f"{cluster.num_gpus} GPUs")
+    if tp > cluster.gpus_per_node:
+        raise ValueError(f"tp {tp} is larger than a node ({cluster.gpus_per_node} GPUs): "
+                         f"tensor parallelism must stay on the intra-node links")
+    if cluster.gpus_per_node % tp:
+        raise ValueError(f"tp {tp} does not divide the {cluster.gpus_per_node} GPUs of a node")
+    if model.heads % tp or (model.kv_heads or model.heads) % tp:
+        raise ValueError(f"tp {tp} does not divide the {model.heads} attention heads "
+                         f"({model.kv_heads or model.heads} key/value heads)")
+    if model.seq_len % (2 * cp if cp > 1 else 1):
+        raise ValueError(f"cp {cp} needs the sequence {model.seq_len} split in 2 cp chunks")
+    if pp > model.layers:
+        raise ValueError(f"pp {pp} is more than the {model.layers} layers")
+    per_stage = -(-model.layers // pp)
+    if layout.v > 1 and (pp == 1 or per_stage % layout.v):
+        raise ValueError(f"v {layout.v} virtual stages need pp > 1 and v dividing the "
+                         f"{per_stage} layers of a stage")
+    if layout.recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of none, selective, full, got {layout.recompute!r}")
+    if layout.attention not in ATTENTION_KERNELS:
+        raise ValueError(f"attention must be one of {ATTENTION_KERNELS}, got {layout.attention!r}")
+    check_accounting(layout.accounting, layout.zero)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def virtual_stages(model: ModelSpec, pp: int) -> list[int]:
+    """The interleaving degrees a pipeline of ``pp`` ranks allows: v dividing a stage's layers."""
+    per_stage = -(-model.layers // pp)
+    return [v for v in VIRTUAL_STAGES if v == 1 or (pp > 1 and per_stage % v == 0)]
+
+
+def candidate_layouts(model: ModelSpec, cluster: Cluster, global_batch: int,
+                      accounting: str = "megatron", attention: str = "flash",
+                      tp: int | None = None, pp: int | None = None):
+    """Every legal layout: TP within a node, CP in {1, 2, 4}, PP dividing what is left (with
+    virtual stages where the layers divide), DP the rest; each ZeRO stage the accounting has,
+    micro-batch 1, 2 or 4, and recomputation (with flash attention "selective" is "none": the
+    kernel already recomputes the scores)."""
+    g = cluster.num_gpus
+    recomputes = (None, "full") if attention == "flash" else RECOMPUTE
+    for t in divisors(cluster.gpus_per_node):
+        if model.heads % t or (model.kv_heads or model.heads) % t or (tp and t != tp):
+            continue
+        for c in CONTEXT_PARALLEL:
+            if (g // t) % c or model.seq_len % (2 * c if c > 1 else 1):
+                continue
+            for p in divisors(g // (t * c)):
+                if p > model.layers or (pp and p != pp):
+                    continue
+                d = g // (t * c * p)
+                for v in virtual_stages(model, p):
+                    for zero in STAGES[accounting]:
+                        if zero and d * c == 1:
+                            continue
+                        for b in MICRO_BATCHES:
+                            if global_batch % (d * b):
+                                continue
+                            for recompute in recomputes:
+                                yield Layout(t, p, d, zero, b, recompute, True, c, v,
+                                             accounting, attention)
