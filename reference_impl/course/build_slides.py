@@ -32,7 +32,7 @@ from reference_impl.course.kernel import notebook_client
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = "deck_template"
-# Cell tags, as in Jupyter Book and nbconvert's TagRemove* preprocessors.
+# Cell tags, as in Jupyter Book, applied by nbconvert's TagRemovePreprocessor.
 REMOVE_INPUT = {"hide-input", "remove-input"}
 REMOVE_OUTPUT = {"hide-output", "remove-output"}
 REMOVE_CELL = {"remove-cell"}
@@ -71,12 +71,10 @@ def deck_html(notebook) -> str:
     config.SlidesExporter.reveal_url_prefix = "reveal.js"
     config.SlidesExporter.exclude_input_prompt = True
     config.SlidesExporter.exclude_output_prompt = True
-    config.TagRemoveInputPreprocessor.remove_input_tags = REMOVE_INPUT
-    config.TagRemoveInputPreprocessor.enabled = True
-    config.TagRemoveCellPreprocessor.remove_cell_tags = REMOVE_CELL
-    config.TagRemoveCellPreprocessor.enabled = True
-    config.TagRemoveOutputPreprocessor.remove_all_outputs_tags = REMOVE_OUTPUT
-    config.TagRemoveOutputPreprocessor.enabled = True
+    config.TagRemovePreprocessor.enabled = True
+    config.TagRemovePreprocessor.remove_input_tags = REMOVE_INPUT
+    config.TagRemovePreprocessor.remove_all_outputs_tags = REMOVE_OUTPUT
+    config.TagRemovePreprocessor.remove_cell_tags = REMOVE_CELL
     exporter = SlidesExporter(config=config, template_name=TEMPLATE,
                               extra_template_basedirs=[str(Path(__file__).parent)])
     page, _ = exporter.from_notebook_node(notebook)
