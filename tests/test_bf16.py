@@ -148,13 +148,14 @@ def test_tp_and_sp_blocks_in_bf16_match_the_single_device_block(run_on_ranks):
 
 # ---------------------------------------------------------------- PP
 
-def pipelined(gpt, tokens):
-    step = pipeline_train_step(gpt.to(current_device()), "1f1b", tokens.to(current_device()),
+def pipelined(gpt, tokens, schedule):
+    step = pipeline_train_step(gpt.to(current_device()), schedule, tokens.to(current_device()),
                                tokens.to(current_device()), microbatches=2, precision="bf16")
     return step.loss, step.grads
 
 
-def test_pipeline_in_bf16_matches_the_single_device_gpt(run_on_ranks):
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])  # zb-h1: the split backward in bf16
+def test_pipeline_in_bf16_matches_the_single_device_gpt(run_on_ranks, schedule):
     torch.manual_seed(0)
     gpt = GPT(CONFIG)
     tokens = torch.randint(CONFIG.vocab_size, (4, CONFIG.seq_len),
@@ -165,10 +166,11 @@ def test_pipeline_in_bf16_matches_the_single_device_gpt(run_on_ranks):
     loss.backward()
     expected = dict(reference.named_parameters())
     seen = set()
-    for rank, (pipelined_loss, grads) in enumerate(run_on_ranks(pipelined, 2, gpt, tokens)):
-        assert_close_bf16(pipelined_loss, loss.item(), "1F1B loss", rank)
+    results = run_on_ranks(pipelined, 2, gpt, tokens, schedule)
+    for rank, (pipelined_loss, grads) in enumerate(results):
+        assert_close_bf16(pipelined_loss, loss.item(), f"{schedule} loss", rank)
         for name, grad in grads.items():
-            assert_close_bf16(grad, expected[name].grad, f"1F1B gradient of {name}", rank)
+            assert_close_bf16(grad, expected[name].grad, f"{schedule} gradient of {name}", rank)
         seen |= set(grads)
     assert seen == set(expected), f"no gradient for {set(expected) - seen}"
 

@@ -38,31 +38,42 @@ class DeferredWeightGrads:
         for linear, x, dy in reversed(self.pending):
             x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
             weight, bias = linear.weight, linear.bias
-            if weight.requires_grad:  # dW = dy^T x, added in place into .grad (one matmul)
-                if weight.grad is None:
-                    weight.grad = dy2.t() @ x2
-                else:
-                    weight.grad.addmm_(dy2.t(), x2)
+            if weight.requires_grad:  # dW = dy^T x (one matmul, in the forward's precision)
+                _accumulate(weight, dy2.t(), x2)
             if bias is not None and bias.requires_grad:
-                db = dy2.sum(0)
-                bias.grad = db if bias.grad is None else bias.grad.add_(db)
+                _accumulate(bias, dy2.sum(0))
         self.pending.clear()
 
 
+def _accumulate(parameter: nn.Parameter, a: torch.Tensor, b: torch.Tensor | None = None):
+    """``parameter.grad += a @ b`` (or ``+= a``), in the parameter's dtype: in place with one
+    addmm when the dtypes agree; a bf16 product is cast to the fp32 gradient first, as autograd
+    does for a weight that autocast cast (``precision.py``)."""
+    grad = parameter.grad
+    if b is not None and grad is not None and a.dtype == grad.dtype:
+        grad.addmm_(a, b)
+        return
+    value = (a if b is None else a @ b).to(parameter.dtype)
+    parameter.grad = value if grad is None else grad.add_(value)
+
+
 class _SplitLinear(torch.autograd.Function):
-    """F.linear whose backward returns the input's gradient only and defers the weights'."""
+    """F.linear whose backward returns the input's gradient only and defers the weights'.
+    Under bf16 autocast the forward's matmul runs in bf16: like autograd, keep the input in
+    the dtype the matmul read it in, and compute B and W in that dtype."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, linear, store):
-        ctx.save_for_backward(x, weight)
+        y = F.linear(x, weight, bias)
+        ctx.save_for_backward(x.to(y.dtype), weight)
         ctx.linear, ctx.store = linear, store
-        return F.linear(x, weight, bias)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
         ctx.store.pending.append((ctx.linear, x.detach(), dy.detach()))
-        dx = dy @ weight if ctx.needs_input_grad[0] else None
+        dx = dy @ weight.to(dy.dtype) if ctx.needs_input_grad[0] else None
         return dx, None, None, None, None
 
 
