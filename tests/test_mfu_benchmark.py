@@ -114,6 +114,26 @@ def test_benchmark_runs_on_the_cpu_and_prints_positive_numbers(options):
     assert ratio and float(ratio.group(1)) == 1.0, out
     assert ("peak memory allocated: not measured on the CPU (no allocator counter; "
             "torch.cuda.max_memory_allocated on a GPU)") in out, out
+    # one layer alone, and what the planner says of it (nothing, for a CPU)
+    layer = re.search(r"^one layer alone \(Block, fwd\+bwd\): ([\d.]+) ms, (\S+) of peak$",
+                      out, re.M)
+    assert layer and float(layer.group(1)) > 0 and float(layer.group(2)) > 0, out
+    assert re.search(r"^planner's layer model: (no prediction for this device|bf16 only)", out,
+                     re.M), out
+
+
+def test_planner_predicts_the_trainers_layer_on_the_gpus_it_knows():
+    """The GPU default's layer (hidden 2048, seq 2048, batch 4, sdpa) on an H100: the planner's
+    layer model (fitted to the H100 table) gives a time whose FLOP rate is a plausible fraction
+    of the peak; names it does not know give None."""
+    config = ModelConfig(vocab_size=50304, seq_len=2048, hidden=2048, heads=16, layers=24,
+                         attention="sdpa")
+    seconds = mfu.planned_layer_seconds(config, 4, "NVIDIA H100 80GB HBM3")
+    per_layer = 4 * 2048 * (6 * 12 * 2048 ** 2 + 12 * 2048 * 2048)  # 6 x 12h^2 x tokens + attn
+    assert 0.3 < per_layer / seconds / 989e12 < 0.8
+    assert mfu.planned_layer_seconds(config, 4, "NVIDIA GeForce RTX 4090") is None
+    explicit = ModelConfig(**{**config.__dict__, "attention": "explicit"})
+    assert mfu.planned_layer_seconds(explicit, 4, "NVIDIA H100 80GB HBM3") > seconds
 
 
 def test_peak_option_overrides_the_nominal_cpu_peak():

@@ -41,6 +41,15 @@ synchronisation; on the CPU ``time.perf_counter``. Nothing inside the timed step
 value on the host (no ``.item()``): the loss is read once, after the clock stops.
 Single device only; ``python -m reference_impl.train`` prints tokens/s for dp x tp x pp runs.
 
+**One layer against the planner.** One ``model.Block`` of the same shape, forward + backward
+alone (no optimizer, no LM head), timed the same way; on a GPU the planner knows (A100, H100,
+H200) it prints the time ``perf.planner``'s layer model predicts for that shape (fitted to the
+layer-efficiency calibration table, ``python -m reference_impl.perf.planner calibrate``) and
+the ratio measured / predicted, so the trainer's layers and the planner's are the same
+layers to within that ratio. The kit's block is GPT-2's (layernorm, 4h GeLU MLP, multi-head
+attention), the table's a Llama layer; the planner's model is built from GEMM shapes, so it
+predicts either.
+
 **Memory against the formulas.** Beside the run it prints the kit's formulas for what one
 step holds: the model states, 16 bytes per parameter (fp32 weights, gradients, Adam's m and v:
 ``hybrid/zero.zero_memory_formula`` on one rank), plus in bf16 the 2-byte copy autocast makes
@@ -63,7 +72,8 @@ import torch
 
 from reference_impl.hybrid.zero import zero_memory_formula
 from reference_impl.memory.activation_memory import SavedActivations, gpt_activation_bytes
-from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig
+from reference_impl.model import ATTENTION_KERNELS, GPT, Block, ModelConfig
+from reference_impl.perf.planner import GPUS, ModelSpec
 from reference_impl.pipeline.pipeline_executor import gpt_loss
 from reference_impl.precision import PRECISIONS, autocast, weight_copy_bytes
 from reference_impl.train import multi_tensor_options
@@ -223,6 +233,8 @@ def measure(args) -> dict:
         "peak_memory": torch.cuda.max_memory_allocated(device) if cuda else None,
         "saved_bytes": saved_bytes(model, tokens, targets, args.dtype),
         "memory_formula": memory_formula(model, config, args.batch, args.dtype),
+        "layer_seconds": layer_seconds(config, args.batch, args.dtype, device, args.warmup,
+                                       args.steps),
     }
 
 
@@ -242,6 +254,45 @@ def memory_formula(model, config: ModelConfig, batch: int, precision: str) -> di
                "activations": gpt_activation_bytes(config, batch, precision)}
     formula["total"] = sum(formula.values())
     return formula
+
+
+def layer_seconds(config: ModelConfig, batch: int, precision: str, device: torch.device,
+                  warmup: int, steps: int) -> float:
+    """Mean seconds of one ``Block``'s forward + backward (autocast as in training)."""
+    torch.manual_seed(0)
+    block = Block(config).to(device)
+    x = torch.randn(batch, config.seq_len, config.hidden, device=device, requires_grad=True)
+
+    def step():
+        with autocast(precision, device):
+            y = block(x)
+        y.sum().backward()
+
+    for _ in range(warmup):
+        step()
+    wait = torch.cuda.synchronize if device.type == "cuda" else (lambda _device: None)
+    wait(device)
+    began = time.perf_counter()
+    for _ in range(steps):
+        step()
+    wait(device)
+    return (time.perf_counter() - began) / steps
+
+
+def planner_gpu(device_name: str):
+    """The planner's GPU (``perf.planner.GPUS``) of this name, or None."""
+    return next((gpu for key, gpu in GPUS.items() if key in device_name.lower()), None)
+
+
+def planned_layer_seconds(config: ModelConfig, batch: int, device_name: str) -> float | None:
+    """What the planner's layer model predicts for one block of ``config`` on this GPU."""
+    gpu = planner_gpu(device_name)
+    if gpu is None:
+        return None
+    spec = ModelSpec("trainer", config.layers, config.hidden, config.heads, config.vocab_size,
+                     config.seq_len, ffn_hidden=config.ffn_multiple * config.hidden)
+    kernel = "flash" if config.attention == "sdpa" else "explicit"
+    return gpu.layer.layer_seconds(spec, tp=1, micro_batch=batch, attention=kernel)
 
 
 def resolve_peak(args) -> tuple[float, str]:
@@ -279,8 +330,27 @@ def main(argv=None) -> dict:
     print(f"model TFLOP/s: {result['tflops']:.4g}")
     result["mfu"] = result["tflops"] / peak
     print(f"MFU: {100 * result['mfu']:.3g}% of {peak:g} TFLOP/s ({peak_source})")
+    print_layer(result, args, peak)
     print_memory(result, args)
     return result
+
+
+def print_layer(result: dict, args, peak: float) -> None:
+    """One block alone, and the planner's prediction for it."""
+    config, seconds = result["config"], result["layer_seconds"]
+    block_flops = args.batch * config.seq_len * (flops_per_token(config) - 6 * (
+        2 * config.hidden + config.vocab_size * config.hidden)) / config.layers
+    print(f"one layer alone (Block, fwd+bwd): {seconds * 1e3:.3f} ms, "
+          f"{block_flops / seconds / 1e12 / peak:.3g} of peak")
+    predicted = planned_layer_seconds(config, args.batch, result["device_name"])
+    if args.dtype != "bf16":
+        print("planner's layer model: bf16 only (its calibration table is bf16)")
+    elif predicted is None:
+        print("planner's layer model: no prediction for this device (it knows "
+              f"{', '.join(gpu.name for gpu in GPUS.values())})")
+    else:
+        print(f"planner's layer model predicts {predicted * 1e3:.3f} ms: measured / predicted "
+              f"= {seconds / predicted:.2f}")
 
 
 def print_memory(result: dict, args) -> None:
