@@ -69,6 +69,7 @@ def deck_html(notebook) -> str:
     """The reveal.js page of ``notebook``, loading reveal.js/ and katex/ from beside it."""
     config = Config()
     config.SlidesExporter.reveal_url_prefix = "reveal.js"
+    config.SlidesExporter.reveal_theme = "white"
     config.SlidesExporter.exclude_input_prompt = True
     config.SlidesExporter.exclude_output_prompt = True
     config.TagRemovePreprocessor.enabled = True
