@@ -119,7 +119,7 @@ Columns: 'measured B' = saved-tensor hooks (each storage once, parameters exclud
     (SP: 4 (2sbh/t + 2sbh + 12sbh/t + as^2b/t) + 16sb/t + s^2)
 'paper B' = Korthikanti et al. 2022, Table 2 (16-bit activations, 1-byte dropout masks):
     sbh (34 + 5as/h);  TP: sbh (10 + 24/t + 5as/(ht));  TP+SP: sbh/t (34 + 5as/h);
-    selective: without the 5as/h term;  full: 2sbh.
+    selective: without the 5as/h term;  full: 2sbh (with SP the 1/t shard, 2sbh/t).
 Mapping: 34 sbh = 16 activations x 2 B + 2 dropout masks x 1 B; here 16 x 4 B, no masks.
 5as^2b = softmax out (2) + dropout mask (1) + dropout out (2); here the softmax out (4 B) only.
 Not in the paper: layernorm mean and 1/std (16sb) and the bool causal mask (s^2).""")

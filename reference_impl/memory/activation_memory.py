@@ -181,8 +181,9 @@ def activation_memory_formula(s: int, b: int, h: int, a: int, t: int = 1,
 
     With 16-bit activations (``bytes_per_element`` = 2) and 1-byte dropout masks:
     no parallelism sbh (34 + 5as/h); TP sbh (10 + 24/t + 5as/(ht)); TP + SP sbh/t (34 + 5as/h);
-    selective recomputation drops the 5as/h term; full recomputation 2sbh (the layer input;
-    Table 2 lists it without t: with SP that input would be the 1/t shard). With
+    selective recomputation drops the 5as/h term; full recomputation 2sbh (the layer input,
+    Table 2's row for TP without SP), and with SP 2sbh/t: the layer input there is the
+    sequence-sharded tensor each rank holds, and that shard is what the checkpoint keeps. With
     ``attention="sdpa"`` (a fused kernel: no s x s tensor kept) the 5as/h term becomes the
     kernel's fp32 log-sum-exp, 4 asb/t (no attention dropout).
     """
@@ -190,7 +191,7 @@ def activation_memory_formula(s: int, b: int, h: int, a: int, t: int = 1,
         raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")
     e, m, sbh = bytes_per_element, mask_bytes, s * b * h
     if recompute == "full":
-        return e * sbh
+        return e * sbh / t if sequence_parallel else e * sbh
     # layernorm inputs 2e sbh, qkv and fc1 inputs 2e sbh, dropout masks after proj and fc2 2m sbh
     replicated = (4 * e + 2 * m) * sbh
     # q, k, v, proj input: 4e sbh; GeLU input and fc2 input: 8e sbh

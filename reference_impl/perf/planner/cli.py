@@ -7,12 +7,12 @@ import sys
 from dataclasses import replace
 
 from reference_impl.perf.planner import calibrate
-from reference_impl.perf.planner.explain import explain, why
+from reference_impl.perf.planner.explain import explain, full_explanation
 from reference_impl.perf.planner.framework_memory import ACCOUNTINGS
 from reference_impl.perf.planner.hardware import GPUS, cluster_of
 from reference_impl.perf.planner.layer_efficiency import fit, load_table
 from reference_impl.perf.planner.model_spec import PRESETS, get_model, positive
-from reference_impl.perf.planner.plans import plan, recommend, table
+from reference_impl.perf.planner.plans import plan, table
 from reference_impl.perf.planner.validation import report
 
 
@@ -35,8 +35,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tp", type=int, help="fix the TP degree")
     parser.add_argument("--pp", type=int, help="fix the PP degree")
     parser.add_argument("--top", type=int, default=5, help="rows of the ranked table")
+    parser.add_argument("--tp-comm-overlap", action="store_true",
+                        help="hide TP collectives behind the GEMMs (the bound of Megatron-Core's "
+                             "tp_comm_overlap); default: exposed, as Megatron-LM's default")
     parser.add_argument("--explain", action="store_true",
-                        help="the math of the recommended plan, and why it beats the runner-up")
+                        help="the math of the recommended plan, why it beats the runner-up, "
+                             "public recipes' layouts beside it, the global batch's effect")
     parser.add_argument("--validate", action="store_true",
                         help="predicted against published training runs")
     args = parser.parse_args(argv)
@@ -54,15 +58,14 @@ def main(argv: list[str] | None = None) -> None:
             layer = fit(load_table(args.table), cluster.gpu.layer.memory_bandwidth,
                         f"fitted to {args.table}")
             cluster = replace(cluster, gpu=replace(cluster.gpu, layer=layer))
-        plans = plan(model, cluster, args.global_batch, args.tp, args.pp, args.accounting)
+        plans = plan(model, cluster, args.global_batch, args.tp, args.pp, args.accounting,
+                     tp_comm_overlap=args.tp_comm_overlap)
     except ValueError as error:
         parser.error(str(error))
     print(f"{len(plans)} layouts fit; the {min(args.top, len(plans))} fastest by the estimate:")
     print(table(plans[:args.top]))
     if args.explain:
-        best, runner_up = (recommend(model, cluster, args.global_batch, args.accounting)
-                           if not (args.tp or args.pp) else (plans[0], plans[0]))
         print()
-        print(explain(best))
-        print()
-        print(why(best, runner_up))
+        print(explain(plans[0]) if args.tp or args.pp else
+              full_explanation(model, cluster, args.global_batch, args.accounting,
+                               args.tp_comm_overlap))

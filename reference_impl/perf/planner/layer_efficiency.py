@@ -88,11 +88,17 @@ class LayerEfficiency:
         CP splits the sequence: each rank's queries are s/cp tokens against all s keys."""
         s = model.seq_len
         tokens = micro_batch * s // cp
-        gemms = sum(self.gemm_seconds(6 * tokens * k * n) for k, n in model.layer_gemms(tp))
+        gemms = self.layer_gemm_seconds(model, tp, micro_batch, cp)
         attention_s = self.attention_seconds(micro_batch, s // cp, s, model.heads // tp,
                                              model.hidden // model.heads, attention)
         elementwise = self.elementwise_s * tokens * model.hidden
         return max(self.launch_floor_s, gemms + attention_s + elementwise)
+
+    def layer_gemm_seconds(self, model: ModelSpec, tp: int, micro_batch: int,
+                           cp: int = 1) -> float:
+        """The weight GEMMs of one layer on one TP x CP rank, forward + backward."""
+        tokens = micro_batch * model.seq_len // cp
+        return sum(self.gemm_seconds(6 * tokens * k * n) for k, n in model.layer_gemms(tp))
 
     def gemm_only_seconds(self, tokens: int, k: int, n: int) -> float:
         """A lone GEMM (the LM head): forward + backward."""

@@ -12,13 +12,14 @@ from reference_impl.perf.planner.model_spec import ModelSpec
 RECOMPUTE = (None, "selective", "full")
 MICRO_BATCHES = (1, 2, 4)
 CONTEXT_PARALLEL = (1, 2, 4)
-VIRTUAL_STAGES = (1, 2, 4, 5, 8, 10)
 
 
 @dataclass(frozen=True)
 class Layout:
     """tp x cp x pp x dp GPUs (Megatron-LM's order: TP fastest, then CP, DP, PP); ``v``
-    virtual stages per pipeline rank (the interleaved schedule, Narayanan et al. 2021)."""
+    virtual stages per pipeline rank (the interleaved schedule, Narayanan et al. 2021);
+    ``tp_comm_overlap``: TP collectives hidden behind the GEMMs, at the bound
+    (time_estimate.py), as Megatron-Core's option of that name does at best."""
     tp: int
     pp: int
     dp: int
@@ -30,6 +31,7 @@ class Layout:
     v: int = 1
     accounting: str = "megatron"
     attention: str = "flash"
+    tp_comm_overlap: bool = False
 
     @property
     def gpus(self) -> int:
@@ -40,7 +42,16 @@ class Layout:
                 f"{f' x CP {self.cp}' if self.cp > 1 else ''} x DP {self.dp}, "
                 f"{self.accounting} ZeRO-{self.zero}, micro-batch {self.micro_batch}, "
                 f"recompute {self.recompute or 'none'}"
-                f"{', SP' if self.sequence_parallel and self.tp > 1 else ''}")
+                f"{', SP' if self.sequence_parallel and self.tp > 1 else ''}"
+                f"{', TP comm overlapped' if self.tp_comm_overlap and self.tp > 1 else ''}")
+
+    def short(self) -> str:
+        """One line for tables: TP2 PP8 v10 CP2 DP4 mb1 (and the options that are not the
+        default: ZeRO stage, recomputation)."""
+        return (f"TP{self.tp} PP{self.pp}{f' v{self.v}' if self.v > 1 else ''}"
+                f"{f' CP{self.cp}' if self.cp > 1 else ''} DP{self.dp} mb{self.micro_batch}"
+                f"{f' ZeRO-{self.zero}' if self.zero != 1 else ''}"
+                f"{f' {self.recompute}' if self.recompute else ''}")
 
 
 def check_layout(model: ModelSpec, cluster: Cluster, layout: Layout) -> None:
@@ -82,14 +93,15 @@ def divisors(n: int) -> list[int]:
 
 
 def virtual_stages(model: ModelSpec, pp: int) -> list[int]:
-    """The interleaving degrees a pipeline of ``pp`` ranks allows: v dividing a stage's layers."""
-    per_stage = -(-model.layers // pp)
-    return [v for v in VIRTUAL_STAGES if v == 1 or (pp > 1 and per_stage % v == 0)]
+    """The interleaving degrees a pipeline of ``pp`` ranks allows: every v dividing a stage's
+    layers (v = the stage's layers: one layer per model chunk, as NeMo's Llama 2 70B recipe)."""
+    return divisors(-(-model.layers // pp)) if pp > 1 else [1]
 
 
 def candidate_layouts(model: ModelSpec, cluster: Cluster, global_batch: int,
                       accounting: str = "megatron", attention: str = "flash",
-                      tp: int | None = None, pp: int | None = None):
+                      tp: int | None = None, pp: int | None = None,
+                      tp_comm_overlap: bool = False):
     """Every legal layout: TP within a node, CP in {1, 2, 4}, PP dividing what is left (with
     virtual stages where the layers divide), DP the rest; each ZeRO stage the accounting has,
     micro-batch 1, 2 or 4, and recomputation (with flash attention "selective" is "none": the
@@ -115,4 +127,4 @@ def candidate_layouts(model: ModelSpec, cluster: Cluster, global_batch: int,
                                 continue
                             for recompute in recomputes:
                                 yield Layout(t, p, d, zero, b, recompute, True, c, v,
-                                             accounting, attention)
+                                             accounting, attention, tp_comm_overlap)

@@ -54,8 +54,8 @@ class Plan:
         return self.model_tflops_per_gpu / self.cluster.gpu.peak_tflops
 
     def key(self) -> tuple:
-        lay = self.layout
-        return (lay.tp, lay.pp, lay.cp)
+        """How the model is split: (TP, PP)."""
+        return (self.layout.tp, self.layout.pp)
 
     def row(self) -> str:
         lay = self.layout
@@ -84,7 +84,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, layout: Layout, global_batch: i
 
 def plan(model: ModelSpec, cluster: Cluster, global_batch: int, tp: int | None = None,
          pp: int | None = None, accounting: str = "megatron",
-         attention: str = "flash") -> list[Plan]:
+         attention: str = "flash", tp_comm_overlap: bool = False) -> list[Plan]:
     """The layouts that fit in memory, fastest first (ties: less PP, less memory)."""
     positive("global_batch", global_batch)
     if tp is not None and (tp < 1 or cluster.gpus_per_node % tp):
@@ -93,7 +93,7 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, tp: int | None =
         raise ValueError(f"pp {pp} must divide the {cluster.num_gpus} GPUs / tp {tp or 1}")
     plans = [evaluate(model, cluster, layout, global_batch)
              for layout in candidate_layouts(model, cluster, global_batch, accounting,
-                                             attention, tp, pp)]
+                                             attention, tp, pp, tp_comm_overlap)]
     fitting = [p for p in plans if p.fits]
     if not fitting:
         raise ValueError(f"no layout of {model.name} ({model.num_params / 1e9:.1f}B parameters) "
@@ -103,9 +103,12 @@ def plan(model: ModelSpec, cluster: Cluster, global_batch: int, tp: int | None =
 
 
 def recommend(model: ModelSpec, cluster: Cluster, global_batch: int,
-              accounting: str = "megatron") -> tuple[Plan, Plan]:
-    """The fastest fitting plan, and the fastest with a different TP x PP x CP (the runner-up)."""
-    ranked = plan(model, cluster, global_batch, accounting=accounting)
+              accounting: str = "megatron", tp_comm_overlap: bool = False) -> tuple[Plan, Plan]:
+    """The fastest fitting plan, and the fastest with a different TP x PP (the runner-up:
+    the next choice of how to split the model, not the same split with the data axes
+    reshuffled, CP 2 x DP 4 against CP 4 x DP 2, which the estimate cannot tell apart)."""
+    ranked = plan(model, cluster, global_batch, accounting=accounting,
+                  tp_comm_overlap=tp_comm_overlap)
     best = ranked[0]
     runner_up = next((p for p in ranked if p.key() != best.key()), best)
     return best, runner_up

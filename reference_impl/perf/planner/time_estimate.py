@@ -6,11 +6,18 @@ Per microbatch and stage (``layer`` from the GPU's :class:`LayerEfficiency`)::
                selective recomputation of explicit attention, Korthikanti et al. 2022)
                + TP: k ring all-reduces of b (s/cp) h 2 bytes over tp GPUs on NVLink, k = 4
                  (6 under full recomputation); with sequence parallelism the all-gather +
-                 reduce-scatter pairs move the same bytes; not overlapped
+                 reduce-scatter pairs move the same bytes; exposed, as Megatron-LM runs them
+                 by default. ``tp_comm_overlap`` (Megatron-Core's option of that name, which
+                 NeMo's recipes turn on) is taken at its bound: only what outlasts the
+                 layer's GEMMs is exposed, max(0, TP - GEMMs)
                + CP: the ring exchange of K and V (forward, and twice that backward) beyond
                  what the attention it overlaps with hides
-    stage    = max(ceil(L/pp) layer', (L layer' + LM head) / pp): whole layers per stage, the
-               LM head on the last stage balanced by giving it fewer layers (as Llama 3 did)
+    stage    = the slowest pipeline stage: whole layers per stage, none holding more than
+               ceil(L/pp) (the memory estimate's count), the LM head on the last, which may
+               take fewer layers to balance it (as Llama 3 did):
+               min over k of max(k layer' + LM head, ceil((L-k)/(pp-1)) layer'); with 80
+               layers on 16 stages every stage holds 5, so the last one paces the pipeline at
+               5 layers + the head (:func:`slowest_stage_seconds`)
     pipeline = makespan_formula('1f1b' or 'interleaved', p, m, v) with F + B = stage:
                stage (m + (p-1)/v), the bubble (p-1)/(v m + p-1)
     sends    = 2 v (p-1) (alpha + b (s/cp) h 2 / (tp with SP) / link): the stage-boundary
@@ -18,12 +25,18 @@ Per microbatch and stage (``layer`` from the GPU's :class:`LayerEfficiency`)::
                steady state they overlap the next microbatch's compute (batched isend/irecv)
     DP       = gradients reduced once per step, bucketed, overlapped with the last microbatch's
                backward (2/3 of a stage slot): exposed max(0, reduce - that); the parameter
-               all-gather overlapped with the next step's first forward (1/3 of a slot);
+               all-gather overlapped with the next step's first forward (1/3 of a slot). With
+               v model chunks per rank Megatron-LM reduces (and gathers) each chunk's share
+               on its own, as soon as the chunk's last backward ends: in the interleaved
+               schedule's cool-down chunk k's last backward ends k p chunk-backwards before
+               the step's, so the reduction overlaps that much more (:func:`exposed_seconds`);
                ZeRO-3 (and DeepSpeed's ZeRO-2 reduce-scatter) every micro-step, overlapped with
                that microbatch's compute: m x max(0, traffic - stage)
     optimizer = 30 bytes per local parameter shard at memory bandwidth (Adam: fp32 master,
                gradient, m and v read and written, the bf16 copy written)
-    step     = pipeline + sends + DP + optimizer
+    step     = pipeline + sends + DP + optimizer, or, term by term (:meth:`TimeEstimate.breakdown`),
+               m x (the slowest stage's layers, recomputation, TP, CP, LM head) + bubble
+               + sends + DP + optimizer
 
 Ring collectives use lab 0's alpha-beta cost (:func:`ring_all_reduce_seconds`); a
 reduce-scatter or an all-gather is half an all-reduce. A group lies inside a node when the GPUs
@@ -48,9 +61,12 @@ OPTIMIZER_BYTES_PER_PARAMETER = 30
 class TimeEstimate:
     layer_s: float            # one layer, forward + backward, as the GPU computes it
     recompute_s: float        # added per layer by recomputation
-    tp_comm_s: float          # per layer and microbatch
+    tp_comm_s: float          # per layer and microbatch, the collectives' time
+    tp_exposed_s: float       # per layer and microbatch, what the layer waits for
     cp_exposed_s: float       # per layer and microbatch
     head_s: float             # the LM head, on the last stage, per microbatch
+    stage_layers: int         # layers on the slowest stage
+    stage_has_head: bool      # whether the slowest stage is the last (with the LM head)
     stage_s: float            # one microbatch through the slowest stage
     microbatches: int
     bubble: float
@@ -63,6 +79,17 @@ class TimeEstimate:
     def step_s(self) -> float:
         return self.pipeline_s + self.sends_s + self.dp_s + self.optimizer_s
 
+    def breakdown(self) -> dict[str, float]:
+        """Seconds per step by cause; they add up to ``step_s``. The work of the slowest
+        stage times the microbatches, then the pipeline's idle time and what follows it."""
+        m, n = self.microbatches, self.stage_layers
+        terms = {"layers": m * n * self.layer_s, "recompute": m * n * self.recompute_s,
+                 "TP": m * n * self.tp_exposed_s, "CP": m * n * self.cp_exposed_s,
+                 "LM head": m * self.head_s if self.stage_has_head else 0.0}
+        terms["bubble"] = self.pipeline_s - m * self.stage_s
+        terms.update({"sends": self.sends_s, "DP": self.dp_s, "optimizer": self.optimizer_s})
+        return terms
+
 
 def ring_seconds(nbytes: float, n: int, link: tuple[float, float], all_reduce: bool = True) -> float:
     if n == 1 or nbytes == 0:
@@ -72,17 +99,51 @@ def ring_seconds(nbytes: float, n: int, link: tuple[float, float], all_reduce: b
     return seconds if all_reduce else seconds / 2
 
 
+def exposed_seconds(collective_s: float, v: int, pp: int, pass_s: float) -> float:
+    """How long a once-per-step collective runs past the compute it overlaps: the gradient
+    reduction after the last backward (``pass_s`` = one microbatch's backward through the
+    stage), or, mirrored, the parameter gather before the first forward. The collective is
+    split into the v chunks' shares, sent one after another; chunk k's share is ready
+    (k pp + 1) pass_s / v before the end (its own last backward overlaps it by buckets, and
+    k pp chunk-backwards of the interleaved cool-down follow it). v = 1: max(0, collective -
+    pass)."""
+    share, finish = collective_s / v, -math.inf
+    for k in reversed(range(v)):
+        finish = max(finish, -(k * pp + 1) * pass_s / v) + share
+    return max(0.0, finish)
+
+
+def slowest_stage(layers: int, pp: int, layer_s: float, head_s: float) -> tuple[int, bool]:
+    """The slowest of ``pp`` stages under the best split, as (its layers, whether it is the
+    last stage, which runs the LM head). Stages hold whole layers, at most ceil(layers/pp)
+    each; the last may hold k fewer to make room for the head. The pipeline runs at the pace
+    of its slowest stage, so that stage, not the average (layers x layer + head) / pp, is the
+    slot of the schedule: 80 layers on 16 stages leave 5 on every stage, and the last one's
+    5 layers + the head set the pace."""
+    if pp == 1:
+        return layers, True
+    most = math.ceil(layers / pp)
+    splits = []
+    for k in range(max(0, layers - (pp - 1) * most), most + 1):  # k layers on the last stage
+        others = math.ceil((layers - k) / (pp - 1))
+        last_s, other_s = k * layer_s + head_s, others * layer_s
+        splits.append((last_s, True, k) if last_s >= other_s else (other_s, False, others))
+    _, with_head, n = min(splits)
+    return n, with_head
+
+
 def estimate_time(model: ModelSpec, cluster: Cluster, layout: Layout, microbatches: int,
                   params_per_gpu: float) -> TimeEstimate:
     eff = cluster.gpu.layer
     tp, cp, pp, dp, v, b = layout.tp, layout.cp, layout.pp, layout.dp, layout.v, layout.micro_batch
     m, s_local = microbatches, model.seq_len // cp
     layer = eff.layer_seconds(model, tp, b, cp, layout.attention)
+    gemms = eff.layer_gemm_seconds(model, tp, b, cp)
     head_dim, heads_local = model.hidden // model.heads, model.heads // tp
     attention = eff.attention_seconds(b, s_local, model.seq_len, heads_local, head_dim,
                                       layout.attention)
     if layout.recompute == "full":
-        recompute = layer / 3
+        recompute, gemms = layer / 3, gemms * 4 / 3
     elif layout.recompute == "selective" and layout.attention == "explicit":
         recompute = attention / 3
     else:
@@ -91,6 +152,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, layout: Layout, microbatch
     boundary = b * s_local * model.hidden * 2
     all_reduces = 6 if layout.recompute == "full" else 4
     tp_comm = all_reduces * ring_seconds(boundary, tp, cluster.link(tp))
+    tp_exposed = max(0.0, tp_comm - gemms) if layout.tp_comm_overlap else tp_comm
     if cp > 1:  # each rank passes (cp-1) K,V chunks round the ring; backward moves dK, dV too
         kv_chunk = 2 * b * s_local * model.kv_dim // tp * 2
         alpha, bandwidth = cluster.link(tp * cp)
@@ -99,10 +161,10 @@ def estimate_time(model: ModelSpec, cluster: Cluster, layout: Layout, microbatch
     else:
         cp_exposed = 0.0
 
-    layer_total = layer + recompute + tp_comm + cp_exposed
+    layer_total = layer + recompute + tp_exposed + cp_exposed
     head = eff.gemm_only_seconds(b * s_local, model.hidden, model.vocab // tp)
-    stage = max(math.ceil(model.layers / pp) * layer_total,
-                (model.layers * layer_total + head) / pp)
+    stage_layers, stage_has_head = slowest_stage(model.layers, pp, layer_total, head)
+    stage = stage_layers * layer_total + (head if stage_has_head else 0.0)
     schedule = "interleaved" if v > 1 else "1f1b"
     pipeline = makespan_formula(schedule, pp, m, v, cost_f=stage / 3, cost_b=2 * stage / 3)
     bubble = bubble_formula(schedule, pp, m, v)
@@ -120,9 +182,10 @@ def estimate_time(model: ModelSpec, cluster: Cluster, layout: Layout, microbatch
     reduce = ring_seconds(traffic.reduce_per_step, shards, link, traffic.reduce_is_all_reduce)
     gather = ring_seconds(traffic.gather_per_step, shards, link, all_reduce=False)
     per_microstep = ring_seconds(traffic.per_microstep, shards, link, all_reduce=False)
-    dp_time = (max(0.0, reduce - 2 * stage / 3) + max(0.0, gather - stage / 3)
+    dp_time = (exposed_seconds(reduce, v, pp, 2 * stage / 3)
+               + exposed_seconds(gather, v, pp, stage / 3)
                + m * max(0.0, per_microstep - stage))
     optimizer = (OPTIMIZER_BYTES_PER_PARAMETER * params_per_gpu
                  / (shards if layout.zero else 1) / eff.memory_bandwidth)
-    return TimeEstimate(layer, recompute, tp_comm, cp_exposed, head, stage, m, bubble,
-                        pipeline, sends, dp_time, optimizer)
+    return TimeEstimate(layer, recompute, tp_comm, tp_exposed, cp_exposed, head, stage_layers,
+                        stage_has_head, stage, m, bubble, pipeline, sends, dp_time, optimizer)
