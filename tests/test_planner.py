@@ -10,7 +10,7 @@ from reference_impl.perf.planner import Layout, cluster_of, evaluate, get_model,
 from reference_impl.perf.planner.cli import main
 from reference_impl.perf.planner.explain import explain, why
 from reference_impl.perf.planner.framework_memory import gradient_traffic, model_state_bytes
-from reference_impl.perf.planner.time_estimate import ring_seconds
+from reference_impl.perf.planner.time_estimate import exposed_seconds, ring_seconds, slowest_stage
 from reference_impl.pipeline.pipeline_simulator import bubble_formula
 
 H100 = cluster_of("h100", nodes=16)
@@ -93,6 +93,57 @@ def test_deepspeed_zero2_reduces_every_micro_step_the_paper_once_per_step():
     assert p.time.dp_s == pytest.approx(m * max(0, one - stage) + max(0, one - stage / 3))
 
 
+def test_the_slowest_stage_paces_the_pipeline():
+    # 80 layers on 16 stages: 5 each, and the last also runs the LM head
+    assert slowest_stage(80, 16, layer_s=1.0, head_s=1.1) == (5, True)
+    # 126 layers on 16 (Llama 3 405B): stages of 8, the last can take 6 and the head
+    assert slowest_stage(126, 16, layer_s=1.0, head_s=1.0) == (8, False)
+    assert slowest_stage(80, 1, layer_s=1.0, head_s=1.0) == (80, True)
+    p = evaluate(MODEL, H100, Layout(1, 16, 2, cp=4, v=5), 1024)
+    t = p.time
+    layer = t.layer_s + t.tp_exposed_s + t.cp_exposed_s
+    assert t.stage_s == pytest.approx(5 * layer + t.head_s)
+    assert t.stage_s > (80 * layer + t.head_s) / 16 * 1.15, "not the average stage"
+
+
+def test_the_step_adds_up_by_cause():
+    for layout in (Layout(2, 8, 4, cp=2, v=10), Layout(8, 1, 16, zero=3, micro_batch=8,
+                                                       recompute="full", accounting="fsdp")):
+        p = evaluate(MODEL, H100, layout, 1024)
+        terms = p.time.breakdown()
+        assert sum(terms.values()) == pytest.approx(p.step_s)
+        assert terms["layers"] == pytest.approx(p.microbatches * p.time.stage_layers * p.time.layer_s)
+
+
+def test_each_model_chunk_reduces_its_gradients_when_its_last_backward_ends():
+    assert exposed_seconds(3.0, v=1, pp=4, pass_s=1.0) == pytest.approx(2.0)  # max(0, 3 - 1)
+    assert exposed_seconds(0.5, v=1, pp=4, pass_s=1.0) == 0.0
+    # v = 2: half is ready (1 x 4 + 1) / 2 = 2.5 passes before the end, half 0.5 before it
+    assert exposed_seconds(3.0, v=2, pp=4, pass_s=1.0) == pytest.approx(1.0)
+    plain = evaluate(MODEL, H100, Layout(4, 4, 8), 1024)
+    interleaved = evaluate(MODEL, H100, Layout(4, 4, 8, v=20), 1024)
+    assert interleaved.time.dp_s < plain.time.dp_s / 2
+
+
+def test_full_recomputation_with_sp_keeps_the_input_shard():
+    s, b, h, a, t = 4096, 2, 8192, 64, 8
+    assert activation_memory_formula(s, b, h, a, t, True, "full") == 2 * s * b * h / t
+    assert activation_memory_formula(s, b, h, a, t, False, "full") == 2 * s * b * h
+    p = evaluate(MODEL, H100, Layout(8, 1, 16, zero=3, micro_batch=8, recompute="full",
+                                     accounting="fsdp"), 1024)
+    assert p.memory.activation_per_layer_bytes == 2 * s * 8 * h / t
+    assert p.fits
+
+
+def test_tp_comm_overlap_hides_tp_behind_the_gemms_at_most():
+    exposed = evaluate(MODEL, H100, Layout(4, 4, 8, v=20), 1024)
+    hidden = evaluate(MODEL, H100, Layout(4, 4, 8, v=20, tp_comm_overlap=True), 1024)
+    gemms = H100.gpu.layer.layer_gemm_seconds(MODEL, 4, 1)
+    assert hidden.time.tp_comm_s == exposed.time.tp_comm_s == exposed.time.tp_exposed_s > 0
+    assert hidden.time.tp_exposed_s == max(0.0, exposed.time.tp_comm_s - gemms) == 0.0
+    assert hidden.step_s < exposed.step_s
+
+
 def test_context_parallelism_is_an_axis():
     model = get_model("405b")
     p = evaluate(model, cluster_of("h100", nodes=64), Layout(8, 8, 4, cp=2), 256)
@@ -126,9 +177,10 @@ def test_bad_inputs_name_the_numbers():
 
 def test_explain_shows_the_math_and_the_runner_up():
     best, runner_up = recommend(MODEL, H100, 1024)
+    assert best.key() != runner_up.key(), "the runner-up splits the model another way"
     text = explain(best) + why(best, runner_up)
     for needle in ("N = 70.55B parameters", "activation_memory_formula", "makespan_formula",
-                   "MFU", "runner-up"):
+                   "MFU", "runner-up", "slowest stage", "by cause", "why: the runner-up"):
         assert needle in text
 
 
@@ -141,6 +193,9 @@ def test_cli_prints_a_ranked_table_and_the_explanation(capsys):
     steps = [float(line.split()[-2]) for line in lines[2:5]]
     assert steps == sorted(steps)
     assert "memory per GPU" in out and "time per step" in out and "runner-up" in out
+    for needle in ("NeMo Llama 2 70B", "NeMo Llama 3 70B", "torchtitan 70B", "TP hidden",
+                   "--tp-comm-overlap", "global batch: the pick", "trust:"):
+        assert needle in out
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -11,12 +11,16 @@ time from its TP-local shapes, fitted to a calibration table), ``calibrate`` (me
 table), ``hardware`` (GPUs, links, clusters), ``framework_memory`` (model states and gradient
 traffic as ZeRO, DeepSpeed, Megatron-LM and FSDP allocate them), ``layout`` (degrees and the rules),
 ``memory_estimate``, ``time_estimate``, ``plans`` (evaluate, rank, recommend), ``explain``,
-``published_runs`` and ``validation`` (predicted against published).
+``practice`` (public recipes' layouts), ``published_runs`` and ``validation`` (predicted
+against published).
 """
 from reference_impl.perf.planner.hardware import GB, GPUS, GiB, Cluster, cluster_of
 from reference_impl.perf.planner.layout import Layout, check_layout
 from reference_impl.perf.planner.model_spec import PRESETS, ModelSpec, get_model
 from reference_impl.perf.planner.plans import Plan, evaluate, plan, recommend, table
+from reference_impl.perf.planner.explain import (batch_sensitivity, explain, overlapped,
+                                                 practice_comparison, trust, why)
 
 __all__ = ["GB", "GPUS", "GiB", "Cluster", "cluster_of", "Layout", "check_layout", "PRESETS",
-           "ModelSpec", "get_model", "Plan", "evaluate", "plan", "recommend", "table"]
+           "ModelSpec", "get_model", "Plan", "evaluate", "plan", "recommend", "table",
+           "batch_sensitivity", "explain", "overlapped", "practice_comparison", "trust", "why"]

@@ -1,5 +1,5 @@
 """The math behind a plan, term by term, with the numbers filled in; why the recommended plan
-beats the runner-up; the layouts public recipes use, evaluated beside it; how the answer moves
+beats the runner-up; the layouts public recipes use, evaluated beside it (``practice.py``); how the answer moves
 with the global batch and with TP communication overlapped; and how far to trust it (the
 validation table's error on the same GPU)."""
 from __future__ import annotations
@@ -95,7 +95,7 @@ def why(best: Plan, runner_up: Plan) -> str:
     return "\n".join(lines)
 
 
-def practice(best: Plan, tp_comm_overlap: bool = False) -> str:
+def practice_comparison(best: Plan, tp_comm_overlap: bool = False) -> str:
     """Public recipes' layouts for this model on the same cluster and batch, beside the pick;
     'TP hidden' is each with its TP collectives hidden (tp_comm_overlap at its bound)."""
     model, cluster, batch = best.model, best.cluster, best.global_batch
@@ -194,7 +194,7 @@ def full_explanation(model: ModelSpec, cluster: Cluster, global_batch: int,
     """Everything ``--explain`` prints after the ranked table."""
     best, runner_up = recommend(model, cluster, global_batch, accounting, tp_comm_overlap)
     batches = [global_batch // 2 ** k for k in range(6) if global_batch % 2 ** k == 0]
-    parts = [explain(best), why(best, runner_up), practice(best, tp_comm_overlap)]
+    parts = [explain(best), why(best, runner_up), practice_comparison(best, tp_comm_overlap)]
     if not tp_comm_overlap:
         parts.append(overlapped(model, cluster, global_batch, accounting))
     parts += [batch_sensitivity(model, cluster, batches, accounting, tp_comm_overlap),
