@@ -3,6 +3,7 @@ to run on one machine (the cluster commands, torchrun and sbatch, are tested by
 tests/test_train.py with CPU ranks and two local agents)."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,19 @@ RUN_ELSEWHERE = {
     "python -m reference_impl.course.make_labs": "tests/test_grading.py checks its output",
     "python -m reference_impl.course.build_slides": "tests/test_slides.py builds a deck",
 }
+
+
+def class_of_stubs(folder: Path) -> None:
+    """A ``submissions/`` folder holding one submission: the untouched student files."""
+    submission = folder / "submissions" / "stubs"
+    submission.mkdir(parents=True)
+    for stub in (REPO / "labs").glob("*.py"):
+        shutil.copy(stub, submission / stub.name)
+
+
+# Commands that act on a folder the user has: what the test puts in its working directory.
+PREPARED = {"python -m reference_impl.course.grade submissions --labs 2,3 --out results":
+            class_of_stubs}
 
 
 def blocks(language: str) -> list[str]:
@@ -55,5 +69,7 @@ def test_python_example_runs_as_printed(block, tmp_path):
 def test_command_runs_as_printed(command, tmp_path):
     if command in RUN_ELSEWHERE:
         pytest.skip(RUN_ELSEWHERE[command])
+    if command in PREPARED:
+        PREPARED[command](tmp_path)
     process = run(command, tmp_path, shell=True)
     assert process.returncode == 0, process.stdout[-2000:] + process.stderr[-4000:]
