@@ -17,7 +17,7 @@ Per microbatch and stage (``layer`` from the GPU's :class:`LayerEfficiency`)::
                take fewer layers to balance it (as Llama 3 did):
                min over k of max(k layer' + LM head, ceil((L-k)/(pp-1)) layer'); with 80
                layers on 16 stages every stage holds 5, so the last one paces the pipeline at
-               5 layers + the head (:func:`slowest_stage_seconds`)
+               5 layers + the head (:func:`slowest_stage`)
     pipeline = makespan_formula('1f1b' or 'interleaved', p, m, v) with F + B = stage:
                stage (m + (p-1)/v), the bubble (p-1)/(v m + p-1)
     sends    = 2 v (p-1) (alpha + b (s/cp) h 2 / (tp with SP) / link): the stage-boundary
