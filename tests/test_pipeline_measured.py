@@ -9,8 +9,8 @@ course states has a measured counterpart, and a test shows that they agree.
     time per pass (T_F = 40 ms, whole backward 80 ms, far above the ~1 ms of per-pass overhead
     and message latency; sleeping uses no CPU, so 4 ranks on 2 cores still measure the
     schedule), the bubble fraction from the executor's timestamps, idle / (p * makespan), is
-    within 10 % (relative) of the simulator's with the same costs, for GPipe and 1F1B at
-    p = 4, m = 4. No absolute time is asserted, only this ratio. Interference from other
+    within 10 % (relative) of the simulator's with the same costs, for GPipe, 1F1B,
+    interleaved 1F1B (v = 2) and ZB-H1 (whose stages sleep their W time in W) at p = 4, m = 4. No absolute time is asserted, only this ratio. Interference from other
     processes can only stretch the timeline, so the check takes the best of 3 launches.
 """
 import pytest
@@ -52,9 +52,12 @@ def test_1f1b_holds_at_most_p_microbatches_gpipe_holds_m(run_on_ranks):
             f"{gpipe_bytes}: expected the ratio {min(P - rank, m)}/{m}")
 
 
+SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
+
+
 def bubbles(m, cost_f, cost_b):
-    return [run_sleeping(build_schedule(name, P, m), cost_f, cost_b)
-            for name in ("gpipe", "1f1b")]
+    return [run_sleeping(build_schedule(name, P, m, v), cost_f, cost_b)
+            for name, v in SCHEDULES]
 
 
 ATTEMPTS = 3  # a busy machine (other tests on the same cores) only adds waiting
@@ -64,11 +67,11 @@ def bubble_ratios(run_on_ranks, m, cost_f, cost_b):
     """{schedule: (measured bubble, simulated bubble)} from one launch."""
     per_rank = run_on_ranks(bubbles, P, m, cost_f, cost_b)
     result = {}
-    for index, name in enumerate(("gpipe", "1f1b")):
-        schedule = build_schedule(name, P, m)
+    for index, (name, v) in enumerate(SCHEDULES):
+        schedule = build_schedule(name, P, m, v)
         runs = [runs[index] for runs in per_rank]
         simulated = simulate(schedule, cost_f, cost_b)
-        assert simulated.bubble_fraction == pytest.approx(bubble_formula(name, P, m))
+        assert simulated.bubble_fraction == pytest.approx(bubble_formula(name, P, m, v))
         assert [run.peak_saved for run in runs] == list(simulated.peak_in_flight)
         result[name] = (measured_timeline(schedule, runs).bubble_fraction,
                         simulated.bubble_fraction)

@@ -73,3 +73,4 @@ def test_command_runs_as_printed(command, tmp_path):
         PREPARED[command](tmp_path)
     process = run(command, tmp_path, shell=True)
     assert process.returncode == 0, process.stdout[-2000:] + process.stderr[-4000:]
+    assert process.stdout.strip(), f"{command} printed nothing: did it run at all?"

@@ -47,6 +47,7 @@ Times are printed, never asserted (``tests/test_pipeline_measured.py`` asserts t
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
@@ -88,10 +89,25 @@ class _Sleep(torch.autograd.Function):
         return grad, None, None
 
 
+class _SleepInW(torch.autograd.Function):
+    """Identity whose backward defers a sleep of ``seconds`` to W (``split_backward``)."""
+
+    @staticmethod
+    def forward(ctx, x, seconds, store):
+        ctx.seconds, ctx.store = seconds, store
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.store.defer(functools.partial(time.sleep, ctx.seconds))
+        return grad, None, None
+
+
 class SleepStage(nn.Module):
     """A stage whose passes take known times: forward ``forward_s``; the backward
     ``input_grad_s`` on the path to the input (B) plus ``weight_grad_s`` on the path to its
-    one parameter (W). A whole backward runs both; a split one runs each in its own pass."""
+    one parameter (W). A whole backward runs both; a split one (ZB-H1) sleeps the second in
+    its W pass, as ``split_backward`` defers a linear layer's weight gradient."""
 
     def __init__(self, forward_s: float, input_grad_s: float, weight_grad_s: float):
         super().__init__()
@@ -101,6 +117,10 @@ class SleepStage(nn.Module):
 
     def forward(self, x):
         weight = _Sleep.apply(self.weight, 0.0, self.weight_grad_s)
+        return _Sleep.apply(x, self.forward_s, self.input_grad_s) * weight
+
+    def forward_deferring_weight_grads(self, x, store):
+        weight = _SleepInW.apply(self.weight, self.weight_grad_s, store)
         return _Sleep.apply(x, self.forward_s, self.input_grad_s) * weight
 
 
@@ -373,3 +393,7 @@ def gpt_schedules(gpt, config, batch, repeats, skip_torch) -> None:
         print(f"p={p} ZB-H1 / 1F1B step time: "
               f"{results['zb-h1']['reference'] / results['1f1b']['reference']:.2f}"
               + ("  (more ranks than cores: see 5. above)" if p > (os.cpu_count() or 1) else ""))
+
+
+if __name__ == "__main__":
+    main()

@@ -7,19 +7,24 @@ A linear layer y = x W^T + b has two matmuls in its backward:
     dW = dy^T x      (W: nobody waits for it; it can fill a bubble later)
 
 While the weight gradients are deferred, every linear layer of the stage runs through
-:class:`_SplitLinear`, whose backward computes dx only and stores (x, dy) in a
-:class:`DeferredWeightGrads`; ``flush()`` later computes each dW = dy^T x (and db = sum dy)
-and adds it into the parameter's ``.grad``. B walks the graph once and frees it; W walks no
-graph at all, so B + W costs exactly one backward, matmul for matmul. Memory is the price: x
-and dy of every linear stay alive from B until W (the in-flight activations of a ZB-H1 rank
-are held until W, not until B).
+:class:`_SplitLinear`, whose backward computes dx only and hands the computation of dW = dy^T x
+(and db = sum dy) to a :class:`DeferredWeightGrads`, keeping (x, dy) for it; ``flush()`` later
+runs what was deferred, adding into the parameters' ``.grad``. B walks the graph once and frees
+it; W walks no graph at all, so B + W costs exactly one backward, matmul for matmul. Memory is
+the price: x and dy of every linear stay alive from B until W (the in-flight activations of a
+ZB-H1 rank are held until W, not until B).
 
 Only ``nn.Linear`` layers are split (every matmul with weights in the course's GPT); other
-parameters (layernorms, embeddings) get their small gradients during B.
+parameters (layernorms, embeddings) get their small gradients during B. A module of another
+kind can take part by defining ``forward_deferring_weight_grads(*inputs, store)``: its forward
+while W is deferred, which calls ``store.defer(fn)`` from its backward with what W must run
+(the pipeline benchmark's sleeping stages do, to sleep their W time in W).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,22 +32,32 @@ from torch import nn
 
 
 class DeferredWeightGrads:
-    """The (input, output gradient) pairs of one stage's linear layers, for one microbatch."""
+    """The weight-gradient computations of one stage for one microbatch, deferred to W."""
 
     def __init__(self):
-        self.pending: list[tuple[nn.Linear, torch.Tensor, torch.Tensor]] = []
+        self.pending: list[Callable[[], None]] = []
+
+    def defer(self, compute: Callable[[], None]) -> None:
+        """Called during B: ``compute()`` adds some weight gradients into ``.grad`` at W."""
+        self.pending.append(compute)
 
     def flush(self) -> None:
-        """W: every deferred weight gradient, accumulated into ``.grad``; then forget them.
-        Last stored first: B ended on the stage's first layers, whose tensors are still in cache."""
-        for linear, x, dy in reversed(self.pending):
-            x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
-            weight, bias = linear.weight, linear.bias
-            if weight.requires_grad:  # dW = dy^T x (one matmul, in the forward's precision)
-                _accumulate(weight, dy2.t(), x2)
-            if bias is not None and bias.requires_grad:
-                _accumulate(bias, dy2.sum(0))
+        """W: every deferred computation; then forget them. Last deferred first: B ended on
+        the stage's first layers, whose tensors are still in cache."""
+        for compute in reversed(self.pending):
+            compute()
         self.pending.clear()
+
+
+def _linear_weight_grads(linear: nn.Linear, x: torch.Tensor, dy: torch.Tensor) -> None:
+    """dW = dy^T x and db = sum dy over the tokens, added into ``.grad`` (one matmul, in the
+    forward's precision)."""
+    x2, dy2 = x.reshape(-1, x.shape[-1]), dy.reshape(-1, dy.shape[-1])
+    weight, bias = linear.weight, linear.bias
+    if weight.requires_grad:
+        _accumulate(weight, dy2.t(), x2)
+    if bias is not None and bias.requires_grad:
+        _accumulate(bias, dy2.sum(0))
 
 
 def _accumulate(parameter: nn.Parameter, a: torch.Tensor, b: torch.Tensor | None = None):
@@ -72,26 +87,32 @@ class _SplitLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, weight = ctx.saved_tensors
-        ctx.store.pending.append((ctx.linear, x.detach(), dy.detach()))
+        ctx.store.defer(functools.partial(_linear_weight_grads, ctx.linear, x.detach(),
+                                          dy.detach()))
         dx = dy @ weight.to(dy.dtype) if ctx.needs_input_grad[0] else None
         return dx, None, None, None, None
 
 
 @contextlib.contextmanager
 def weight_grads_deferred(stage: nn.Module, store: DeferredWeightGrads):
-    """Inside: every ``nn.Linear`` of ``stage`` defers its weight gradients to ``store``.
+    """Inside: every ``nn.Linear`` of ``stage`` (and every module that defines
+    ``forward_deferring_weight_grads``) defers its weight gradients to ``store``.
     Enter it around the forward (and around a backward that recomputes the forward)."""
-    linears = [module for module in stage.modules() if type(module) is nn.Linear]
-    for linear in linears:
-        linear.forward = _split_forward(linear, store)
+    patched = []
+    for module in stage.modules():
+        forward = _deferring_forward(module, store)
+        if forward is not None:
+            module.forward = forward
+            patched.append(module)
     try:
         yield store
     finally:
-        for linear in linears:
-            del linear.forward  # back to nn.Linear.forward
+        for module in patched:
+            del module.forward  # back to the class's forward
 
 
-def _split_forward(linear: nn.Linear, store: DeferredWeightGrads):
-    def forward(x):
-        return _SplitLinear.apply(x, linear.weight, linear.bias, linear, store)
-    return forward
+def _deferring_forward(module: nn.Module, store: DeferredWeightGrads):
+    if type(module) is nn.Linear:
+        return lambda x: _SplitLinear.apply(x, module.weight, module.bias, module, store)
+    custom = getattr(module, "forward_deferring_weight_grads", None)
+    return None if custom is None else functools.partial(custom, store=store)
