@@ -174,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         stale = out_of_date()
         for path in stale:
             print(f"out of date: {path.relative_to(REPO)}")
+        if not stale:
+            print(f"{len(student_files())} student files in labs/ are up to date")
         return 1 if stale else 0
     LABS.mkdir(exist_ok=True)
     for path, text in student_files().items():
