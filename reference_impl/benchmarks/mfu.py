@@ -31,7 +31,8 @@ score blocks), nor is anything else that does not scale with N: the softmax, the
 layernorms' arithmetic, the optimizer step. "Model FLOPs" are the model's, whatever the
 kernels do, so MFU compares implementations fairly.
 
-**Peak** (dense, no sparsity), by the name ``torch.cuda.get_device_name`` gives: bf16 tensor
+**Peak** (dense, no sparsity), by the name ``torch.cuda.get_device_name`` gives, from the
+data-sheet table the planner uses too (``perf.planner.hardware.peak_tflops``): bf16 tensor
 cores for ``--dtype bf16``, plain fp32 (no TF32: PyTorch's default for matmuls) for
 ``--dtype fp32``. ``--peak`` overrides it, and is needed on a GPU not in the table; on the
 CPU the default is a nominal 1 TFLOP/s (say what your CPU does with ``--peak``).
@@ -74,20 +75,11 @@ from reference_impl.hybrid.zero import zero_memory_formula
 from reference_impl.memory.activation_memory import SavedActivations, gpt_activation_bytes
 from reference_impl.model import ATTENTION_KERNELS, GPT, Block, ModelConfig
 from reference_impl.perf.planner import GPUS, ModelSpec
+from reference_impl.perf.planner.hardware import peak_tflops
 from reference_impl.pipeline.pipeline_executor import gpt_loss
 from reference_impl.precision import PRECISIONS, autocast, weight_copy_bytes
 from reference_impl.train import multi_tensor_options
 
-# Dense peak TFLOP/s by device name (first match wins, so the specific names come first):
-# NVIDIA's data sheets, sparsity's 2x removed.
-PEAK_TFLOPS = (
-    ("H100 PCIE", {"bf16": 756.0, "fp32": 51.0}),
-    ("H100 NVL", {"bf16": 835.0, "fp32": 60.0}),
-    ("H100", {"bf16": 989.0, "fp32": 67.0}),  # SXM
-    ("H200 NVL", {"bf16": 835.0, "fp32": 60.0}),
-    ("H200", {"bf16": 989.0, "fp32": 67.0}),  # SXM
-    ("A100", {"bf16": 312.0, "fp32": 19.5}),
-)
 NOMINAL_CPU_PEAK = 1.0  # TFLOP/s: a round number, not a measurement of any CPU
 
 GPU_DEFAULTS = {"layers": 24, "hidden": 2048, "heads": 16, "seq": 2048, "batch": 4,
@@ -123,16 +115,6 @@ def narayanan_flops_per_iteration(batch: int, config: ModelConfig,
     if recompute:
         return 96 * b * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
     return 72 * b * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
-
-
-def peak_tflops(device_name: str, dtype: str) -> float | None:
-    """The table's dense peak for a GPU of this name (``torch.cuda.get_device_name``) and
-    dtype; None when the name is not in the table."""
-    name = device_name.upper()
-    for key, peaks in PEAK_TFLOPS:
-        if key in name:
-            return peaks[dtype]
-    return None
 
 
 # ---------------------------------------------------------------- the run

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from reference_impl.perf.planner.hardware import peak_tflops as datasheet_peak
 from reference_impl.perf.planner.layer_efficiency import (CALIBRATION_SHAPES, describe, fit,
                                                           fit_errors)
 from reference_impl.perf.planner.model_spec import ModelSpec
 
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}  # dense BF16, by device name
 FULL_GRID = dict(shapes=("llama-7b", "llama3-70b", "gpt3-175b"), seqs=(2048, 4096, 8192),
                  micro_batches=(1, 2, 4), tps=(1, 2, 4, 8))
 DRY_RUN_GRID = dict(shapes=("tiny",), seqs=(32, 64), micro_batches=(1, 2), tps=(1, 2))
@@ -96,7 +96,7 @@ def calibrate(out: Path, dry_run: bool = False, peak_tflops: float | None = None
             raise SystemExit("calibrate needs a CUDA GPU; --dry-run runs tiny shapes on the CPU")
         device, dtype, grid, steps = torch.device("cuda"), torch.bfloat16, FULL_GRID, (2, 6)
         name = torch.cuda.get_device_name(device)
-        peak = peak_tflops or next((p for key, p in PEAK_TFLOPS.items() if key in name), None)
+        peak = peak_tflops or datasheet_peak(name, "bf16")
         if peak is None:
             raise SystemExit(f"no known peak for {name!r}: pass --peak-tflops")
         shapes = CALIBRATION_SHAPES

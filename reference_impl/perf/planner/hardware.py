@@ -17,6 +17,26 @@ from reference_impl.perf.planner.model_spec import positive
 GiB = 2 ** 30
 GB = 10 ** 9
 
+# Dense peak TFLOP/s by device name, as torch.cuda.get_device_name gives it (first match wins,
+# so the specific names come first): NVIDIA's data sheets, sparsity's 2x removed; bf16 tensor
+# cores, and plain fp32 (no TF32: PyTorch's default for matmuls).
+DATASHEET_PEAK_TFLOPS = (
+    ("H100 PCIE", {"bf16": 756.0, "fp32": 51.0}),
+    ("H100 NVL", {"bf16": 835.0, "fp32": 60.0}),
+    ("H100", {"bf16": 989.0, "fp32": 67.0}),  # SXM
+    ("H200 NVL", {"bf16": 835.0, "fp32": 60.0}),
+    ("H200", {"bf16": 989.0, "fp32": 67.0}),  # SXM
+    ("A100", {"bf16": 312.0, "fp32": 19.5}),
+)
+
+
+def peak_tflops(device_name: str, dtype: str = "bf16") -> float | None:
+    """The data sheet's dense peak for a GPU of this name and dtype; None when the name is not
+    in the table."""
+    name = device_name.upper()
+    return next((peaks[dtype] for key, peaks in DATASHEET_PEAK_TFLOPS if key in name), None)
+
+
 # H100: the five numbers fitted to data/h100_layer_efficiency.json by layer_efficiency.fit
 # (tests/test_planner_efficiency.py refits the table and checks these).
 H100_LAYER = LayerEfficiency(
