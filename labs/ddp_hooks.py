@@ -1,0 +1,128 @@
+# Student file for the labs, generated from reference_impl/ddp_hooks.py by
+# `python -m reference_impl.course.make_labs`: fill in every
+# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
+"""Data parallelism whose all-reduces overlap the backward: hooks, async handles, buckets.
+
+``data_parallel.sync_gradients`` waits for the whole backward, then all-reduces: every byte of
+communication is *exposed* (nothing else runs while it travels). PyTorch's
+``DistributedDataParallel`` (Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating
+Data Parallel Training", section 3.2) starts reducing while the backward still runs:
+
+1. **A hook per parameter.** ``Tensor.register_post_accumulate_grad_hook`` calls back as soon
+   as a parameter's ``.grad`` holds this backward's gradient. The backward produces gradients
+   roughly in the reverse order of the parameters (the last layer's first).
+2. **Async all-reduce.** ``dist.all_reduce(tensor, group=..., async_op=True)`` returns a handle
+   at once; the sum travels while autograd computes the earlier layers' gradients. Before the
+   optimizer step every handle must be *waited* (``handle.wait()``): until then the tensor may
+   hold the local value, or half a sum.
+3. **Buckets.** One all-reduce per parameter pays the latency (alpha in the alpha-beta model of
+   lab 0) once per parameter. DDP groups the parameters, in the order the backward produces
+   them, into buckets of about ``bucket_bytes`` (``bucket_cap_mb``, 25 MiB by default), and
+   launches a bucket's single all-reduce when its *last* gradient is ready; a bucket launched
+   earlier would send a gradient that does not exist yet.
+4. **Averaging.** The all-reduce sums; divided by the group's size the sum becomes the
+   gradient of the mean loss over the group's batch (every rank's loss is the mean over its
+   own samples).
+5. **Accumulation without sync.** Inside ``with ddp.no_sync():`` the hooks launch nothing and
+   ``.grad`` just accumulates the micro-batches' gradients; the first backward outside it
+   reduces the accumulated sum (DDP's ``no_sync``, the same name).
+
+The group is the data-parallel group, which need not be the whole world: with TP x DP it is
+the RDP group (Megatron's data-parallel group), one per TP rank, several at once.
+
+Use::
+
+    ddp = OverlappingDataParallel(model, group=groups.rdp, bucket_bytes=2**20)
+    loss = loss_fn(ddp(x)); loss.backward()      # all-reduces start inside the backward
+    ddp.finish_gradient_sync(); optimizer.step()  # wait, average, write back; then step
+
+Limits (kept simple on purpose): every parameter that requires a gradient must get one in
+every synced backward (DDP's ``find_unused_parameters`` is not offered), and a parameter
+used twice in one forward gets one hook call, after its accumulation, as it should.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from reference_impl.hybrid.data_parallel import make_buckets
+
+
+@dataclass
+class Bucket:
+    """Parameters whose gradients travel in one all-reduce, in the order of the backward."""
+
+    params: list[nn.Parameter]
+    names: list[str]
+    ready: int = 0  # how many of ``params`` have this backward's gradient
+    flat: torch.Tensor | None = None  # the flattened gradients, being all-reduced
+    handle: object = None  # the async all-reduce's handle, until it is waited
+
+
+class OverlappingDataParallel(nn.Module):
+    """Wrap ``module`` for data parallelism over ``group`` (default: every rank), with the
+    gradient all-reduces launched from backward hooks as buckets fill.
+
+    ``bucket_bytes``: the most bytes of gradient per all-reduce (0: one all-reduce per
+    parameter; a parameter larger than a bucket gets a bucket of its own). Build it on every
+    rank of ``group`` from the same module (the same initial weights)."""
+
+    def __init__(self, module: nn.Module, group=None, bucket_bytes: int = 25 * 2**20):
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("OverlappingDataParallel needs an initialised process group (run "
+                               "it inside reference_impl.comm.launcher.launch or under torchrun)")
+        if not isinstance(bucket_bytes, int) or bucket_bytes < 0:
+            raise ValueError(f"bucket_bytes must be an integer >= 0 (0: one all-reduce per "
+                             f"parameter), got {bucket_bytes!r}")
+        self.module, self.group, self.bucket_bytes = module, group, bucket_bytes
+        self.world_size = dist.get_world_size(group)
+        self.require_sync = True  # False inside no_sync()
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        named.reverse()  # the backward produces the last layer's gradients first
+        tensors = [p for _, p in named]
+        self.buckets = [Bucket([tensors[i] for i in indices], [named[i][0] for i in indices])
+                        for indices in make_buckets(tensors, bucket_bytes)]
+        self._bucket_of = {p: bucket for bucket in self.buckets for p in bucket.params}
+        self._hooks = [p.register_post_accumulate_grad_hook(self._gradient_ready)
+                       for p in tensors]
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate into ``.grad`` with no communication."""
+        raise NotImplementedError('lab5: no_sync: for the duration of the with-block, switch the synchronisation off (self.require_sync), so that the hooks launch nothing and .grad accumulates; afterwards put back what was there before, also when the block raises')
+
+    def _gradient_ready(self, param: nn.Parameter) -> None:
+        """Post-accumulate-grad hook: ``param.grad`` is final for this backward."""
+        raise NotImplementedError("lab5: count the gradient as ready in its bucket (self._bucket_of); once all of the bucket's gradients are ready, and only then, launch the bucket (self._launch). Under no_sync nothing is counted or launched (.grad just accumulates)")
+
+    def _launch(self, bucket: Bucket) -> None:
+        """Start ``bucket``'s all-reduce without waiting for it."""
+        raise NotImplementedError("lab5: flatten the bucket's gradients into one new tensor (bucket.flat), start its sum over this wrapper's group without blocking (async_op=True) and keep the handle in bucket.handle, to be waited in finish_gradient_sync")
+
+    def finish_gradient_sync(self) -> None:
+        """Wait for every bucket's all-reduce and write the averaged gradients back into
+        ``.grad``. Call after the backward and before ``optimizer.step()`` (not needed after a
+        backward under ``no_sync``)."""
+        missing = [name for bucket in self.buckets if bucket.ready < len(bucket.params)
+                   for name, p in zip(bucket.names, bucket.params) if p.grad is None]
+        if missing:
+            raise RuntimeError(f"{len(missing)} parameter(s) got no gradient in this backward "
+                               f"({', '.join(missing[:5])}): OverlappingDataParallel needs every "
+                               "parameter that requires a gradient to get one")
+        for bucket in self.buckets:
+            if bucket.handle is None:  # not launched in the backward (called after a backward
+                self._launch(bucket)  # under no_sync): the gradients are ready, send them now
+            raise NotImplementedError("lab5: wait for the bucket's all-reduce; turn the sum into the mean over the group (its size is self.world_size); copy each parameter's slice of bucket.flat back into its .grad, in the bucket's order; then forget the handle and the flat tensor, and reset the bucket's ready count for the next backward")
+
+    def remove_hooks(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks.clear()
