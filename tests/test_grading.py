@@ -213,7 +213,7 @@ def test_notebook_solutions_answers_outputs_and_imports_are_replaced(tmp_path):
     path = tmp_path / "lab9_example.ipynb"
     nbformat.write(notebook, path)
     student = nbformat.reads(make_labs.student_notebook(path, ["groups"]), as_version=4)
-    assert student.cells[0].source == (
+    assert student.cells[0].source == make_labs.STUDENT_PATH_SETUP + (
         "from groups import build_rank_layout\nfrom reference_impl.comm.launcher import launch\n"
         "# YOUR CODE HERE\nraise NotImplementedError('predict the sum')\nprint(predicted)")
     assert student.cells[0].outputs == [] and student.cells[0].execution_count is None

@@ -14,7 +14,10 @@ Two sources, marked as nbgrader marks them:
   becomes a ``raise NotImplementedError`` with the hint, in markdown cells a region from
   ``<!-- BEGIN SOLUTION -->`` to ``<!-- END SOLUTION -->`` becomes a prompt for the answer, and
   imports of the reference modules that have exercises point at the student's own files
-  (``from reference_impl.comm.groups import ...`` becomes ``from groups import ...``).
+  (``from reference_impl.comm.groups import ...`` becomes ``from groups import ...``); the first
+  code cell starts by putting ``labs/`` first on the import path (:data:`STUDENT_PATH_SETUP`),
+  so the notebook finds the student's files from any working directory
+  (``jupyter nbconvert --execute labs/lab2_tp_layers.ipynb`` from the repository root too).
 
 Student files are never edited by hand: a test fails when they differ from what this writes.
 """
@@ -126,6 +129,14 @@ def labs_of_modules() -> dict[str, list[str]]:
             for path in modules_with_exercises()}
 
 
+# The first lines of every student notebook: the student's files are found wherever the notebook
+# runs (Jupyter starts kernels in the notebook's folder, nbconvert in the caller's).
+STUDENT_PATH_SETUP = ("import sys\n"
+                      "from reference_impl.course.make_labs import LABS\n"
+                      "sys.path.insert(0, str(LABS))  # your files in labs/, from any working "
+                      "directory\n\n")
+
+
 def student_notebook(path: Path, module_names: list[str]) -> str:
     """The student version of a solved notebook, as the text of an .ipynb file."""
     notebook = nbformat.read(path, as_version=4)
@@ -137,11 +148,14 @@ def student_notebook(path: Path, module_names: list[str]) -> str:
         return [f"{match['indent']}# YOUR CODE HERE",
                 f"{match['indent']}raise NotImplementedError({hint!r})"]
 
+    first_code = next((cell for cell in notebook.cells if cell.cell_type == "code"), None)
     for index, cell in enumerate(notebook.cells):
         where = f"{path}: cell {index}"
         if cell.cell_type == "code":
             source = replace_regions(cell.source, _CELL_BEGIN, _CELL_END, stub, where)
             cell.source = imports.sub(r"\1", source)
+            if cell is first_code:
+                cell.source = STUDENT_PATH_SETUP + cell.source
             cell.outputs = []
             cell.execution_count = None
         elif cell.cell_type == "markdown":
