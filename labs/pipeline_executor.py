@@ -22,7 +22,12 @@ data). On each rank, for each of its actions in order:
    steady state both ranks of the link send at once and neither has posted the receive the
    other needs. When the neighbouring stage is on this rank (interleaved with p = 1), the
    tensor is handed over in memory instead.
-2. **Compute**: :func:`run_action`, the only place that computes (lab 4).
+   :func:`post_exchange` is the point-to-point layer: it posts one exchange's sends and
+   receives as one batch and hands back the requests, which the step waits for.
+2. **Compute**: :func:`run_action`, the only place that computes.
+
+Lab 4's student writes :func:`post_exchange`, the forward and backward of :func:`run_action`
+(where the backward frees its activations) and, in ``pipeline_schedules``, GPipe and 1F1B.
 
 State per (microbatch, stage), the activation memory: an F keeps its input (``requires_grad``
 when it is floating point) and its output; the last stage's F also computes the loss, scaled
@@ -98,6 +103,32 @@ def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+# ---------------------------------------------------------------- point-to-point (lab 4)
+
+def post_exchange(sends: Sequence[tuple[torch.Tensor, int, int]],
+                  receives: Sequence[tuple[torch.Tensor, int, int]],
+                  group=None) -> tuple[list, list]:
+    """Post one exchange's sends and receives *together*; return (send requests, receive requests).
+
+    ``sends`` are (tensor, peer, tag) and ``receives`` (buffer, peer, tag), at least one in
+    all; ``peer`` is a rank *in* ``group`` (the pipeline rank; None: the world) and ``tag`` the
+    message's tag (``pipeline_validator.Message.tag``). Nothing is waited for here: the caller
+    waits for the receives before it computes and for the sends at the end of the step.
+
+    Why one batch (``dist.batch_isend_irecv`` of ``dist.P2POp``): on NCCL a large send
+    completes only once its receiver has posted the matching receive. In 1F1B's steady state
+    the two ranks of a link send at once (an activation one way, a gradient the other); posted
+    one by one, each waits for a receive the other has not posted yet, and both hang
+    (``check_rendezvous`` with ``exchange_plan(schedule, paired=False)`` names that cycle).
+    Megatron-LM's ``send_forward_recv_backward`` and PyTorch's ``_batch_p2p`` post them together.
+
+    A batch returns one request per operation, in the order posted, where the backend does
+    not coalesce (gloo); NCCL returns one request for the whole batch: return it with the
+    receives (waiting for it holds the compute stream, not the host).
+    """
+    raise NotImplementedError("lab4: post every send and every receive of this exchange as one batch, with each peer translated from the pipeline group's numbering to the global one; return (send requests, receive requests)")
+
+
 # ---------------------------------------------------------------- one action (lab 4)
 
 @dataclass
@@ -136,13 +167,13 @@ def run_action(action: Action, stage: nn.Module, received: torch.Tensor | None,
     key = (action.microbatch, action.stage)
     is_last = action.stage == context.last_stage
     if action.kind == "F":
-        raise NotImplementedError("lab4: the forward action: x = the first stage's input (context.inputs[microbatch]) or the received activation, detached with requires_grad for floating inputs; y = stage(x); on the last stage y = loss_fn(y, target) / m, recorded in context.losses; saved[key] = (x, y); return y detached, or None on the last stage")
+        raise NotImplementedError("lab4: the forward action: run the stage on its input (the microbatch itself on stage 0, else what arrived) taken as a fresh leaf that records its gradient, and keep what the backward will start from; the last stage turns its output into this microbatch's share of the full-batch mean loss and records it; return what the next stage needs, nothing after the last stage")
 
     if action.kind == "B":
         x, y = saved[key]
         grad = None if is_last else received  # the loss is a scalar: d loss / d loss = 1
         if not context.split_backward:
-            raise NotImplementedError("lab4: the whole backward: backward from y with the received gradient (None on the last stage: y is the loss), free saved[key], return the input's gradient (None on the first stage)")
+            raise NotImplementedError("lab4: the whole backward: backpropagate through the stage from what the forward kept (the loss seeds itself), then let go of this microbatch's entry, since what the rank still holds is the activation memory the schedule promises; return the gradient the previous stage needs, none before stage 0")
         # Split (ZB-H1): the same backward, with every linear layer's weight gradient deferred
         # (split_backward.py); the graph is freed, and only what W needs is kept.
         store = context.deferred[key]
@@ -254,7 +285,7 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
     saved_bytes: dict[tuple[int, int], int] = {}
     handoff: dict[tuple[str, int, int], torch.Tensor] = {}  # between stages on this rank
     arrived: dict[Message, torch.Tensor] = {}  # received, not yet used
-    sending: list[tuple[dist.Work, dist.P2POp]] = []  # posted sends, waited for at the end
+    sending: list[tuple] = []  # posted sends and the tensors they read, waited for at the end
     events: list[TimedAction] = []
     peak_saved = peak_bytes = 0
     actions, outgoing = schedule.actions[rank], None
@@ -265,21 +296,15 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
         planned = exchanges.get(step)
         if planned is None:
             return
-        # P2POp accepts torch's own isend/irecv only (not a tracer's or profiler's wrappers,
-        # which see the batch through batch_isend_irecv instead).
-        operations = [dist.P2POp(distributed_c10d.isend, outgoing.contiguous(), peer(m.dst),
-                                 group, m.tag) for m in planned.sends]
+        sends = [(outgoing.contiguous(), message.dst, message.tag) for message in planned.sends]
         for message in planned.receives:
             arrived[message] = torch.empty(tuple(boundary_shape), dtype=boundary_dtype,
                                            device=device)
-            operations.append(dist.P2POp(distributed_c10d.irecv, arrived[message],
-                                         peer(message.src), group, message.tag))
-        works = dist.batch_isend_irecv(operations)
-        if len(works) == len(operations):  # a request per operation (gloo): sends wait later
-            sending.extend(zip(works[:len(planned.sends)], operations))
-            works = works[len(planned.sends):]
-        # else one coalesced request (NCCL): waiting on it holds the compute stream, not the host
-        for work in works:
+        send_works, receive_works = post_exchange(
+            sends, [(arrived[message], message.src, message.tag) for message in planned.receives],
+            group)
+        sending.extend(zip(send_works, sends))
+        for work in receive_works:
             work.wait()
 
     if timed:

@@ -26,8 +26,8 @@ The generators, p ranks, m microbatches:
 * :func:`gpipe` (Huang et al. 2018): all m forwards, then all m backwards. Bubble fraction
   (p-1)/(m+p-1), and every rank holds the activations of all m microbatches.
 * :func:`one_f_one_b`, PipeDream-flush (Narayanan et al. 2021): after a warm-up of
-  p-r-1 forwards rank r alternates one forward and one backward. Same bubble as GPipe but at
-  most p microbatches in flight.
+  forwards rank r alternates one forward and one backward. Same bubble as GPipe but at most
+  min(p - r, m) microbatches in flight on rank r.
 * :func:`interleaved_one_f_one_b` (Narayanan et al. 2021, "Efficient Large-Scale Language
   Model Training on GPU Clusters", section 2.2.2): v chunks per rank; the bubble shrinks v
   times, for v times more point-to-point messages.
@@ -124,21 +124,21 @@ def gpipe(p: int, m: int) -> Schedule:
     _check_positive(ranks=p, microbatches=m)
     actions = []
     for rank in range(p):
-        raise NotImplementedError('lab4: rank\'s GPipe actions: Action("F", i, rank) for every microbatch i, then Action("B", i, rank) for every i; append them to actions as a tuple')
+        raise NotImplementedError("lab4: rank's GPipe actions: every microbatch's forward before any backward, in microbatch order, all at the rank's own stage; append them to actions as one tuple")
     return Schedule("gpipe", p, m, 1, False, tuple(actions))
 
 
 def one_f_one_b(p: int, m: int) -> Schedule:
     """PipeDream-flush 1F1B (Narayanan et al. 2021).
 
-    Rank r runs ``min(p - r - 1, m)`` warm-up forwards, then alternates one forward and one
-    backward, then runs the cool-down backwards. A rank holds at most ``min(p - r, m)``
-    microbatches' activations, instead of GPipe's m.
+    Rank r runs a warm-up of forwards, then alternates one forward and one backward, then
+    runs the cool-down backwards. Each backward starts as early as the pipeline allows, so
+    rank r holds at most ``min(p - r, m)`` microbatches' activations, instead of GPipe's m.
     """
     _check_positive(ranks=p, microbatches=m)
     actions = []
     for rank in range(p):
-        raise NotImplementedError("lab4: rank's 1F1B actions: min(p - rank - 1, m) warm-up forwards, then pairs (forward of the next microbatch, backward of the oldest), then the remaining backwards; append them to actions as a tuple")
+        raise NotImplementedError("lab4: rank's 1F1B actions: start each backward as early as the pipeline allows, so the rank never holds more than min(p - rank, m) microbatches' activations (the last rank runs a backward right after each forward); between the first and the last backward, forwards and backwards alternate, the backward always of the oldest microbatch; append them to actions as one tuple")
     return Schedule("1f1b", p, m, 1, False, tuple(actions))
 
 

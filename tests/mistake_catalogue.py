@@ -28,10 +28,62 @@ class Mistake:
 LAB0_LAB1: list[Mistake] = []
 
 # ---------------------------------------------------------------- lab 2 and lab 3
-LAB2_LAB3: list[Mistake] = []
+LAB2_LAB3: list[Mistake] = [
+    Mistake("copy_to_tp's backward passes the gradient on, without the all-reduce", "lab2",
+            "tp_collectives", "return _all_reduce(grad, ctx.group), None", "return grad, None",
+            "copy_to_tp_is_identity", "copy_to_tp's backward does not all-reduce"),
+    Mistake("reduce_from_tp all-reduces in the backward too", "lab2", "tp_collectives",
+            "        return grad, None\n", "        return _all_reduce(grad, ctx.group), None\n",
+            "reduce_from_tp_is_all_reduce", "reduce_from_tp's backward all-reduces too"),
+    Mistake("the row-parallel bias added on every rank, before the all-reduce", "lab2",
+            "tp_layers",
+            "y = reduce_from_tp(F.linear(x, self.weight), self.group)\n"
+            "        return y + self.bias if self.bias is not None else y",
+            "return reduce_from_tp(F.linear(x, self.weight, self.bias), self.group)",
+            "layers_honour_their_group", "bias was added on every rank before the all-reduce"),
+    Mistake("the fused blocks split as one contiguous tensor", "lab2", "tp_layers",
+            "pieces = [block.chunk(tp, dim=dim)[rank] for block in full.chunk(blocks, dim=dim)]",
+            "pieces = [full.chunk(tp, dim=dim)[rank]]", "shard_keeps_piece",
+            "fused blocks were split as one contiguous tensor"),
+    Mistake("the fused QKV split without blocks (contiguously)", "lab3", "tp_attention",
+            "ColumnParallelLinear(attention.qkv, group, blocks=3)",
+            "ColumnParallelLinear(attention.qkv, group)", "each_rank_computes_its_heads",
+            "fused QKV weight was split contiguously"),
+    Mistake("every head on every rank", "lab3", "tp_attention",
+            "self.heads = attention.heads // tp", "self.heads = attention.heads",
+            "each_rank_computes_its_heads", "every head on every rank"),
+    Mistake("the projection's bias added on every rank, before the all-reduce", "lab3",
+            "tp_attention",
+            "return self.proj(merge_heads(attention_core(q, k, v, self.attention)))",
+            "import torch.nn.functional as F\n"
+            "        from reference_impl.tp.tp_collectives import reduce_from_tp\n"
+            "        partial = F.linear(merge_heads(attention_core(q, k, v, self.attention)),\n"
+            "                           self.proj.weight, self.proj.bias)\n"
+            "        return reduce_from_tp(partial, self.proj.group)",
+            "each_rank_computes_its_heads", "projection's bias was added on every rank"),
+]
 
 # ---------------------------------------------------------------- lab 4
-LAB4: list[Mistake] = []
+LAB4: list[Mistake] = [
+    Mistake("1F1B's warm-up one forward too many", "lab4", "pipeline_schedules",
+            "warm_up = min(p - rank - 1, m)", "warm_up = min(p - rank, m)",
+            "golden_order and one_f_one_b", "warm-up off by one"),
+    Mistake("each send and each receive posted on its own", "lab4", "pipeline_executor",
+            "    works = dist.batch_isend_irecv(operations)\n",
+            "    works = [operation.op(operation.tensor, operation.peer, group, operation.tag)\n"
+            "             for operation in operations]\n",
+            "pipelined_step and 1f1b", "a send and a receive posted separately"),
+    Mistake("the backward keeps its activations", "lab4", "pipeline_executor",
+            "            del saved[key]\n", "",
+            "run_action or pipelined_step", "activation never freed"),
+    Mistake("the loss not divided by the number of microbatches", "lab4", "pipeline_executor",
+            "y = context.loss_fn(y, context.targets[action.microbatch]) / context.microbatches",
+            "y = context.loss_fn(y, context.targets[action.microbatch])",
+            "run_action or pipelined_step", "the loss is not scaled by 1/m"),
+    Mistake("the last stage sends its loss on", "lab4", "pipeline_executor",
+            "return None if is_last else y.detach()", "return y.detach()",
+            "run_action", "the last stage sends"),
+]
 
 # ---------------------------------------------------------------- lab 5
 LAB5: list[Mistake] = [
@@ -61,6 +113,35 @@ LAB5: list[Mistake] = [
 ]
 
 # ---------------------------------------------------------------- lab 6 and lab 7
-LAB6_LAB7: list[Mistake] = []
+LAB6_LAB7: list[Mistake] = [
+    Mistake("a collective nested in a module's range counted as compute", "lab6",
+            "trace_analysis", '_union(ranges["comm"]))])', '[])])',
+            "compute_communication_and_exposure", "a thread blocked in a collective is waiting"),
+    Mistake("all communication counted as exposed, the overlap ignored", "lab6",
+            "trace_analysis", "comm_s - overlapped_s, idle_s, span_s)", "comm_s, idle_s, span_s)",
+            "compute_communication_and_exposure",
+            "exposed communication is communication minus the overlapped part"),
+    Mistake("the step time averaged over ranks", "lab6", "trace_analysis",
+            "return max(rank.span_s for rank in ranks) / steps",
+            "return sum(rank.span_s for rank in ranks) / len(ranks) / steps",
+            "step_time", "a step is as slow as its slowest rank"),
+    Mistake("strong scaling efficiency without the N", "lab6", "trace_analysis",
+            "t1 / (n * tn)", "t1 / tn", "step_time", "strong scaling: T1 / (N TN)"),
+    Mistake("K and V counted as h x h, grouped-query attention ignored", "lab7", "capacity",
+            "2 * hidden * kv_heads * head_size", "2 * hidden * hidden", "parameters",
+            "grouped-query attention"),
+    Mistake("ZeRO-2 leaves the gradient whole", "lab7", "capacity",
+            "(0, optimizer, gradient + optimizer,", "(0, optimizer, optimizer,",
+            "model_state", "ZeRO-2 also the gradient"),
+    Mistake("sequence parallelism not splitting the layernorm inputs and masks", "lab7",
+            "capacity", "replicated /= t", "replicated /= 1", "activation",
+            "with SP they are"),
+    Mistake("the interleaved bubble without v", "lab7", "capacity",
+            "(pp - 1) / (v * microbatches + pp - 1)", "(pp - 1) / (microbatches + pp - 1)",
+            "bubble", "(p-1)/(vm+p-1) with v chunks per rank"),
+    Mistake("only the forward's 2 TP all-reduces per layer", "lab7", "capacity",
+            "TP_ALL_REDUCES_PER_LAYER = 4", "TP_ALL_REDUCES_PER_LAYER = 2", "tp_all_reduce",
+            "4 all-reduces per layer (2 forward, 2 backward)"),
+]
 
 CATALOGUE = LAB0_LAB1 + LAB2_LAB3 + LAB4 + LAB5 + LAB6_LAB7

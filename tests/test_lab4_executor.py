@@ -1,11 +1,24 @@
-"""Lab 4, graded: the executor's step (``run_action``: one forward or backward of one stage).
+"""Lab 4, graded: the executor's point-to-point layer (``post_exchange``) and its step
+(``run_action``: one forward or backward of one stage, which frees what it no longer needs).
 
-With the student's ``run_action``, one pipelined training step of a small GPT, GPipe and 1F1B
-on 2 and 4 CPU ranks, must give the single-device loss and every parameter's gradient.
-Tolerance (fp32): atol = rtol = 1e-5 (pipelining only changes how the batch's gradient is
-summed; observed: within 3e-7).
+* ``run_action`` alone, in a helper process, on a two-stage toy model: what each action
+  returns (the last stage sends nothing), the loss it records (scaled by 1/m), the entry the
+  backward frees, the gradients it passes back and accumulates.
+* One pipelined training step of a small GPT with the student's executor: GPipe and 1F1B on 4
+  ranks, and 1F1B on two pipelines of 2 ranks at once ([0, 2] and [1, 3]: a pipeline group
+  that is not the world, so a pipeline rank is not a global rank). The loss and every
+  parameter's gradient must be the single-device GPT's (fp32, atol = rtol = 1e-5; observed
+  within 3e-7), each rank must hold at most the activations the schedule promises (GPipe: m,
+  1F1B: min(p - r, m)), and the messages each rank posted, recorded as it posted them, must
+  not jam when a send waits for its receive (NCCL): ``check_rendezvous`` runs the recorded
+  postings and names the cycle if a send and a receive were posted separately.
+
+The schedules are written here as text (the tests of ``pipeline_schedules`` grade the student's
+own), so this file grades the executor alone.
 """
 import copy
+import functools
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,18 +27,194 @@ import torch.nn.functional as F
 from reference_impl.checks import assert_close
 from reference_impl.comm.launcher import current_device
 from reference_impl.model import GPT, ModelConfig
+from reference_impl.pipeline.pipeline_validator import (Exchange, ScheduleError, check_rendezvous,
+                                                        exchange_plan, messages, normalized)
 
 pytestmark = pytest.mark.lab4
 
 CONFIG = ModelConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2)
 MICRO_BATCH, TOLERANCE = 2, dict(atol=1e-5, rtol=1e-5)
 
+ROWS = {  # by hand from the definitions: GPipe all F then all B; 1F1B backward as early as it can
+    ("gpipe", 4, 8): ["F0 F1 F2 F3 F4 F5 F6 F7 B0 B1 B2 B3 B4 B5 B6 B7"] * 4,
+    ("1f1b", 4, 6): ["F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5", "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5",
+                     "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5", "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"],
+    ("1f1b", 2, 4): ["F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"],
+}
 
-def pipelined_and_single_device(impl, name, m):
-    device = current_device()
+
+def as_data(rows, microbatches, name):
+    return {"name": name, "ranks": len(rows), "microbatches": microbatches, "chunks": 1,
+            "split_backward": False,
+            "actions": [[(token[0], int(token[1:]), rank) for token in row.split()]
+                        for rank, row in enumerate(rows)]}
+
+
+def as_schedule(data):
+    """The kit's ``Schedule`` from plain data (``normalized`` rebuilds it with the kit's classes)."""
+    actions = [[SimpleNamespace(kind=k, microbatch=mb, stage=s) for k, mb, s in ops]
+               for ops in data["actions"]]
+    return normalized(SimpleNamespace(**{**data, "actions": actions}))
+
+
+# ---------------------------------------------------------------- run_action alone
+
+def run_action_on_two_stages(impl):
+    """F and B of microbatch 1 (of m = 2) through a two-stage toy model; what they return,
+    record, keep and free, and the single-device values computed before the submission runs."""
+    torch.manual_seed(0)
+    first, last = torch.nn.Linear(4, 6), torch.nn.Linear(6, 3)
+    x, target = torch.randn(2, 4), torch.tensor([0, 2])
+    m = 2
+    a, b = copy.deepcopy(first), copy.deepcopy(last)
+    output = a(x)
+    hidden = output.detach().requires_grad_()
+    loss = F.cross_entropy(b(hidden), target)
+    (loss / m).backward()
+    torch.autograd.backward(output, hidden.grad)
+    expected = {"hidden": hidden.detach(), "loss": loss.detach(), "gradient": hidden.grad,
+                "first": [p.grad for p in a.parameters()],
+                "last": [p.grad for p in b.parameters()]}
+
+    executor = impl.module("pipeline_executor")
+    action = impl.module("pipeline_schedules").Action
+    context = executor.StepContext(microbatches=m, last_stage=1, split_backward=False,
+                                   inputs=[torch.zeros(2, 4), x], targets=[None, target],
+                                   loss_fn=F.cross_entropy)
+    saved, found = {}, {}
+    sent = executor.run_action(action("F", 1, 0), first, None, saved, context)
+    found["F0"] = (sent.detach() if isinstance(sent, torch.Tensor) else None,
+                   isinstance(sent, torch.Tensor) and sent.grad_fn is not None)
+    sent_last = executor.run_action(action("F", 1, 1), last, sent, saved, context)
+    found["F1"] = repr(type(sent_last).__name__)
+    recorded = context.losses.get(1)
+    found["loss"] = None if recorded is None else recorded.detach().float()
+    found["held"] = sorted(saved)
+    gradient = executor.run_action(action("B", 1, 1), last, None, saved, context)
+    found["B1"] = gradient.detach() if isinstance(gradient, torch.Tensor) else None
+    found["held after B1"] = sorted(saved)
+    back = executor.run_action(action("B", 1, 0), first, gradient, saved, context)
+    found["B0"] = repr(type(back).__name__)
+    found["held after B0"] = sorted(saved)
+    found["first"] = [p.grad for p in first.parameters()]
+    found["last"] = [p.grad for p in last.parameters()]
+    return found, expected
+
+
+def test_run_action_returns_records_and_frees(impl, run_alone):
+    found, expected = run_alone(run_action_on_two_stages, impl)
+    sent, attached = found["F0"]
+    assert sent is not None, "the first stage's forward must return its output for stage 1"
+    assert not attached, ("the forward returned its output still attached to the stage's graph: "
+                          "return it detached; the next stage starts its own graph from it")
+    assert_close(sent, expected["hidden"], "stage 0's forward output", **TOLERANCE)
+    assert found["F1"] == "'NoneType'", (
+        f"the last stage sends: its forward returned a {found['F1']}; nothing goes after the "
+        f"last stage (its output is the loss, kept for its backward): return None")
+    assert found["loss"] is not None, "the last stage's forward must record its loss in " \
+                                      "context.losses[microbatch]"
+    if torch.allclose(found["loss"], expected["loss"], atol=1e-6):
+        pytest.fail(f"the loss is not scaled by 1/m: recorded {float(found['loss']):.6f}, the "
+                    f"microbatch's whole loss; with m = 2 microbatches each contributes "
+                    f"loss/m = {float(expected['loss']) / 2:.6f}, so that the gradients summed "
+                    f"over the microbatches are those of the full batch's mean", pytrace=False)
+    assert_close(found["loss"], expected["loss"] / 2, "the recorded loss (loss/m)",
+                 likely_cause="the loss of the last stage, scaled by 1/m", **TOLERANCE)
+    assert found["held"] == [(1, 0), (1, 1)], (
+        f"after both forwards `saved` holds {found['held']}; each forward keeps its "
+        f"(microbatch, stage) entry, [(1, 0), (1, 1)], for its backward")
+    assert found["held after B1"] == [(1, 0)], (
+        f"activation never freed: after the backward of microbatch 1 at stage 1, `saved` holds "
+        f"{found['held after B1']}; the backward must drop its own entry, or the rank holds "
+        f"more than min(p - r, m) microbatches at once (GPipe's m under 1F1B)")
+    assert found["held after B0"] == [], (
+        f"activation never freed: after the last backward `saved` still holds "
+        f"{found['held after B0']}")
+    assert found["B1"] is not None, "the last stage's backward must return the gradient of " \
+                                    "its input, for stage 0"
+    assert_close(found["B1"], expected["gradient"], "the gradient the last stage sends back",
+                 likely_cause="backward from the scaled loss, then the input's .grad", **TOLERANCE)
+    assert found["B0"] == "'NoneType'", (f"stage 0's backward returned a {found['B0']}: there is "
+                                         f"no stage before it, return None")
+    for which in ("first", "last"):
+        for index, (got, want) in enumerate(zip(found[which], expected[which])):
+            assert got is not None, f"the {which} stage's parameter {index} got no gradient"
+            assert_close(got, want, f"the {which} stage's parameter {index} gradient",
+                         likely_cause="backward from what the forward kept, with the received "
+                                      "gradient; the loss scaled by 1/m", **TOLERANCE)
+
+
+# ---------------------------------------------------------------- the executor on ranks
+
+def record_point_to_point(members):
+    """Patch torch.distributed's point-to-point calls to record what this rank posts together:
+    one entry per posting call (a batch, or a lone isend/irecv/send/recv), each a list of
+    ("send" or "recv", global peer, tag). A peer outside ``members`` (the pipeline's global
+    ranks) is refused at once, before it could hang. Returns (the record, undo)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    names = ("isend", "irecv", "send", "recv", "batch_isend_irecv")
+    originals = {name: getattr(c10d, name) for name in names}
+    calls, inside = [], []
+
+    def entry(kind, peer, group_peer, group, tag):
+        if peer is None and group_peer is not None:
+            peer = group_peer if group is None else dist.get_global_rank(group, group_peer)
+        if peer not in members:
+            raise ValueError(
+                f"rank {dist.get_rank()} posted a {kind} to global rank {peer}, which is not in "
+                f"its pipeline (global ranks {members}): a peer is given as a rank in the "
+                f"pipeline's group; translate it (dist.get_global_rank(group, peer))")
+        return (kind, int(peer), int(tag or 0))
+
+    def lone(name):
+        kind = "send" if "send" in name else "recv"
+
+        @functools.wraps(originals[name])
+        def wrapper(tensor, peer=None, group=None, tag=0, **kwargs):
+            if not inside:
+                group_peer = kwargs.get("group_dst", kwargs.get("group_src"))
+                calls.append([entry(kind, peer, group_peer, group, tag)])
+            return originals[name](tensor, peer, group, tag, **kwargs)
+        return wrapper
+
+    @functools.wraps(originals["batch_isend_irecv"])
+    def batch(operations):
+        calls.append([entry("send" if "send" in op.op.__name__ else "recv", op.peer, None,
+                            None, op.tag) for op in operations])
+        inside.append(True)
+        try:
+            return originals["batch_isend_irecv"](operations)
+        finally:
+            inside.pop()
+
+    patched = {name: lone(name) for name in names[:4]}
+    patched["batch_isend_irecv"] = batch
+    for name, function in patched.items():
+        setattr(c10d, name, function)
+        setattr(dist, name, function)
+
+    def undo():
+        for name, function in originals.items():
+            setattr(c10d, name, function)
+            setattr(dist, name, function)
+    return calls, undo
+
+
+def pipelined_and_single_device(impl, data, pipelines):
+    """One step of the student's executor on this rank's pipeline (``pipelines``: lists of
+    global ranks), the single-device step, and what this rank posted."""
+    import torch.distributed as dist
+
+    world_rank = dist.get_rank()
+    groups = [dist.new_group(members) for members in pipelines]  # every rank creates every group
+    index = next(i for i, members in enumerate(pipelines) if world_rank in members)
+    group = None if len(pipelines) == 1 else groups[index]
+    m, device = data["microbatches"], current_device()
     torch.manual_seed(0)
     gpt = GPT(CONFIG).to(device)
-    generator = torch.Generator().manual_seed(m)
+    generator = torch.Generator().manual_seed(100 * index + m)  # each pipeline its own batch
     tokens, targets = (torch.randint(0, CONFIG.vocab_size, (MICRO_BATCH * m, CONFIG.seq_len),
                                      generator=generator).to(device) for _ in range(2))
     reference = copy.deepcopy(gpt)  # the single-device step, before the submission is loaded
@@ -33,24 +222,89 @@ def pipelined_and_single_device(impl, name, m):
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     loss.backward()
     expected = {name: p.grad.cpu() for name, p in reference.named_parameters()}
-    step = impl.module("pipeline_executor").pipeline_train_step(gpt, name, tokens, targets,
-                                                                 microbatches=m)
-    return (float(step.loss), loss.item(),
-            [(n, g.detach().cpu(), expected[n]) for n, g in step.grads.items()])
+    calls, undo = record_point_to_point(pipelines[index])
+    try:
+        step = impl.module("pipeline_executor").pipeline_train_step(
+            gpt, as_schedule(data), tokens, targets, group=group)
+    finally:
+        undo()
+    return (index, float(step.loss), loss.item(), int(step.run.peak_saved),
+            [(n, g.detach().cpu(), expected[n]) for n, g in step.grads.items()], calls)
 
 
-@pytest.mark.parametrize("p, m", [(2, 3), (4, 8)])
-@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
-def test_pipelined_step_trains_like_one_device(impl, run_on_ranks, name, p, m):
-    for rank, (loss, expected_loss, grads) in enumerate(
-            run_on_ranks(pipelined_and_single_device, p, impl, name, m)):
-        assert_close(loss, expected_loss, f"{name} loss (p={p}, m={m})", rank=rank,
+def postings_as_exchanges(schedule, calls, members, rank):
+    """A pipeline rank's recorded postings as the validator's exchanges (steps: the kit's plan's)."""
+    by_tag = {transfer.message.tag: transfer.message
+              for transfers in messages(schedule) for transfer in transfers}
+    step_of = {message: exchange.step for exchange in exchange_plan(schedule)[rank]
+               for message in exchange.sends + exchange.receives}
+    exchanges, posted = [], []
+    for call in calls:
+        sends, receives = [], []
+        for kind, peer, tag in call:
+            message = by_tag.get(tag)
+            mine = message is not None and (message.src if kind == "send" else message.dst) == rank
+            other = None if message is None else (message.dst if kind == "send" else message.src)
+            assert mine and members[other] == peer, (
+                f"pipeline rank {rank} posted a {kind} with tag {tag} to global rank {peer}, "
+                f"which is not a message of its schedule with that peer: post each message "
+                f"with its own tag, to the rank in the pipeline's group that it goes to")
+            (sends if kind == "send" else receives).append(message)
+            posted.append(message)
+        exchanges.append(Exchange(min(step_of[m] for m in sends + receives),
+                                  tuple(sends), tuple(receives)))
+    wanted = sorted(step_of, key=lambda message: message.tag)
+    assert sorted(posted, key=lambda message: message.tag) == wanted, (
+        f"pipeline rank {rank} posted {len(posted)} sends and receives, its schedule needs "
+        f"each of its {len(wanted)} messages posted once")
+    return tuple(exchanges)
+
+
+CASES = {  # name: (schedule rows key, pipelines as global ranks)
+    "gpipe, p=4, m=8": (("gpipe", 4, 8), [[0, 1, 2, 3]]),
+    "1f1b, p=4, m=6": (("1f1b", 4, 6), [[0, 1, 2, 3]]),
+    "1f1b, pipelines [0, 2] and [1, 3], m=4": (("1f1b", 2, 4), [[0, 2], [1, 3]]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pipelined_step_trains_like_one_device(impl, run_on_ranks, case):
+    (name, p, m), pipelines = CASES[case]
+    data = as_data(ROWS[name, p, m], m, name)
+    schedule = as_schedule(data)
+    results = run_on_ranks(pipelined_and_single_device, 4, impl, data, pipelines)
+    for world_rank, (index, loss, expected_loss, peak, grads, calls) in enumerate(results):
+        rank = pipelines[index].index(world_rank)
+        where = f"{case}, pipeline rank {rank} (global {world_rank})"
+        plan = postings_as_exchanges(schedule, calls, pipelines[index], rank)
+        if rank == 0:  # the whole pipeline's postings, jammed or not with rendezvous sends
+            plans = {r: postings_as_exchanges(schedule, results[g][5], pipelines[index], r)
+                     for r, g in enumerate(pipelines[index])}
+            try:
+                check_rendezvous(schedule, tuple(plans[r] for r in range(p)))
+            except ScheduleError as error:
+                pytest.fail(f"{where}: a send and a receive posted separately: on NCCL, where a "
+                            f"send waits for its receive, this pipeline hangs ({error}); post "
+                            f"each exchange's sends and receives together, as one batch",
+                            pytrace=False)
+        assert plan or p == 1, f"{where}: posted nothing"
+        if m > 1 and abs(loss - m * expected_loss) < 1e-4 * m:
+            pytest.fail(f"{where}: the loss is not scaled by 1/m: {loss:.5f} is m = {m} times "
+                        f"the single-device mean {expected_loss:.5f}", pytrace=False)
+        assert_close(loss, expected_loss, f"{case} loss", rank=world_rank,
                      likely_cause="the forward action: is the last stage's loss divided by the "
                                   "number of microbatches, and the right input fed to stage 0?",
                      **TOLERANCE)
-        assert grads, f"rank {rank} holds no gradient: did the backward action run?"
+        assert grads, f"{where}: holds no gradient: did the backward action run?"
         for parameter, gradient, expected in grads:
-            assert_close(gradient, expected, f"{name} gradient of {parameter} (p={p}, m={m})",
-                         rank=rank, likely_cause="the backward action: backward from the saved "
-                         "output with the received gradient, and return the input's gradient "
-                         "to the previous stage", **TOLERANCE)
+            assert_close(gradient, expected, f"{case} gradient of {parameter}", rank=world_rank,
+                         likely_cause="the backward action: backward from the saved output with "
+                         "the received gradient, returning the input's gradient; the loss "
+                         "scaled by 1/m", **TOLERANCE)
+        promised = m if name == "gpipe" else min(p - rank, m)
+        assert peak <= promised, (
+            f"{where}: activation never freed: the rank held {peak} microbatches' activations "
+            f"at once, above {name}'s {promised} ({'m' if name == 'gpipe' else 'min(p - r, m)'}); "
+            f"the backward must drop its microbatch's entry from `saved`")
+        assert peak == promised, (f"{where}: held at most {peak} microbatches' activations, "
+                                  f"the schedule holds {promised}: does the forward keep its entry?")

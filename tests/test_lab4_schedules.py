@@ -20,12 +20,31 @@ pytestmark = pytest.mark.lab4
 SIZES = [(p, m) for p in range(1, 6) for m in range(1, 10)]
 
 HINTS = {
-    "gpipe": "GPipe: every rank r runs F0 F1 ... F(m-1), then B0 B1 ... B(m-1), all at its "
-             "own stage r (Action(kind, microbatch, stage=r))",
-    "one_f_one_b": "1F1B: rank r warms up with min(p - r - 1, m) forwards, then alternates the "
-                   "forward of the next microbatch and the backward of the oldest one, then runs "
-                   "the remaining backwards; every action at stage r",
+    "gpipe": "GPipe: every rank runs every microbatch's forward, in order, before any backward, "
+             "all at its own stage r (Action(kind, microbatch, stage=r))",
+    "one_f_one_b": "1F1B: each backward as early as the pipeline allows (rank r holds at most "
+                   "min(p - r, m) microbatches), forwards and backwards alternating between the "
+                   "first and the last backward, the backward always of the oldest microbatch; "
+                   "every action at stage r",
 }
+
+
+def warm_up_note(schedule, generator, p, m):
+    """For 1F1B: the first rank that runs another number of forwards before its first
+    backward than min(p - r, m) (its warm-up and the first steady-state forward), or ''."""
+    if generator != "one_f_one_b":
+        return ""
+    for rank in range(len(schedule.actions)):
+        kinds = [action.kind for action in schedule.actions[rank]]
+        before = kinds.index("B") if "B" in kinds else len(kinds)
+        expected = min(p - rank, m)
+        if before != expected:
+            what = "warm-up off by one" if abs(before - expected) == 1 else "warm-up wrong"
+            return (f"\n1F1B's {what}: rank {rank} runs {before} forward(s) before its first "
+                    f"backward, expected {expected} for p={p}, m={m} (one fewer on each later "
+                    f"rank, down to 1 on the last)")
+    return ""
+
 
 # Derived from the reference generators (and by hand from the rules in HINTS).
 GOLDEN = {
@@ -95,8 +114,9 @@ def checked(schedules, generator, p, m):
         return schedule
     listing = "\n".join(f"  rank {rank}: {row(schedule, rank)}"
                         for rank in range(len(schedule.actions)))
-    pytest.fail(f"{where} is not a valid schedule: {problem}\nyour schedule:\n{listing}\n"
-                f"hint: {HINTS[generator]}", pytrace=False)
+    pytest.fail(f"{where} is not a valid schedule: {problem}\nyour schedule:\n{listing}"
+                f"{warm_up_note(schedule, generator, p, m)}\nhint: {HINTS[generator]}",
+                pytrace=False)
 
 
 def first_difference(expected, got):
@@ -129,7 +149,8 @@ def test_golden_order_on_every_rank(impl, run_alone, generator, p, m):
             f"{generator}(p={p}, m={m}) is valid, but rank {rank} runs its passes in another "
             f"order than {'GPipe' if generator == 'gpipe' else '1F1B'}:\n"
             f"  expected: {expected}\n  got:      {got}\n"
-            f"{first_difference(expected, got)}\nhint: {HINTS[generator]}")
+            f"{first_difference(expected, got)}{warm_up_note(schedule, generator, p, m)}\n"
+            f"hint: {HINTS[generator]}")
         stages = {action.stage for action in schedule.actions[rank]}
         assert stages == {rank}, (f"{generator}(p={p}, m={m}): rank {rank}'s actions name "
                                   f"stage(s) {sorted(stages)}; with one chunk per rank they "
@@ -155,14 +176,16 @@ def test_peak_activations_in_flight(impl, run_alone, generator):
     sizes = [(1, 3), (2, 5), (3, 2), (4, 4), (4, 8), (5, 9)]
     schedules = student_schedules(impl, run_alone, generator, sizes)
     for p, m in sizes:
-        peaks = simulate(checked(schedules, generator, p, m)).peak_in_flight
+        schedule = checked(schedules, generator, p, m)
+        peaks = simulate(schedule).peak_in_flight
         for rank, peak in enumerate(peaks):
             if generator == "gpipe":
                 expected, why = m, "GPipe runs all m forwards before the first backward"
             else:
-                expected, why = min(p - rank, m), ("1F1B holds its min(p - r - 1, m) warm-up "
-                                                   "forwards plus one steady-state forward")
+                expected, why = min(p - rank, m), ("1F1B starts each backward as early as "
+                                                   "the pipeline allows")
             assert peak == expected, (
                 f"{generator}(p={p}, m={m}): rank {rank} holds the activations of up to {peak} "
                 f"microbatches at once (forwards whose backward has not run), expected "
-                f"{expected}: {why}. hint: {HINTS[generator]}")
+                f"{expected}: {why}.{warm_up_note(schedule, generator, p, m)}\n"
+                f"hint: {HINTS[generator]}")
