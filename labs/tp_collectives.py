@@ -68,21 +68,22 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        raise NotImplementedError('lab2: forward of copy_to_tp: every rank already holds x, so pass it on unchanged')
+        raise NotImplementedError('lab2: forward of copy_to_tp (f): every rank of the group already holds the whole x, so nothing moves; return a new tensor for autograd to attach this node to, never x itself')
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError("lab2: backward of copy_to_tp: each rank has only its shard's part of the input gradient; sum them over the group (return grad, None)")
+        raise NotImplementedError("lab2: backward of copy_to_tp (f): x fed every rank's shard, so its gradient is the sum of every rank's part, and each rank holds only its own part; return one gradient per forward argument, the group's None. Sum on a copy (_all_reduce): autograd may still need the tensor it is given")
 
 
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
-        raise NotImplementedError('lab2: forward of reduce_from_tp: sum the partial outputs over the group')
+        ctx.group = group
+        raise NotImplementedError("lab2: forward of reduce_from_tp (g): each rank holds a partial result and the layer's output is their sum, wanted whole on every rank of the group")
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError("lab2: backward of reduce_from_tp: the sum's gradient reaches every rank unchanged (return grad, None)")
+        raise NotImplementedError("lab2: backward of reduce_from_tp (g): the gradient of a sum with respect to each addend is the sum's own gradient, which every rank already holds whole; one gradient per forward argument")
 
 
 def _dim_pair(name: str, forward_op, backward_op):

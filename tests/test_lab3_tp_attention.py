@@ -13,6 +13,8 @@ from reference_impl.equivalence import assert_equivalent, one_step_pairs
 from reference_impl.comm.launcher import current_device
 from reference_impl.model import Block, CausalSelfAttention, ModelConfig
 
+from named_mistakes import assert_close_naming
+
 pytestmark = pytest.mark.lab3
 
 ATOL = 1e-5
@@ -75,3 +77,71 @@ def test_tp_block_does_two_all_reduces_each_way_of_the_activation_size(impl, run
             assert nbytes == 2 * activation_bytes, (
                 f"rank {rank}: the {direction} all-reduced {nbytes} bytes; the formula gives "
                 f"2 x b*s*h*4 = {2 * activation_bytes}")
+
+
+CONTIGUOUS_QKV = (
+    "the fused QKV weight was split contiguously (tp chunks of the 3h rows): rank 0 then holds "
+    "queries where split_heads reads keys and values; each of the q, k and v blocks must be "
+    "split on its own (blocks=3), so that a rank holds the q, k and v of the same heads")
+EVERY_HEAD = (
+    "every head on every rank: a rank must compute heads/tp heads (its own), with the q, k and "
+    "v rows of those heads only")
+PROJECTION_BIAS_BEFORE_THE_REDUCE = (
+    "the output projection's bias was added on every rank before the all-reduce: the sum of "
+    "the ranks' partial outputs then counts it tp times; it is added once, after the sum")
+PAIRS = [[0, 1], [2, 3]]  # two TP groups of 2 at once, in a world of 4
+
+
+def attention_on_two_groups(impl, hidden, heads, seq, batch):
+    """World of 4, two TP groups of 2 at once: this rank's heads and qkv rows, and the
+    attention and the block against their single-device originals, over this rank's group."""
+    device, rank = current_device(), torch.distributed.get_rank()
+    groups = [torch.distributed.new_group(ranks) for ranks in PAIRS]
+    group = groups[rank // 2]
+    torch.manual_seed(0)
+    attention = CausalSelfAttention(hidden, heads).to(device)
+    block = Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq)).to(device)
+    x = torch.randn(batch, seq, hidden, generator=torch.Generator().manual_seed(rank // 2))
+    x = x.to(device)
+    full_qkv = attention.qkv.weight.detach().clone()
+    probe = CausalSelfAttention(hidden, heads).to(device)  # a zero projection: output = its bias
+    with torch.no_grad():
+        probe.proj.weight.zero_()
+    probe_bias = probe.proj.bias.detach().clone()
+
+    module = impl.module("tp_attention")
+    parallel = module.ParallelSelfAttention(attention, group)
+    local_qkv = dict(parallel.named_parameters())["qkv.weight"].detach().clone()
+    bias_only = module.ParallelSelfAttention(probe, group)(x).detach()
+    return {"heads": parallel.heads, "qkv": (local_qkv, full_qkv),
+            "bias only": (bias_only, probe_bias),
+            "attention": one_step_pairs(attention, parallel, x, group=group),
+            "block": one_step_pairs(block, module.ParallelBlock(block, group), x, group=group)}
+
+
+def test_each_rank_computes_its_heads_with_two_groups_at_once(impl, run_on_ranks):
+    hidden, heads, tp = 16, 4, 2
+    results = run_on_ranks(attention_on_two_groups, 4, impl, hidden, heads, 8, 2)
+    for rank, checks in enumerate(results):
+        tp_rank, width = rank % 2, hidden // tp
+        assert checks["heads"] == heads // tp, (
+            f"rank {rank}: ParallelSelfAttention.heads is {checks['heads']}, this rank computes "
+            f"heads/tp = {heads}/{tp} = {heads // tp} heads. Likely cause: {EVERY_HEAD}")
+        local, full = checks["qkv"]
+        mine = [part * hidden + tp_rank * width + i for part in range(3) for i in range(width)]
+        assert_close_naming(
+            local, full[mine], "the local qkv.weight", rank=rank, atol=0,
+            against="the q, k and v rows of this rank's heads",
+            otherwise="rank r holds rows r*h/tp to (r+1)*h/tp of each of q, k and v",
+            mistakes={CONTIGUOUS_QKV: full.chunk(tp)[tp_rank], EVERY_HEAD: full})
+        output, bias = checks["bias only"]
+        assert_close_naming(
+            output, bias.expand_as(output), "the output with a zero projection weight",
+            rank=rank, atol=ATOL, against="the projection's bias",
+            otherwise="with a zero projection weight the output is its bias, once",
+            mistakes={PROJECTION_BIAS_BEFORE_THE_REDUCE: tp * bias.expand_as(output)})
+    for kind in ("attention", "block"):
+        try:
+            assert_equivalent([checks[kind] for checks in results], atol=ATOL)
+        except AssertionError as failure:
+            raise AssertionError(f"{kind}, TP groups [0, 1] and [2, 3] at once: {failure}") from None

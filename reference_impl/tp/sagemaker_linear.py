@@ -76,7 +76,7 @@ class DistributedLinear(nn.Module):
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
 
     def forward(self, x):
-        # BEGIN SOLUTION lab2: DistributedLinear.forward: all-gather the group's samples along BATCH_DIM (which tp_collectives pair has the right backward?), keep this rank's self.columns input features, apply the local weight without bias, reduce-scatter the partial outputs along BATCH_DIM, then add the bias once, its gradient summed over the group (copy_to_tp)
+        # BEGIN SOLUTION lab2: DistributedLinear.forward: every rank's weight shard must see the samples of the whole group (gathered along BATCH_DIM, by the pair whose backward sums every rank's part of the input gradient); it multiplies only this rank's self.columns input features (its position in self.group), giving partial outputs for every sample without bias; summing them gives each rank back its own samples' outputs (reduce-scatter along BATCH_DIM); the bias is added once, after the sum, and its gradient must be the whole group's: use the pair that is the identity forward and sums backward
         first = dist.get_rank(self.group) * self.columns
         samples = gather_from_sp(x, BATCH_DIM, self.group)[..., first:first + self.columns]
         y = reduce_scatter_to_sp(F.linear(samples, self.weight), BATCH_DIM, self.group)

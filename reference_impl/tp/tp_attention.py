@@ -12,8 +12,8 @@ communication, between two linear layers split the Megatron way:
 * the output projection is **row-parallel**: its input is the concatenation of all heads, and
   rank r holds exactly its heads' slice of it; one all-reduce sums the partial outputs.
 
-The forward pass is ``model.CausalSelfAttention``'s own, with ``heads`` = the local heads and
-the single-device module's attention kernel (``attention``: ``"explicit"`` or ``"sdpa"``, see
+The forward pass is ``model.CausalSelfAttention``'s, with ``heads`` = the local heads and the
+single-device module's attention kernel (``attention``: ``"explicit"`` or ``"sdpa"``, see
 ``model.py``; heads are independent, so either kernel runs on a rank's heads alone). A TP
 block puts attention and the TP MLP between replicated layernorms: 2 all-reduces forward (one
 after attention, one after the MLP) and 2 backward (the input gradients of QKV and of fc1).
@@ -25,7 +25,7 @@ import copy
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.model import Block, CausalSelfAttention
+from reference_impl.model import Block, CausalSelfAttention, attention_core, merge_heads, split_heads
 from reference_impl.tp.tp_layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
 
@@ -39,10 +39,16 @@ class ParallelSelfAttention(CausalSelfAttention):
             raise ValueError(f"heads {attention.heads} is not divisible by the "
                              f"tensor-parallel size tp = {tp}")
         self.attention = attention.attention  # the same kernel ("explicit" or "sdpa")
-        # BEGIN SOLUTION lab3: self.heads = the heads of this rank; self.qkv column-parallel (blocks=3, so each rank gets the q, k and v of its heads); self.proj row-parallel (input already split)
+        # BEGIN SOLUTION lab3: ParallelSelfAttention.__init__: self.heads, the number of heads this rank computes; self.qkv, the fused [q; k; v] projection split so that this rank holds the q, k and v features of the same heads (its output is 3 blocks: each must be split on its own); self.proj, the output projection, whose input features are the concatenated heads, of which this rank already holds its own slice. Same attribute names as CausalSelfAttention, so the parameters pair up; pass the group on
         self.heads = attention.heads // tp
         self.qkv = ColumnParallelLinear(attention.qkv, group, blocks=3)
         self.proj = RowParallelLinear(attention.proj, group, input_is_parallel=True)
+        # END SOLUTION
+
+    def forward(self, x):
+        # BEGIN SOLUTION lab3: ParallelSelfAttention.forward: x is whole on every rank; from this rank's part of the fused projection take q, k and v of its own heads only (model.split_heads knows the [q; k; v] layout), run the single-device kernel self.attention on them (model.attention_core: heads never look at each other), put the heads back side by side (model.merge_heads) and let the output projection sum every rank's heads into the whole output, its bias once
+        q, k, v = split_heads(self.qkv(x), self.heads)
+        return self.proj(merge_heads(attention_core(q, k, v, self.attention)))
         # END SOLUTION
 
 
@@ -55,7 +61,7 @@ class ParallelBlock(Block):
         if hidden % tp:
             raise ValueError(f"hidden size {hidden} is not divisible by the tensor-parallel "
                              f"size tp = {tp}")
-        # BEGIN SOLUTION lab3: ParallelBlock: copies of the two layernorms, a ParallelSelfAttention and a ParallelMLP built from the block's
+        # BEGIN SOLUTION lab3: ParallelBlock: model.Block's forward runs unchanged on ln1, attn, ln2 and mlp (same names, so the parameters pair up). The layernorms stay whole and replicated: copies of the block's own (sharing the single-device module's parameters would mix the two models' gradients and steps); attention and MLP become their tensor-parallel versions over the group
         self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
         self.attn = ParallelSelfAttention(block.attn, group)
         self.mlp = ParallelMLP(block.mlp, group)

@@ -38,9 +38,13 @@ def check_divisible(size: int, tp: int, what: str) -> None:
 
 
 def shard(full: torch.Tensor, dim: int, rank: int, tp: int, blocks: int = 1) -> torch.Tensor:
-    """Rank ``rank``'s shard of ``full``: each of its ``blocks`` blocks along ``dim`` split in tp."""
+    """Rank ``rank``'s shard of ``full``: along ``dim``, ``full`` is ``blocks`` equal blocks (a
+    fused [q; k; v] weight is 3), each split in tp equal pieces on its own; rank r keeps piece r
+    of every block, in block order. A new tensor, not a view of ``full``."""
+    # BEGIN SOLUTION lab2: shard: along dim, full is `blocks` equal blocks (3 for a fused [q; k; v] weight); cut each block into tp equal pieces on its own and keep piece number `rank` of every block, joined in block order, as a tensor of its own (not a view of full). Why per block: tp contiguous pieces of a fused [q; k; v] would give rank 0 every query and no value
     pieces = [block.chunk(tp, dim=dim)[rank] for block in full.chunk(blocks, dim=dim)]
     return torch.cat(pieces, dim=dim).clone()
+    # END SOLUTION
 
 
 def unshard(local: torch.Tensor, parameter: nn.Parameter, group=None) -> torch.Tensor:
@@ -76,12 +80,14 @@ class ColumnParallelLinear(nn.Module):
         check_divisible(linear.out_features // blocks, tp,
                          "output features" + (f" per block ({blocks} blocks)" if blocks > 1 else ""))
         self.group, self.gather_output = group, gather_output
+        # BEGIN SOLUTION lab2: ColumnParallelLinear's shards: rank r computes the complete values of its out/tp output features, so the weight (out x in) and the bias are split along the output features, each of the `blocks` blocks on its own; sharded_parameter(full, dim, group, blocks) makes the shard and marks the dimension for full_state. A layer without bias keeps self.bias = None
         self.weight = sharded_parameter(linear.weight, 0, group, blocks)
         self.bias = (sharded_parameter(linear.bias, 0, group, blocks)
                      if linear.bias is not None else None)
+        # END SOLUTION
 
     def forward(self, x):
-        # BEGIN SOLUTION lab2: ColumnParallelLinear.forward: copy_to_tp on the input, the local linear, then gather_from_tp on the last dim if self.gather_output
+        # BEGIN SOLUTION lab2: ColumnParallelLinear.forward: x is whole on every rank and each rank's shard uses it, so it enters the TP region through f (its backward sums the input gradient over self.group); the local shard gives this rank's slice of the output features; only if self.gather_output, the slices are assembled along the last dimension with the pair whose backward keeps this rank's slice
         y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
         return gather_from_tp(y, -1, self.group) if self.gather_output else y
         # END SOLUTION
@@ -94,11 +100,13 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         check_divisible(linear.in_features, dist.get_world_size(group), "input features")
         self.group, self.input_is_parallel = group, input_is_parallel
+        # BEGIN SOLUTION lab2: RowParallelLinear's shards: rank r multiplies only its in/tp input features, so the weight (out x in) is split along the input features (sharded_parameter); every output feature is a sum over the ranks, so the bias is not split: a whole copy on every rank, a Parameter of its own (None without bias)
         self.weight = sharded_parameter(linear.weight, 1, group)
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
+        # END SOLUTION
 
     def forward(self, x):
-        # BEGIN SOLUTION lab2: RowParallelLinear.forward: scatter_to_tp on the last dim unless self.input_is_parallel, the local linear without bias, reduce_from_tp, then add the bias once
+        # BEGIN SOLUTION lab2: RowParallelLinear.forward: unless self.input_is_parallel, x is whole and this rank keeps only its slice of the last dimension (the pair whose backward all-gathers); its shard gives a partial sum of every output feature, summed over self.group by g; the whole bias belongs to the sum, so it is added once, after g: added on every rank before it, it would count tp times
         if not self.input_is_parallel:
             x = scatter_to_tp(x, -1, self.group)
         y = reduce_from_tp(F.linear(x, self.weight), self.group)
@@ -112,7 +120,7 @@ class ParallelMLP(MLP):
 
     def __init__(self, mlp: MLP, group=None):
         nn.Module.__init__(self)
-        # BEGIN SOLUTION lab2: ParallelMLP: fc1 a ColumnParallelLinear and fc2 a RowParallelLinear (its input already split), built from mlp's layers
+        # BEGIN SOLUTION lab2: ParallelMLP: model.MLP's forward runs unchanged on self.fc1 and self.fc2 (same names, so the parameters pair up with the single-device MLP's). Choose each layer's split so that nothing moves between them: GeLU acts feature by feature, so fc1's output may stay split; fc2 then starts from that split, with its input already parallel. Pass the group on
         self.fc1 = ColumnParallelLinear(mlp.fc1, group)
         self.fc2 = RowParallelLinear(mlp.fc2, group, input_is_parallel=True)
         # END SOLUTION
