@@ -28,3 +28,23 @@ def assert_close(actual, expected, what: str, *, rank: int | None = None, atol: 
             f"{error.max().item():.3g} at index {worst} (atol {atol:g}, rtol {rtol:g}); "
             f"{int((~torch.isclose(actual, expected, atol=atol, rtol=rtol)).sum())} of "
             f"{actual.numel()} elements off.{cause}")
+
+
+def matching_mistake(actual, mistakes: dict[str, torch.Tensor], atol: float) -> str | None:
+    """The description of the first known mistake whose result (computed by the caller, from
+    the single-device model or a formula) ``actual`` is, else None."""
+    actual = torch.as_tensor(actual).detach().cpu().double()
+    for description, wrong in mistakes.items():
+        wrong = torch.as_tensor(wrong).detach().cpu().double()
+        if wrong.shape == actual.shape and torch.allclose(actual, wrong, atol=atol, rtol=0):
+            return description
+    return None
+
+
+def assert_close_naming(actual, expected, what: str, *, mistakes: dict[str, torch.Tensor],
+                        otherwise: str, atol: float = 1e-6, **options) -> None:
+    """``assert_close`` whose likely cause is the known mistake ``actual`` matches (else
+    ``otherwise``): the student reads "the bias was added on every rank", not "the output
+    differs"."""
+    cause = matching_mistake(actual, mistakes, atol) or otherwise
+    assert_close(actual, expected, what, atol=atol, likely_cause=cause, **options)

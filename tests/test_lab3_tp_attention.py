@@ -13,7 +13,7 @@ from reference_impl.equivalence import assert_equivalent, one_step_pairs
 from reference_impl.comm.launcher import current_device
 from reference_impl.model import Block, CausalSelfAttention, ModelConfig
 
-from named_mistakes import assert_close_naming
+from reference_impl.checks import assert_close_naming
 
 pytestmark = pytest.mark.lab3
 
