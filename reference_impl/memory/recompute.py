@@ -73,6 +73,14 @@ def _restore(module: nn.Module) -> None:
         module.__class__ = base
 
 
+def _computes_causal_self_attention(cls: type) -> bool:
+    """Whether ``cls.forward`` is ``CausalSelfAttention``'s computation (qkv, the attention core
+    on ``self.heads`` heads, proj), which the selective mode re-implements: the class's own, or
+    a subclass that says so (TP attention: the same steps on this rank's heads)."""
+    return (cls.forward is CausalSelfAttention.forward
+            or getattr(cls, "forward_is_causal_self_attention", False))
+
+
 def recompute(module: nn.Module, mode: str | None) -> nn.Module:
     """Switch activation recomputation to ``mode`` for every transformer block in ``module``
     (``module`` itself if it is one), in place; returns ``module``.
@@ -92,7 +100,7 @@ def recompute(module: nn.Module, mode: str | None) -> nn.Module:
     found = False
     for sub in module.modules():
         if isinstance(sub, target):
-            if mode == "selective" and type(sub).forward is not CausalSelfAttention.forward:
+            if mode == "selective" and not _computes_causal_self_attention(type(sub)):
                 raise TypeError(f"selective recomputation re-implements CausalSelfAttention's "
                                 f"forward; {type(sub).__name__} overrides it")
             sub.__class__ = _recomputing_class(type(sub), mode)

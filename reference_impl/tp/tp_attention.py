@@ -32,6 +32,10 @@ from reference_impl.tp.tp_layers import ColumnParallelLinear, ParallelMLP, RowPa
 class ParallelSelfAttention(CausalSelfAttention):
     """``CausalSelfAttention`` with its heads split over the TP group."""
 
+    # The forward is CausalSelfAttention's steps on this rank's heads, so selective
+    # recomputation (memory/recompute.py), which re-implements those steps, may stand in for it.
+    forward_is_causal_self_attention = True
+
     def __init__(self, attention: CausalSelfAttention, group=None):
         nn.Module.__init__(self)
         tp = dist.get_world_size(group)
