@@ -2,17 +2,21 @@
 names, with the message that names it.
 
 Each entry is handed in as a submission: a copy of the solutions (every student file, as
-``tests/test_grading.py``'s ``copy_of`` makes it) with the entry's mutation applied. Its
-selected graded tests run as a grader runs them (``pytest --impl PATH -m LAB -k SELECT``, two
-submissions at a time on the machine's cores); they must fail, and their output must contain
-the entry's message. The unmutated copy, run once over the union of every entry's selection,
-must pass.
+``tests/test_grading.py``'s ``copy_of`` makes it) with the entry's mutation applied. One graded
+run per lab, as a grader runs it, takes all of that lab's submissions and an unmutated copy at
+once (``pytest --impl A --impl B ...``: every graded test once per submission) and selects, for
+each submission, the tests its entry names (``-k "(SELECT) and mistake07 or ..."``). Those tests
+must fail, with the entry's message in their output; the unmutated copy must pass every test
+any entry of the lab selects.
 """
 import os
+import re
 import subprocess
 import sys
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -20,20 +24,7 @@ from mistake_catalogue import CATALOGUE
 from test_grading import copy_of
 
 REPO = Path(__file__).resolve().parents[1]
-NO_TESTS_COLLECTED = 5  # pytest's exit code
-
-
-def graded(submission: Path, labs: list[str], select: str) -> subprocess.CompletedProcess:
-    """The labs' graded tests selected by ``select``, on ``submission``, as a grader runs them
-    (only the labs' test files are collected: collecting the whole suite costs seconds)."""
-    files = sorted(str(path.relative_to(REPO)) for lab in labs
-                   for path in (REPO / "tests").glob(f"test_{lab}_*.py"))
-    command = [sys.executable, "-m", "pytest", *files, "--impl", str(submission),
-               "-m", " or ".join(labs),
-               "-k", select, "-q", "-p", "no:cacheprovider", "--no-header", "-o", "addopts=",
-               "-x"]
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+CORRECT = "correct"
 
 
 def mutated(mistake, destination: Path) -> Path:
@@ -47,6 +38,35 @@ def mutated(mistake, destination: Path) -> Path:
     return submission
 
 
+def graded_run(lab: str, entries, folder: Path) -> dict[str, list]:
+    """One run of ``lab``'s graded tests over its entries' submissions and a correct copy;
+    {submission name: [(test name, failure text or None)]}."""
+    submissions = {CORRECT: copy_of("solutions", folder / CORRECT)}
+    for index, mistake in entries:
+        submissions[f"mistake{index:02d}"] = mutated(mistake, folder / f"mistake{index:02d}")
+    union = " or ".join(sorted({f"({mistake.select})" for _, mistake in entries}))
+    select = " or ".join([f"(({mistake.select}) and mistake{index:02d})"
+                          for index, mistake in entries] + [f"(({union}) and {CORRECT})"])
+    files = sorted(str(path.relative_to(REPO)) for path in (REPO / "tests").glob(f"test_{lab}_*.py"))
+    report = folder / "report.xml"
+    command = [sys.executable, "-m", "pytest", *files, "-m", lab, "-k", select, "-q",
+               "-p", "no:cacheprovider", "-o", "addopts=", f"--junitxml={report}"]
+    for path in submissions.values():
+        command += ["--impl", str(path)]
+    process = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert report.exists(), f"the graded run of {lab} did not run:\n{process.stdout[-3000:]}"
+    outcomes = defaultdict(list)
+    for case in ElementTree.parse(report).getroot().iter("testcase"):
+        name = case.get("name")
+        found = re.search(rf"[\[-]({CORRECT}|mistake\d\d)[\]-]", name)
+        submission = found.group(1) if found else ""
+        problems = case.findall("failure") + case.findall("error")
+        text = " ".join((p.get("message") or "") + (p.text or "") for p in problems)
+        outcomes[submission].append((name, text if problems else None))
+    return outcomes
+
+
 def test_the_catalogue_has_entries_with_distinct_names():
     names = [mistake.name for mistake in CATALOGUE]
     assert names and len(set(names)) == len(names), f"empty, or names repeated: {names}"
@@ -54,30 +74,30 @@ def test_the_catalogue_has_entries_with_distinct_names():
 
 @pytest.mark.skipif(not CATALOGUE, reason="the catalogue is empty")
 def test_every_mistake_is_caught_with_its_message(tmp_path):
-    submissions = [mutated(mistake, tmp_path / f"mistake{index}")
-                   for index, mistake in enumerate(CATALOGUE)]
-    correct = copy_of("solutions", tmp_path / "correct")
-    labs = sorted({mistake.lab for mistake in CATALOGUE})
-    union = " or ".join(sorted({f"({mistake.select})" for mistake in CATALOGUE}))
+    by_lab = defaultdict(list)
+    for index, mistake in enumerate(CATALOGUE):
+        by_lab[mistake.lab].append((index, mistake))
+    labs = sorted(by_lab, key=lambda lab: -len(by_lab[lab]))  # the longest runs start first
     with ThreadPoolExecutor(max_workers=2) as pool:
-        runs = list(pool.map(lambda job: graded(*job),
-                             [(submission, [mistake.lab], mistake.select)
-                              for submission, mistake in zip(submissions, CATALOGUE)]
-                             + [(correct, labs, union)]))
-    *mutated_runs, correct_run = runs
+        runs = dict(zip(labs, pool.map(lambda lab: graded_run(lab, by_lab[lab], tmp_path / lab),
+                                       labs)))
     problems = []
-    for mistake, run in zip(CATALOGUE, mutated_runs):
-        output = run.stdout + run.stderr
-        if run.returncode == NO_TESTS_COLLECTED:
-            problems.append(f"{mistake.name!r}: -m {mistake.lab} -k {mistake.select!r} selects "
-                            "no graded test")
-        elif run.returncode == 0:
-            problems.append(f"{mistake.name!r} passes -m {mistake.lab} -k {mistake.select!r}: "
-                            "no graded test catches it")
-        elif mistake.message not in output:
-            problems.append(f"{mistake.name!r} is caught, but its output lacks the message "
-                            f"{mistake.message!r}:\n{output[-2500:]}")
+    for lab, entries in by_lab.items():
+        outcomes = runs[lab]
+        failed = [name for name, text in outcomes[CORRECT] if text is not None]
+        if not outcomes[CORRECT] or failed:
+            problems.append(f"{lab}: the unmutated solutions fail (or select nothing of) the "
+                            f"catalogue's tests: {failed}")
+        for index, mistake in entries:
+            cases = outcomes[f"mistake{index:02d}"]
+            caught = [text for _, text in cases if text is not None]
+            if not cases:
+                problems.append(f"{mistake.name!r}: -m {lab} -k {mistake.select!r} selects no "
+                                "graded test")
+            elif not caught:
+                problems.append(f"{mistake.name!r} passes -m {lab} -k {mistake.select!r}: no "
+                                "graded test catches it")
+            elif not any(mistake.message in text for text in caught):
+                problems.append(f"{mistake.name!r} is caught, but no failure says "
+                                f"{mistake.message!r}:\n{caught[0][-2500:]}")
     assert not problems, "\n\n".join(problems)
-    assert correct_run.returncode == 0, (
-        f"the unmutated solutions fail the catalogue's selection:\n"
-        f"{(correct_run.stdout + correct_run.stderr)[-3000:]}")

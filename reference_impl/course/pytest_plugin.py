@@ -26,6 +26,7 @@ also when the run is killed. How graded tests are written: ``reference_impl.cour
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -56,9 +57,12 @@ def pytest_addoption(parser):
     group = parser.getgroup("parallelism lab kit")
     group.addoption("--backend", choices=BACKENDS, default="auto",
                     help="process-group backend for multi-rank tests (default: auto)")
-    group.addoption("--impl", default="reference",
+    group.addoption("--impl", action="append", default=None,
                     help="implementation the graded tests check: reference (default), labs "
-                         "(the student files in labs/), or PATH (a submitted copy of labs/)")
+                         "(the student files in labs/), or PATH (a submitted copy of labs/). "
+                         "Given several times, every graded test runs once per "
+                         "implementation (to compare variants, as the kit's mistake catalogue "
+                         "does; grade students one per run, so limits and flags stay theirs)")
     group.addoption("--launch-timeout", type=float, default=DEFAULT_TIMEOUT,
                     help=f"seconds one launch may take (default {DEFAULT_TIMEOUT:g})")
     group.addoption("--budget", type=float, default=None,
@@ -86,7 +90,9 @@ def pytest_configure(config):
     # A test module that cannot be imported fails its own tests, not the whole graded run.
     config.option.continue_on_collection_errors = True
     try:
-        config.implementation = Implementation.from_option(config.getoption("--impl"))
+        config.implementations = [Implementation.from_option(value)
+                                  for value in config.getoption("--impl") or ["reference"]]
+        config.implementation = config.implementations[0]
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
     config.grading = GradedRun(config)
@@ -117,7 +123,7 @@ class GradedRun:
         if self.log is not None:
             self.log.write(json.dumps(record) + "\n")
 
-    def launch(self, fn, world_size, args, kwargs, backend, timeout, nodeid):
+    def launch(self, fn, world_size, args, kwargs, backend, timeout, nodeid, implementation):
         """The launcher under this run's limits, with a data-only result."""
         limit = timeout or self.launch_timeout
         if self.hung_in is not None:
@@ -131,7 +137,7 @@ class GradedRun:
         try:
             return launch(fn, world_size, *args, backend=backend, timeout=limit,
                           results="data", output_limit=self.output_limit,
-                          rank_setup=self.implementation.enter, **kwargs)
+                          rank_setup=implementation.enter, **kwargs)
         except LaunchTimeout as error:
             if self.hung_in is not None:
                 pytest.fail(f"{error}{self._hang_note()}", pytrace=False)
@@ -145,10 +151,24 @@ class GradedRun:
                 f"at most {self.after_hang:g} s)")
 
 
+def pytest_generate_tests(metafunc):
+    implementations = metafunc.config.implementations
+    if len(implementations) > 1 and "impl" in metafunc.fixturenames:
+        metafunc.parametrize("impl", implementations, indirect=True,
+                             ids=[Path(i.name).name for i in implementations])
+
+
 @pytest.fixture
 def impl(request):
     """The implementation under test: ``impl.module("groups")`` is its groups module, inside
     a function given to ``run_on_ranks`` or ``run_alone`` only."""
+    return getattr(request, "param", request.config.implementation)
+
+
+def _implementation_of(request):
+    """The test's implementation (its ``impl``), or the run's."""
+    if "impl" in request.fixturenames:
+        return request.getfixturevalue("impl")
     return request.config.implementation
 
 
@@ -172,7 +192,7 @@ def run_on_ranks(request, backend):
             return launch(fn, world_size, *args, backend=backend,
                           timeout=timeout or DEFAULT_TIMEOUT, **kwargs)
         return request.config.grading.launch(fn, world_size, args, kwargs, backend, timeout,
-                                             request.node.nodeid)
+                                             request.node.nodeid, _implementation_of(request))
 
     return run
 
@@ -184,7 +204,7 @@ def run_alone(request):
 
     def run(fn, *args, timeout=None, **kwargs):
         return request.config.grading.launch(fn, 1, args, kwargs, "gloo", timeout,
-                                             request.node.nodeid)[0]
+                                             request.node.nodeid, _implementation_of(request))[0]
 
     return run
 
