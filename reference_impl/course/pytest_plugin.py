@@ -215,6 +215,18 @@ def _capped(text: str) -> str:
     return f"[... {len(text) - LOG_TEXT_LIMIT} characters left out ...]\n" + text[-LOG_TEXT_LIMIT:]
 
 
+def pytest_ignore_collect(collection_path, config):
+    """A graded run of a submission collects the graded tests only (``test_lab*.py``): the rest
+    of the suite and the solved notebooks test the kit itself, and collecting them costs
+    seconds per submission."""
+    if all(implementation.folder is None
+           for implementation in getattr(config, "implementations", ())):
+        return None
+    if collection_path.is_file() and not collection_path.name.startswith("test_lab"):
+        return True
+    return None
+
+
 def pytest_collection_finish(session):
     grading = session.config.grading
     tests = [{"nodeid": item.nodeid, "lab": lab} for item in session.items
