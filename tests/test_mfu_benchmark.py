@@ -148,3 +148,21 @@ def test_cpu_defaults_are_tiny():
     args = mfu.parse_args(["--device", "cpu"])
     assert (args.layers, args.hidden, args.seq, args.dtype, args.attention) == (
         2, 128, 128, "fp32", "sdpa")
+
+
+def test_compile_option_trains_the_compiled_model(monkeypatch, capsys):
+    """``--compile`` trains ``torch.compile(model)`` (here a stand-in that records what it got:
+    a real compile takes tens of seconds on a CPU) and needs a warm-up step to compile in."""
+    compiled = []
+
+    def fake_compile(model):
+        compiled.append(model)
+        return model
+
+    monkeypatch.setattr(mfu.torch, "compile", fake_compile)
+    mfu.main(["--device", "cpu", "--layers", "1", "--hidden", "16", "--heads", "2", "--seq", "8",
+              "--batch", "2", "--vocab", "32", "--steps", "1", "--warmup", "1", "--compile"])
+    assert len(compiled) == 1 and isinstance(compiled[0], GPT)
+    assert "MFU:" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        mfu.parse_args(["--device", "cpu", "--compile", "--warmup", "0"])

@@ -2,10 +2,12 @@
 
     python -m reference_impl.benchmarks.mfu [--dtype fp32|bf16 --attention explicit|sdpa
         --layers L --hidden h --heads a --seq s --batch B --vocab V --steps N --warmup W
-        --peak TFLOPS --device auto|cpu|cuda]
+        --peak TFLOPS --device auto|cpu|cuda --compile]
 
 Trains ``model.GPT`` (AdamW: ``fused=True`` on CUDA, ``foreach=True`` on the CPU) for
-``--warmup`` steps, then times ``--steps`` more and prints tokens/s, the model's TFLOP/s and
+``--warmup`` steps (with ``--compile``, of ``torch.compile(model)``: the warm-up compiles it;
+on a GPU it fuses the elementwise work between the matmuls), then times ``--steps`` more and
+prints tokens/s, the model's TFLOP/s and
 its MFU: the model FLOP/s over the device's peak. On a GPU the defaults are a GPT of about
 1.5B parameters (24 layers, hidden 2048, 16 heads, seq 2048, vocab 50304, batch 4, bf16
 autocast, ``sdpa`` attention) and the peak allocated memory is printed too; without a GPU
@@ -136,6 +138,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the device's peak TFLOP/s (needed on a GPU not in the table; "
                              f"on the CPU default {NOMINAL_CPU_PEAK:g}, nominal)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", action="store_true",
+                        help="train torch.compile(model) (the warm-up steps compile it)")
     args = parser.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -150,6 +154,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{name} must be at least 1")
     if args.warmup < 0:
         parser.error("--warmup must be at least 0")
+    if args.compile and args.warmup < 1:
+        parser.error("--compile needs --warmup of at least 1: the first step compiles")
     if args.hidden % args.heads:
         parser.error(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
     if args.peak is not None and args.peak <= 0:
@@ -185,19 +191,20 @@ def measure(args) -> dict:
     tokens, targets = data[:, :-1].clone().to(device), data[:, 1:].clone().to(device)
 
     cuda = device.type == "cuda"
-    train_steps(model, optimizer, tokens, targets, args.warmup, args.dtype)
+    trained = torch.compile(model) if args.compile else model  # same parameters
+    train_steps(trained, optimizer, tokens, targets, args.warmup, args.dtype)
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        loss = train_steps(model, optimizer, tokens, targets, args.steps, args.dtype)
+        loss = train_steps(trained, optimizer, tokens, targets, args.steps, args.dtype)
         end.record()
         torch.cuda.synchronize(device)
         seconds = start.elapsed_time(end) / 1000.0
     else:
         began = time.perf_counter()
-        loss = train_steps(model, optimizer, tokens, targets, args.steps, args.dtype)
+        loss = train_steps(trained, optimizer, tokens, targets, args.steps, args.dtype)
         seconds = time.perf_counter() - began
     tokens_timed = args.steps * args.batch * args.seq
     per_token = flops_per_token(config)
