@@ -78,6 +78,7 @@ from reference_impl.memory.activation_memory import SavedActivations, gpt_activa
 from reference_impl.model import ATTENTION_KERNELS, GPT, Block, ModelConfig
 from reference_impl.perf.planner import GPUS, ModelSpec
 from reference_impl.perf.planner.hardware import peak_tflops
+from reference_impl.perf.step_timing import mean_seconds
 from reference_impl.pipeline.pipeline_executor import gpt_loss
 from reference_impl.precision import PRECISIONS, autocast, weight_copy_bytes
 from reference_impl.train import multi_tensor_options
@@ -257,15 +258,7 @@ def layer_seconds(config: ModelConfig, batch: int, precision: str, device: torch
             y = block(x)
         y.sum().backward()
 
-    for _ in range(warmup):
-        step()
-    wait = torch.cuda.synchronize if device.type == "cuda" else (lambda _device: None)
-    wait(device)
-    began = time.perf_counter()
-    for _ in range(steps):
-        step()
-    wait(device)
-    return (time.perf_counter() - began) / steps
+    return mean_seconds(step, device, warmup, steps)
 
 
 def planner_gpu(device_name: str):

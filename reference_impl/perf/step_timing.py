@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -16,6 +17,25 @@ from torch import nn
 from reference_impl.comm.launcher import current_device, wait_for_device
 
 WARMUP_STEPS = 2
+
+
+def mean_seconds(step: Callable[[], None], device: torch.device, warmups: int,
+                 steps: int) -> float:
+    """Mean seconds of ``step()`` in this process alone (no process group needed), computing
+    on ``device``, after ``warmups`` untimed calls; a GPU's queued work is waited for before
+    the clock starts and before it stops."""
+    def wait():
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(warmups):
+        step()
+    wait()
+    began = time.perf_counter()
+    for _ in range(steps):
+        step()
+    wait()
+    return (time.perf_counter() - began) / steps
 
 
 def _train_step(module: nn.Module, x: torch.Tensor, upstream: torch.Tensor) -> None:

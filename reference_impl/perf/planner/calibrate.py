@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from reference_impl.perf.planner.hardware import peak_tflops as datasheet_peak
+from reference_impl.perf.step_timing import mean_seconds
 from reference_impl.perf.planner.layer_efficiency import (CALIBRATION_SHAPES, describe, fit,
                                                           fit_errors)
 from reference_impl.perf.planner.model_spec import ModelSpec
@@ -71,17 +71,8 @@ def _layer_step(shape: ModelSpec, seq: int, micro_batch: int, tp: int, device, d
 def measure_row(shape: ModelSpec, seq: int, micro_batch: int, tp: int, device, dtype,
                 warmups: int = 2, steps: int = 6) -> float:
     """Mean seconds of one layer's forward + backward."""
-    step = _layer_step(shape, seq, micro_batch, tp, device, dtype)
-    for _ in range(warmups):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - start) / steps
+    return mean_seconds(_layer_step(shape, seq, micro_batch, tp, device, dtype), device,
+                        warmups, steps)
 
 
 def calibrate(out: Path, dry_run: bool = False, peak_tflops: float | None = None) -> dict:
