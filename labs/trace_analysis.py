@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference_impl.perf.profiling import _overlap, _union, _union_length, range_events, range_kind
+from reference_impl.perf.profiling import overlap, union, union_length, range_events, range_kind
 
 Intervals = list[tuple[float, float]]  # (start, end) in seconds
 
@@ -75,8 +75,8 @@ def difference(a: Intervals, b: Intervals) -> Intervals:
 
 def rank_time(rank: int, threads: dict[int, dict[str, Intervals]]) -> RankTime:
     """One rank's time, from its ranges by thread (:func:`ranges_by_rank`), as the module
-    docstring defines it. Interval helpers: ``_union`` (sorted, disjoint), ``_union_length``,
-    ``_overlap`` (length of the intersection of two unions), :func:`difference`."""
+    docstring defines it. Interval helpers: ``union`` (sorted, disjoint), ``union_length``,
+    ``overlap`` (length of the intersection of two unions), :func:`difference`."""
     raise NotImplementedError("lab6: compute = each thread's compute ranges less the communication on that same thread (a blocking call is waiting), joined over threads; communication = every thread's comm ranges joined; overlapped = their intersection; exposed = comm - overlapped; idle = the span (first start to last end) in neither")
 
 

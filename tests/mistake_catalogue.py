@@ -115,7 +115,7 @@ LAB5: list[Mistake] = [
 # ---------------------------------------------------------------- lab 6 and lab 7
 LAB6_LAB7: list[Mistake] = [
     Mistake("a collective nested in a module's range counted as compute", "lab6",
-            "trace_analysis", '_union(ranges["comm"]))])', '[])])',
+            "trace_analysis", 'union(ranges["comm"]))])', '[])])',
             "compute_communication_and_exposure", "a thread blocked in a collective is waiting"),
     Mistake("all communication counted as exposed, the overlap ignored", "lab6",
             "trace_analysis", "comm_s - overlapped_s, idle_s, span_s)", "comm_s, idle_s, span_s)",

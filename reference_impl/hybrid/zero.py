@@ -332,7 +332,7 @@ def model_state_bytes(module: nn.Module, optimizer=None) -> dict[str, int]:
 
 
 # bytes per parameter: (parameter, gradient, optimizer states)
-_BYTES_PER_PARAMETER = {True: (2, 2, 12), False: (4, 4, 8)}
+BYTES_PER_PARAMETER = {True: (2, 2, 12), False: (4, 4, 8)}
 
 
 def zero_memory_formula(num_params: int, world_size: int, stage: int,
@@ -353,7 +353,7 @@ def zero_memory_formula(num_params: int, world_size: int, stage: int,
     """
     if stage not in (0, *STAGES):
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
-    param, grad, optimizer = _BYTES_PER_PARAMETER[bool(mixed_precision)]
+    param, grad, optimizer = BYTES_PER_PARAMETER[bool(mixed_precision)]
     sharded_kinds = (0, optimizer, grad + optimizer, param + grad + optimizer)[stage]
     replicated = param + grad + optimizer - sharded_kinds
     padded = num_params if padded_num_params is None else padded_num_params

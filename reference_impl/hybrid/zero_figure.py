@@ -12,7 +12,7 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from reference_impl.hybrid.zero import _BYTES_PER_PARAMETER, STAGES, zero_memory_formula
+from reference_impl.hybrid.zero import BYTES_PER_PARAMETER, STAGES, zero_memory_formula
 
 KINDS = ("parameters", "gradients", "optimizer")
 # The kinds each stage shards (ZeRO section 5: P_os, P_os+g, P_os+g+p).
@@ -29,7 +29,7 @@ def partition_bytes(world_size: int, stage: int, mixed_precision: bool = True) -
         raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be an integer >= 1, got {world_size!r}")
-    whole = dict(zip(KINDS, _BYTES_PER_PARAMETER[bool(mixed_precision)]))
+    whole = dict(zip(KINDS, BYTES_PER_PARAMETER[bool(mixed_precision)]))
     return {kind: whole[kind] / world_size if kind in SHARDED[stage] else whole[kind]
             for kind in KINDS}
 

@@ -356,7 +356,7 @@ def merge_traces(paths: Iterable, out_path: str | None = None) -> dict:
 
 # ---------------------------------------------------------------------------- the summary
 
-def _union_length(intervals) -> float:
+def union_length(intervals) -> float:
     total, end = 0.0, float("-inf")
     for start, stop in sorted(intervals):
         if stop <= end:
@@ -366,7 +366,7 @@ def _union_length(intervals) -> float:
     return total
 
 
-def _union(intervals) -> list[tuple[float, float]]:
+def union(intervals) -> list[tuple[float, float]]:
     merged = []
     for start, stop in sorted(intervals):
         if merged and start <= merged[-1][1]:
@@ -376,7 +376,7 @@ def _union(intervals) -> list[tuple[float, float]]:
     return merged
 
 
-def _overlap(a, b) -> float:
+def overlap(a, b) -> float:
     """Length of the intersection of two sorted, disjoint interval lists."""
     total, i, j = 0.0, 0, 0
     while i < len(a) and j < len(b):
@@ -441,12 +441,12 @@ def summarize(trace) -> SummaryTable:
             counter[event["name"]] = counter.get(event["name"], 0) + 1
     table = SummaryTable()
     for index, pid in enumerate(sorted(per_rank, key=lambda p: (not isinstance(p, int), p))):
-        comm, compute = _union(per_rank[pid]["comm"]), _union(per_rank[pid]["compute"])
-        comm_s = _union_length(comm)
-        compute_s = _union_length(compute) - _overlap(compute, comm)
+        comm, compute = union(per_rank[pid]["comm"]), union(per_rank[pid]["compute"])
+        comm_s = union_length(comm)
+        compute_s = union_length(compute) - overlap(compute, comm)
         rank = pid if isinstance(pid, int) and len(per_rank) > 1 else index
         total = comm_s + compute_s
-        wait_s = _union_length(per_rank[pid]["wait"])
+        wait_s = union_length(per_rank[pid]["wait"])
         table.append(RankSummary(rank, compute_s, comm_s, wait_s, calls.get(pid, {}),
                                  comm_s / total if total else 0.0))
     return table

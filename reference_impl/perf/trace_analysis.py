@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference_impl.perf.profiling import _overlap, _union, _union_length, range_events, range_kind
+from reference_impl.perf.profiling import overlap, union, union_length, range_events, range_kind
 
 Intervals = list[tuple[float, float]]  # (start, end) in seconds
 
@@ -72,19 +72,19 @@ def difference(a: Intervals, b: Intervals) -> Intervals:
 
 def rank_time(rank: int, threads: dict[int, dict[str, Intervals]]) -> RankTime:
     """One rank's time, from its ranges by thread (:func:`ranges_by_rank`), as the module
-    docstring defines it. Interval helpers: ``_union`` (sorted, disjoint), ``_union_length``,
-    ``_overlap`` (length of the intersection of two unions), :func:`difference`."""
+    docstring defines it. Interval helpers: ``union`` (sorted, disjoint), ``union_length``,
+    ``overlap`` (length of the intersection of two unions), :func:`difference`."""
     # BEGIN SOLUTION lab6: compute = each thread's compute ranges less the communication on that same thread (a blocking call is waiting), joined over threads; communication = every thread's comm ranges joined; overlapped = their intersection; exposed = comm - overlapped; idle = the span (first start to last end) in neither
-    comm = _union([interval for ranges in threads.values() for interval in ranges["comm"]])
-    compute = _union([interval for ranges in threads.values()
-                      for interval in difference(_union(ranges["compute"]),
-                                                 _union(ranges["comm"]))])
-    compute_s, comm_s = _union_length(compute), _union_length(comm)
-    overlapped_s = _overlap(compute, comm)
+    comm = union([interval for ranges in threads.values() for interval in ranges["comm"]])
+    compute = union([interval for ranges in threads.values()
+                      for interval in difference(union(ranges["compute"]),
+                                                 union(ranges["comm"]))])
+    compute_s, comm_s = union_length(compute), union_length(comm)
+    overlapped_s = overlap(compute, comm)
     every = [interval for ranges in threads.values() for kind in ranges.values()
              for interval in kind]
     span_s = max(end for _, end in every) - min(start for start, _ in every)
-    idle_s = span_s - _union_length(compute + comm)
+    idle_s = span_s - union_length(compute + comm)
     return RankTime(rank, compute_s, comm_s, overlapped_s, comm_s - overlapped_s, idle_s, span_s)
     # END SOLUTION
 
