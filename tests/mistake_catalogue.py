@@ -61,6 +61,16 @@ LAB2_LAB3: list[Mistake] = [
             "                           self.proj.weight, self.proj.bias)\n"
             "        return reduce_from_tp(partial, self.proj.group)",
             "each_rank_computes_its_heads", "projection's bias was added on every rank"),
+    Mistake("each rank subtracts its local maximum, not the group's", "lab3", "vocab_parallel",
+            "        dist.all_reduce(maximum, op=dist.ReduceOp.MAX, group=group)\n", "",
+            "vocab_parallel_losses", "each rank subtracted its own (local) maximum"),
+    Mistake("the target's logit taken on every rank, not only where it lives", "lab3",
+            "vocab_parallel", "        target_logit = target_logit.masked_fill(~mine, 0.0)\n", "",
+            "vocab_parallel_losses", "the target's logit was counted on every rank"),
+    Mistake("the backward subtracts the one_hot on every rank", "lab3", "vocab_parallel",
+            "F.one_hot(local_targets, softmax.shape[-1]) * mine.unsqueeze(-1)",
+            "F.one_hot(local_targets, softmax.shape[-1])", "vocab_parallel_gradient",
+            "the one_hot of the target was subtracted on every rank"),
 ]
 
 # ---------------------------------------------------------------- lab 4

@@ -95,7 +95,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         start, end = _vocab_range(local_logits.shape[-1], group)
         padding = torch.arange(start, end, device=local_logits.device) >= vocab_size
         logits = local_logits.float().masked_fill(padding, float("-inf"))
-
+        # BEGIN SOLUTION lab3: vocab-parallel cross-entropy, forward: logits (fp32, padded positions already -inf) holds this rank's slice [start, end) of the vocabulary for every token; set losses, every token's log(sum over the WHOLE vocabulary of exp(l_v)) - l_target (shape of targets, the same on every rank), without gathering the logits: three all-reduces over group of one number per token. (1) Subtract the global maximum, the largest logit over every rank's slice, before exp: fp32 exp overflows above ~88, and every rank must subtract the same number for the ranks' sums to add up (it cancels out of the loss). (2) The sum of exp, over every rank's slice. (3) The target's logit: exactly one rank holds it (the one whose [start, end) contains the target), so that rank contributes it and every other rank 0 (an index outside the slice must not be read). Save with ctx.save_for_backward what the backward needs to compute this slice's gradient without any communication: the slice's softmax and where the target is, if here
         maximum = logits.max(dim=-1).values
         dist.all_reduce(maximum, op=dist.ReduceOp.MAX, group=group)
         exp = (logits - maximum.unsqueeze(-1)).exp()
@@ -109,14 +109,18 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
         dist.all_reduce(target_logit, group=group)
 
         ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), mine, local_targets)
+        losses = sum_exp.log() - target_logit
+        # END SOLUTION
         ctx.dtype = local_logits.dtype
-        return sum_exp.log() - target_logit
+        return losses
 
     @staticmethod
     def backward(ctx, grad_loss):
+        # BEGIN SOLUTION lab3: vocab-parallel cross-entropy, backward: set grad, the gradient of the losses (times grad_loss, one number per token, the same on every rank) with respect to this rank's slice of the logits: softmax - one_hot(target), per token. The softmax of the slice comes from what the forward saved (exp(l - max) over the global sum; padded positions give 0); the -1 goes on the target's position only on the rank that holds it, nowhere on the others. No communication: each rank needs only the gradient of its own logits, and everything it depends on (the global max and sum) was already reduced in the forward
         softmax, mine, local_targets = ctx.saved_tensors
         one_hot = F.one_hot(local_targets, softmax.shape[-1]) * mine.unsqueeze(-1)
         grad = (softmax - one_hot) * grad_loss.unsqueeze(-1)
+        # END SOLUTION
         return grad.to(ctx.dtype), None, None, None
 
 

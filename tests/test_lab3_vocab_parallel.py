@@ -1,0 +1,207 @@
+"""Lab 3, graded: the vocabulary-parallel cross-entropy (``vocab_parallel_cross_entropy``) against
+``F.cross_entropy`` on the whole logits, on two TP groups of 2 at once in a world of 4 (ranks
+[0, 2] and [1, 3], each group with its own logits), three cases per group:
+
+* ``padded``: a vocabulary of 13 on tp = 2, padded to 14; the padded logit holds a large value,
+  which a loss that reads the unmasked logits would count;
+* ``large``: logits of a few hundred (exp overflows fp32 above ~88.7), ``vocab_size`` left to
+  its default;
+* ``bf16``: bf16 logits (padded, as ``padded``); the loss is computed in fp32 and the gradient
+  returned in bf16.
+
+Every token's loss, the gradient of the logits under a non-uniform upstream gradient (the losses
+weighted by random weights, then summed), and the communication: three all-reduces of one fp32
+number per token in the forward, nothing in the backward.
+
+Tolerance: losses atol 1e-5 (1e-3 for the large logits, whose losses are in the hundreds: fp32
+keeps about 7 digits), rtol 1e-6; fp32 gradients atol 1e-6; the bf16 gradient atol = rtol = 1e-2
+(bf16 keeps 8 bits of mantissa). Measured on CPU: losses within 5e-7 (the large ones exact),
+fp32 gradients within 3e-7, the bf16 gradient within 4e-3.
+"""
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from reference_impl.checks import assert_close_naming
+from reference_impl.comm.comm_trace import CommTracer
+from reference_impl.comm.launcher import current_device
+
+pytestmark = pytest.mark.lab3
+
+GROUPS = [[0, 2], [1, 3]]  # two TP groups of 2 at once, neither the world, nor ranks in order
+TP, BATCH, SEQ = 2, 2, 6
+PAD_VALUE = 30.0  # the padded logit: large enough to change the loss if it is counted
+CASES = {  # name: (vocab, scale of the logits, dtype, vocab_size argument)
+    "padded": (13, 3.0, torch.float32, 13),
+    "large": (16, 100.0, torch.float32, None),
+    "bf16": (13, 3.0, torch.bfloat16, 13),
+}
+
+LOCAL_MAX = (
+    "each rank subtracted its own (local) maximum: the maximum must be all-reduced (ReduceOp.MAX) "
+    "over the group, so that every rank subtracts the same number, else the ranks' sums of exp "
+    "do not add up")
+NO_MAX = (
+    "the losses are not finite (inf or nan) for logits of a few hundred: exp overflowed. Subtract "
+    "the global maximum before exp (fp32 exp overflows above ~88)")
+SUM_NOT_REDUCED = (
+    "the sum of exp was not all-reduced: each rank's log-sum-exp covers only its own slice of the "
+    "vocabulary")
+TARGET_EVERY_RANK = (
+    "the target's logit was counted on every rank: only the rank whose slice holds the target "
+    "contributes it, the others contribute 0 before the all-reduce")
+PADDING_COUNTED = (
+    "the padded logits (past vocab_size) were counted: the loss and the softmax must use the "
+    "masked logits, whose padded positions are -inf (exp gives 0)")
+WRONG_SIGN = "the gradient has the wrong sign: it is softmax - one_hot, not one_hot - softmax"
+ONE_HOT_EVERY_RANK = (
+    "the one_hot of the target was subtracted on every rank: only the rank holding the target "
+    "subtracts 1 (the others' index is a placeholder, not the target)")
+NO_UPSTREAM = (
+    "the gradient was not multiplied by grad_loss (the upstream gradient of each token's loss)")
+BACKWARD_REDUCED = (
+    "the backward all-reduced the gradient over the group: each rank's gradient is that of its "
+    "own slice of the logits, and needs no communication")
+
+
+def case_tensors(case, group_index):
+    """The whole (padded) logits of one TP group, in the case's dtype, its targets (the first
+    and last token of the vocabulary among them) and the weights of the losses."""
+    vocab, scale, dtype, _ = CASES[case]
+    generator = torch.Generator().manual_seed(10 * list(CASES).index(case) + group_index)
+    padded = -(-vocab // TP) * TP
+    logits = torch.full((BATCH, SEQ, padded), PAD_VALUE)
+    logits[..., :vocab] = torch.randn(BATCH, SEQ, vocab, generator=generator) * scale
+    targets = torch.randint(vocab, (BATCH, SEQ), generator=generator)
+    targets[0, :2] = torch.tensor([0, vocab - 1])
+    weights = torch.randn(BATCH, SEQ, generator=generator)
+    return logits.to(dtype), targets, weights
+
+
+def vocab_parallel_losses(impl, backward):
+    """Every case on this rank's TP group: the losses, (if backward) the gradient of this rank's
+    slice of the logits, and the collectives of the forward and of the backward."""
+    device, rank = current_device(), dist.get_rank()
+    groups = [dist.new_group(ranks) for ranks in GROUPS]
+    group_index = rank % 2
+    tp_rank = GROUPS[group_index].index(rank)
+    cross_entropy = impl.module("vocab_parallel").vocab_parallel_cross_entropy
+    results = {}
+    for case, (_, _, _, vocab_size) in CASES.items():
+        logits, targets, weights = case_tensors(case, group_index)
+        local = logits.chunk(TP, dim=-1)[tp_rank].to(device).requires_grad_()
+        with CommTracer() as forward:
+            losses = cross_entropy(local, targets.to(device), groups[group_index],
+                                   vocab_size=vocab_size)
+        result = {"losses": losses.detach().float().cpu(),
+                  "forward": (forward.summary(), forward.total_bytes())}
+        if backward:
+            with CommTracer() as traced:
+                (losses * weights.to(device)).sum().backward()
+            result.update(grad=local.grad.cpu(), backward=traced.summary())
+        results[case] = result
+    return results
+
+
+def expected(case, group_index, tp_rank):
+    """This group's losses and this rank's gradient, from F.cross_entropy on the whole logits,
+    and what the headline mistakes compute instead (each a dict {mistake: its result})."""
+    vocab = CASES[case][0]
+    logits, targets, weights = case_tensors(case, group_index)
+    logits = logits.float()
+    width = logits.shape[-1] // TP
+    mine = slice(tp_rank * width, (tp_rank + 1) * width)
+
+    def losses_and_grad(of, weights=weights):
+        """Every token's loss, and the gradient of the weighted sum, on the whole vocabulary."""
+        of = of.clone().requires_grad_()
+        losses = F.cross_entropy(of.flatten(0, 1), targets.flatten(), reduction="none")
+        (losses.view_as(targets) * weights).sum().backward()
+        return losses.detach().view_as(targets), of.grad
+
+    whole = logits.clone()
+    whole[..., vocab:] = float("-inf")  # the real vocabulary only
+    losses, grad = losses_and_grad(whole)
+    padding_losses, padding_grad = losses_and_grad(logits)  # the padded logit counted
+
+    slices = whole.split(width, dim=-1)  # as the ranks hold them
+    holder = targets // width  # the TP rank whose slice holds the target
+    target = whole.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    top = whole.max(dim=-1).values
+    local_tops = torch.stack([piece.max(dim=-1).values for piece in slices], dim=-1)
+    holder_top = local_tops.gather(-1, holder.unsqueeze(-1)).squeeze(-1)
+    # with the target unmasked, a rank that does not hold it reads its first logit instead
+    read = sum(torch.where(holder == r, target, piece[..., 0]) for r, piece in enumerate(slices))
+    loss_mistakes = {
+        LOCAL_MAX: sum((piece - local_tops[..., r:r + 1]).exp().sum(-1)
+                       for r, piece in enumerate(slices)).log() - (target - holder_top),
+        SUM_NOT_REDUCED: (slices[tp_rank] - top.unsqueeze(-1)).exp().sum(-1).log()
+        - (target - top),
+        TARGET_EVERY_RANK: (whole - top.unsqueeze(-1)).exp().sum(-1).log() - (read - TP * top),
+        PADDING_COUNTED: padding_losses,
+    }
+
+    one_hot_elsewhere = torch.zeros_like(grad[..., mine])
+    one_hot_elsewhere[..., 0] = torch.where(holder == tp_rank, 0.0, -weights)
+    grad_mistakes = {
+        WRONG_SIGN: -grad[..., mine],
+        ONE_HOT_EVERY_RANK: grad[..., mine] + one_hot_elsewhere,
+        NO_UPSTREAM: losses_and_grad(whole, torch.ones_like(weights))[1][..., mine],
+        BACKWARD_REDUCED: sum(grad.split(width, dim=-1)),
+        PADDING_COUNTED: padding_grad[..., mine],
+    }
+    return losses, loss_mistakes, grad[..., mine], grad_mistakes
+
+
+def where(rank, case):
+    vocab, scale, dtype, vocab_size = CASES[case]
+    return (f"rank {rank} (TP group {GROUPS[rank % 2]}), case {case!r}: vocabulary {vocab} on "
+            f"tp = {TP}, logits of scale {scale:g} in {str(dtype).split('.')[-1]}, "
+            f"vocab_size={vocab_size}")
+
+
+def test_vocab_parallel_losses_with_three_all_reduces_on_two_groups(impl, run_on_ranks):
+    results = run_on_ranks(vocab_parallel_losses, 4, impl, False)
+    for rank, cases in enumerate(results):
+        for case, got in cases.items():
+            losses, mistakes, _, _ = expected(case, rank % 2, GROUPS[rank % 2].index(rank))
+            finite = torch.isfinite(got["losses"])
+            assert finite.all(), f"{where(rank, case)}: " + (
+                NO_MAX if case == "large" else "the losses are not finite (inf or nan)")
+            atol = 1e-3 if case == "large" else 1e-5
+            assert_close_naming(
+                got["losses"], losses, f"{where(rank, case)}: the losses", atol=atol, rtol=1e-6,
+                against="F.cross_entropy on the whole logits", mistakes=mistakes,
+                otherwise="the three all-reduces (global max, sum of exp, target logit) must run "
+                          "over `group`, here one of two TP groups at once")
+            summary, nbytes = got["forward"]
+            per_token = BATCH * SEQ * 4  # one fp32 number per token
+            assert summary == {"all_reduce": 3} and nbytes == 3 * per_token, (
+                f"{where(rank, case)}: the forward ran {summary}, {nbytes} bytes in all; it needs "
+                f"exactly three all-reduces of one fp32 number per token (global max, sum of exp, "
+                f"target logit): 3 x b*s*4 = {3 * per_token} bytes, never the logits")
+
+
+def test_vocab_parallel_gradient_without_communication_on_two_groups(impl, run_on_ranks):
+    results = run_on_ranks(vocab_parallel_losses, 4, impl, True)
+    for rank, cases in enumerate(results):
+        for case, got in cases.items():
+            _, _, grad, mistakes = expected(case, rank % 2, GROUPS[rank % 2].index(rank))
+            assert not got["backward"], (
+                f"{where(rank, case)}: the backward ran {got['backward']}; it needs no "
+                f"communication (softmax - one_hot on this rank's own slice). Likely cause: "
+                f"{BACKWARD_REDUCED}")
+            assert torch.isfinite(got["grad"]).all(), f"{where(rank, case)}: " + (
+                NO_MAX if case == "large" else "the gradient is not finite (inf or nan)")
+            dtype = CASES[case][2]
+            assert got["grad"].dtype == dtype, (
+                f"{where(rank, case)}: the gradient is {got['grad'].dtype}, the logits {dtype}")
+            tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-6
+            assert_close_naming(
+                got["grad"].float(), grad, f"{where(rank, case)}: the gradient of the logits",
+                atol=tolerance, rtol=tolerance, against="F.cross_entropy's on the whole logits",
+                mistakes=mistakes,
+                otherwise="d loss / d logits = (softmax - one_hot(target)) * grad_loss on this "
+                          "rank's slice: the softmax over the whole vocabulary (the global max and "
+                          "sum), the -1 only on the rank holding the target")
