@@ -49,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.hybrid.data_parallel import make_buckets
+from data_parallel import make_buckets
 
 
 @dataclass

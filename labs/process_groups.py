@@ -1,7 +1,7 @@
 # Student file for the labs, generated from reference_impl/process_groups.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
-"""Turn a :class:`~reference_impl.comm.groups.RankLayout` into real ``torch.distributed`` groups.
+"""Turn a :class:`~groups.RankLayout` into real ``torch.distributed`` groups.
 
 The thin last step after the pure layout (``groups.py``): call it on every rank, after the
 default process group is initialised (the launcher does that), with the same layout.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from reference_impl.comm.groups import GROUP_AXES, RankCoordinates, RankLayout
+from groups import GROUP_AXES, RankCoordinates, RankLayout
 from reference_impl.comm.launcher import current_device
 
 

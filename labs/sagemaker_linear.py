@@ -56,8 +56,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from reference_impl.tp.tp_collectives import copy_to_tp, gather_from_sp, reduce_scatter_to_sp
-from reference_impl.tp.tp_layers import check_divisible, sharded_parameter
+from tp_collectives import copy_to_tp, gather_from_sp, reduce_scatter_to_sp
+from tp_layers import check_divisible, sharded_parameter
 
 BATCH_DIM = 0
 

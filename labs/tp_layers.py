@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.model import MLP
-from reference_impl.tp.tp_collectives import (all_gather_along, copy_to_tp, gather_from_tp,
+from tp_collectives import (all_gather_along, copy_to_tp, gather_from_tp,
                                            reduce_from_tp, scatter_to_tp)
 
 

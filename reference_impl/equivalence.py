@@ -10,8 +10,10 @@ in this order,
 4. every parameter after one optimizer step (SGD),
 
 and report the first difference with its likely cause. :func:`one_step_pairs` runs on every
-rank and returns (what, parallel, reference) triples; :func:`assert_equivalent` runs in the
-parent on every rank's triples, so a failure names the rank.
+rank and returns (what, parallel, reference) triples (a graded test splits it in two:
+:func:`reference_step` before the submission is loaded, :func:`parallel_pairs` after);
+:func:`assert_equivalent` runs in the parent on every rank's triples, so a failure names the
+rank.
 """
 from __future__ import annotations
 
@@ -38,32 +40,52 @@ LIKELY_CAUSES = {
 
 
 def one_step_pairs(reference: nn.Module, parallel: nn.Module, x: torch.Tensor, group=None,
-                   lr: float = 0.1, seed: int = 0,
-                   precision: str = "fp32") -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+                   **step) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     """Forward, backward and one SGD step on both modules; (what, parallel, reference) triples.
-    ``precision="bf16"``: both forwards under bf16 autocast (``precision.py``)."""
-    reference = copy.deepcopy(reference)  # the caller's module is left as it was
-    inputs = {}
-    outputs = {}
-    for name, module in (("reference", reference), ("parallel", parallel)):
-        inputs[name] = x.detach().clone().requires_grad_(x.is_floating_point())
-        with autocast(precision, x.device):
-            outputs[name] = module(inputs[name])
-    upstream = torch.randn(outputs["reference"].shape, generator=torch.Generator().manual_seed(
-        seed)).to(x.device, outputs["reference"].dtype)
-    for name, module in (("reference", reference), ("parallel", parallel)):
-        outputs[name].backward(upstream)
-    pairs = [("output", outputs["parallel"], outputs["reference"])]
+    ``step``: ``lr`` (0.1), ``seed`` of the upstream gradient (0), ``precision`` ("fp32";
+    "bf16": both forwards under bf16 autocast, ``precision.py``)."""
+    return parallel_pairs(parallel, x, reference_step(reference, x, **step), group, **step)
+
+
+def reference_step(reference: nn.Module, x: torch.Tensor, **step) -> dict[str, torch.Tensor]:
+    """:func:`one_step` of a copy of the single-device module (the caller's is left as it
+    was). A graded test calls it before it loads the submission, so that no reference number
+    is computed after a submission's code has run in the process."""
+    return one_step(copy.deepcopy(reference), x, **step)
+
+
+def parallel_pairs(parallel: nn.Module, x: torch.Tensor, expected: dict[str, torch.Tensor],
+                   group=None, **step) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(what, parallel, reference) triples: :func:`one_step` of ``parallel`` beside
+    ``expected``, the reference's (:func:`reference_step`, with the same ``x`` and ``step``)."""
+    found = one_step(parallel, x, group, **step)
+    if found.keys() != expected.keys():
+        raise ValueError(
+            "the parallel module's parameters are not the single-device module's: missing "
+            f"{sorted(expected.keys() - found.keys())}, extra "
+            f"{sorted(found.keys() - expected.keys())} (a parallel module keeps the "
+            "single-device names, so that its weights pair up)")
+    return [(what, value, expected[what]) for what, value in found.items()]
+
+
+def one_step(module: nn.Module, x: torch.Tensor, group=None, lr: float = 0.1, seed: int = 0,
+             precision: str = "fp32") -> dict[str, torch.Tensor]:
+    """The output, the input's gradient, every parameter's gradient and every parameter after
+    one SGD step, gathered to single-device shapes over ``group`` (TP-sharded parameters), on
+    the CPU. The upstream gradient is fixed by ``seed``."""
+    x = x.detach().clone().requires_grad_(x.is_floating_point())
+    with autocast(precision, x.device):
+        output = module(x)
+    upstream = torch.randn(output.shape, generator=torch.Generator().manual_seed(seed))
+    output.backward(upstream.to(x.device, output.dtype))
+    found = {"output": output}
     if x.is_floating_point():
-        pairs.append(("input grad", inputs["parallel"].grad, inputs["reference"].grad))
-    reference_parameters = dict(reference.named_parameters())
-    for name, gradient in full_state(parallel, group, grads=True).items():
-        pairs.append((f"grad of {name}", gradient, reference_parameters[name].grad))
-    for module in (reference, parallel):
-        torch.optim.SGD(module.parameters(), lr=lr).step()
-    for name, value in full_state(parallel, group).items():
-        pairs.append((f"{name} after a step", value, reference_parameters[name].detach()))
-    return [(what, a.detach().cpu(), b.detach().cpu()) for what, a, b in pairs]
+        found["input grad"] = x.grad
+    found.update((f"grad of {name}", gradient)
+                 for name, gradient in full_state(module, group, grads=True).items())
+    torch.optim.SGD(module.parameters(), lr=lr).step()
+    found.update((f"{name} after a step", value) for name, value in full_state(module, group).items())
+    return {what: None if value is None else value.detach().cpu() for what, value in found.items()}
 
 
 def likely_cause(what: str) -> str:

@@ -187,6 +187,30 @@ def test_module_regions_become_stubs_with_their_hint(tmp_path):
     assert "    y = 1\n" in student
 
 
+def test_a_student_file_imports_its_own_lab_s_files_and_the_reference_of_others():
+    tp_layers = (REPO / "labs" / "tp_layers.py").read_text()  # lab 2
+    assert "from tp_collectives import" in tp_layers  # lab 2: the student's own
+    assert "from reference_impl.model import" in tp_layers  # no exercises: the reference
+    tp_attention = (REPO / "labs" / "tp_attention.py").read_text()  # lab 3
+    assert "from reference_impl.tp.tp_layers import" in tp_attention  # lab 2's reference
+
+
+def test_a_graded_submission_s_files_compose(tmp_path):
+    """In a graded rank, the submission's ``tp_layers`` runs on the submission's own
+    ``tp_collectives`` (one module object), found in the submission's folder."""
+    shutil.copytree(REPO / "labs", tmp_path / "submission")
+    probe = ("from reference_impl.course.grading import Implementation\n"
+             "impl = Implementation.from_option(sys.argv[1]); impl.enter()\n"
+             "layers, collectives = impl.module('tp_layers'), impl.module('tp_collectives')\n"
+             "assert layers.copy_to_tp is collectives.copy_to_tp\n"
+             "print(collectives.__file__)\n")
+    done = subprocess.run([sys.executable, "-c", "import sys\n" + probe,
+                           str(tmp_path / "submission")], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "submission" / "tp_collectives.py")
+
+
 @pytest.mark.parametrize("source, message", [
     ("# BEGIN SOLUTION lab1: a\n# BEGIN SOLUTION lab1: b\n# END SOLUTION\n", "nested"),
     ("# BEGIN SOLUTION lab1: a\nx = 1\n", "without END SOLUTION"),

@@ -86,6 +86,31 @@ def test_in_the_handout_the_reference_handed_in_passes(start_of_term, tmp_path):
     assert "lab3: 3/3 passed" in process.stdout
 
 
+NOTEBOOK_PROBE = """
+from reference_impl.course.own_files import use_my_files
+use_my_files()  # a student notebook's first line
+import reference_impl.tp.tp_layers as library_s, tp_layers as mine
+from reference_impl.comm.launcher import launch
+
+def probe():
+    import reference_impl.tp.tp_layers as library_s, tp_layers as mine
+    return library_s is mine, mine.__file__
+
+print(library_s is mine, launch(probe, 1)[0])
+"""
+
+
+def test_in_the_handout_a_notebook_and_its_ranks_use_the_student_s_file(start_of_term):
+    """Lab 2 withheld: where the library or a later lab's notebook imports its module, the
+    student's ``labs/tp_layers.py`` is that module, in the notebook and in its ranks."""
+    environment = {**os.environ, "PYTHONPATH": str(start_of_term)}
+    process = subprocess.run([sys.executable, "-c", NOTEBOOK_PROBE], cwd=start_of_term,
+                             env=environment, capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0, process.stderr[-3000:]
+    mine = str(start_of_term / "labs" / "tp_layers.py")
+    assert process.stdout.strip() == f"True (True, '{mine}')", process.stdout
+
+
 def test_released_labs_keep_their_solutions(tmp_path):
     names = handout.build(tmp_path / "after_lab2", first_withheld=3)
     assert "tp_layers" not in names and "tp_attention" in names

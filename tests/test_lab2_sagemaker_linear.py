@@ -70,7 +70,6 @@ def gathered(module, group, grads=False):
 def data_parallel_and_distributed(impl, tp):
     """On every rank: (what, distributed, data-parallel reference) triples, in the order of the
     checks. Ranks 0..tp-1, tp..2tp-1, ... form the TP groups; each group has its own samples."""
-    module = impl.module("sagemaker_linear")
     world, rank = dist.get_world_size(), dist.get_rank()
     groups = [dist.new_group(list(range(start, start + tp))) for start in range(0, world, tp)]
     group = groups[rank // tp]
@@ -81,24 +80,26 @@ def data_parallel_and_distributed(impl, tp):
     samples = random((tp * BATCH, SEQ, IN), seed=1 + rank // tp).chunk(tp)[tp_rank]
     upstream = random((tp * BATCH, SEQ, OUT), seed=100 + rank // tp).chunk(tp)[tp_rank]
 
-    replica = copy.deepcopy(linear)  # data parallelism: the whole layer, my samples
+    # data parallelism, before the submission is loaded: the whole layer, my samples
+    replica = copy.deepcopy(linear)
     x_ref = samples.clone().requires_grad_()
     y_ref = replica(x_ref)
     y_ref.backward(upstream)
     for parameter in replica.parameters():
         dist.all_reduce(parameter.grad, group=group)  # sum over the TP group's ranks
+    reference_grads = {name: p.grad.clone() for name, p in replica.named_parameters()}
+    torch.optim.SGD(replica.parameters(), lr=LR).step()
+    reference = dict(replica.named_parameters())
 
-    layer = module.DistributedLinear(linear, group)
+    layer = impl.module("sagemaker_linear").DistributedLinear(linear, group)
     x = samples.clone().requires_grad_()
     y = layer(x)
     y.backward(upstream)
 
     pairs = [("output", y, y_ref), ("input grad", x.grad, x_ref.grad)]
-    reference = dict(replica.named_parameters())
     for name, gradient in gathered(layer, group, grads=True).items():
-        pairs.append((f"grad of {name}", gradient, reference[name].grad))
-    for parameters in (replica.parameters(), layer.parameters()):
-        torch.optim.SGD(parameters, lr=LR).step()
+        pairs.append((f"grad of {name}", gradient, reference_grads[name]))
+    torch.optim.SGD(layer.parameters(), lr=LR).step()
     for name, value in gathered(layer, group).items():
         pairs.append((f"{name} after a step", value, reference[name]))
     return [(what, a.detach().cpu(), b.detach().cpu()) for what, a, b in pairs]

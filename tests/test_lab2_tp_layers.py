@@ -12,7 +12,7 @@ from torch import nn
 
 from reference_impl.checks import assert_close, assert_close_naming
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.equivalence import assert_equivalent, one_step_pairs
+from reference_impl.equivalence import assert_equivalent, parallel_pairs, reference_step
 from reference_impl.comm.launcher import current_device
 from reference_impl.model import MLP
 
@@ -145,8 +145,10 @@ def linear_pairs(impl, kind, in_features, out_features, **options):
     device = current_device()
     torch.manual_seed(0)
     linear = nn.Linear(in_features, out_features).to(device)
+    x = torch.randn(2, 5, in_features).to(device)
+    expected = reference_step(linear, x)
     parallel = getattr(impl.module("tp_layers"), kind)(linear, **options)
-    return one_step_pairs(linear, parallel, torch.randn(2, 5, in_features).to(device))
+    return parallel_pairs(parallel, x, expected)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
@@ -159,10 +161,11 @@ def column_slice(impl, in_features, out_features):
     device = current_device()
     torch.manual_seed(0)
     linear = nn.Linear(in_features, out_features).to(device)
-    parallel = impl.module("tp_layers").ColumnParallelLinear(linear)
     x = torch.randn(2, 5, in_features).to(device)
     n, rank = dist.get_world_size(), dist.get_rank()
-    return parallel(x).detach(), linear(x).detach().chunk(n, dim=-1)[rank]
+    expected = linear(x).detach().chunk(n, dim=-1)[rank]
+    parallel = impl.module("tp_layers").ColumnParallelLinear(linear)
+    return parallel(x).detach(), expected
 
 
 def test_column_parallel_linear_keeps_its_slice_of_the_output(impl, run_on_ranks):
@@ -182,8 +185,9 @@ def mlp_pairs(impl, hidden):
     device = current_device()
     torch.manual_seed(0)
     mlp = MLP(hidden, 4 * hidden).to(device)
-    return one_step_pairs(mlp, impl.module("tp_layers").ParallelMLP(mlp),
-                          torch.randn(3, 5, hidden).to(device))
+    x = torch.randn(3, 5, hidden).to(device)
+    expected = reference_step(mlp, x)
+    return parallel_pairs(impl.module("tp_layers").ParallelMLP(mlp), x, expected)
 
 
 @pytest.mark.parametrize("world_size, hidden", [(1, 8), (2, 8), (4, 16)])
@@ -234,16 +238,18 @@ def layers_on_two_groups(impl):
     x_in = torch.randn(2, 5, 6, generator=torch.Generator().manual_seed(rank // 2)).to(device)
     x_out = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(rank // 2)).to(device)
     expected_bias = probe.bias.detach().clone()
+    expected = {"column": reference_step(linear_in, x_in), "row": reference_step(linear_out, x_out),
+                "mlp": reference_step(mlp, x_out)}
 
     layers = impl.module("tp_layers")
     bias_only = layers.RowParallelLinear(probe, group, input_is_parallel=False)(x_out).detach()
     return {
         "bias only": (bias_only, expected_bias),
-        "column": one_step_pairs(linear_in, layers.ColumnParallelLinear(
-            linear_in, group, gather_output=True), x_in, group=group),
-        "row": one_step_pairs(linear_out, layers.RowParallelLinear(
-            linear_out, group, input_is_parallel=False), x_out, group=group),
-        "mlp": one_step_pairs(mlp, layers.ParallelMLP(mlp, group), x_out, group=group),
+        "column": parallel_pairs(layers.ColumnParallelLinear(linear_in, group, gather_output=True),
+                                 x_in, expected["column"], group),
+        "row": parallel_pairs(layers.RowParallelLinear(linear_out, group, input_is_parallel=False),
+                              x_out, expected["row"], group),
+        "mlp": parallel_pairs(layers.ParallelMLP(mlp, group), x_out, expected["mlp"], group),
     }
 
 

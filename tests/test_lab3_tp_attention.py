@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.equivalence import assert_equivalent, one_step_pairs
+from reference_impl.equivalence import assert_equivalent, parallel_pairs, reference_step
 from reference_impl.comm.launcher import current_device
 from reference_impl.model import Block, CausalSelfAttention, ModelConfig
 
@@ -28,8 +28,10 @@ def attention_pairs(impl, hidden, heads, seq, batch):
     device = current_device()
     torch.manual_seed(0)
     attention = CausalSelfAttention(hidden, heads).to(device)
+    x = torch.randn(batch, seq, hidden).to(device)
+    expected = reference_step(attention, x)
     parallel = impl.module("tp_attention").ParallelSelfAttention(attention)
-    return one_step_pairs(attention, parallel, torch.randn(batch, seq, hidden).to(device))
+    return parallel_pairs(parallel, x, expected)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
@@ -42,8 +44,10 @@ def block_pairs(impl, hidden, heads, seq, batch):
     device = current_device()
     torch.manual_seed(0)
     block = Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq)).to(device)
+    x = torch.randn(batch, seq, hidden).to(device)
+    expected = reference_step(block, x)
     parallel = impl.module("tp_attention").ParallelBlock(block)
-    return one_step_pairs(block, parallel, torch.randn(batch, seq, hidden).to(device))
+    return parallel_pairs(parallel, x, expected)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
@@ -108,6 +112,7 @@ def attention_on_two_groups(impl, hidden, heads, seq, batch):
     with torch.no_grad():
         probe.proj.weight.zero_()
     probe_bias = probe.proj.bias.detach().clone()
+    expected = {"attention": reference_step(attention, x), "block": reference_step(block, x)}
 
     module = impl.module("tp_attention")
     parallel = module.ParallelSelfAttention(attention, group)
@@ -115,8 +120,9 @@ def attention_on_two_groups(impl, hidden, heads, seq, batch):
     bias_only = module.ParallelSelfAttention(probe, group)(x).detach()
     return {"heads": parallel.heads, "qkv": (local_qkv, full_qkv),
             "bias only": (bias_only, probe_bias),
-            "attention": one_step_pairs(attention, parallel, x, group=group),
-            "block": one_step_pairs(block, module.ParallelBlock(block, group), x, group=group)}
+            "attention": parallel_pairs(parallel, x, expected["attention"], group),
+            "block": parallel_pairs(module.ParallelBlock(block, group), x, expected["block"],
+                                    group)}
 
 
 def test_each_rank_computes_its_heads_with_two_groups_at_once(impl, run_on_ranks):

@@ -51,7 +51,9 @@ For code that must not be trusted (a student's submission, graded), three option
 * ``output_limit=N``: each rank's stdout and stderr go through a pipe of the caller's, which
   keeps the first N bytes of each and counts the rest; they are printed after the launch.
 * ``rank_setup=fn``: ``fn()`` runs in each rank before the work is unpickled (the grading
-  uses it to decide where the student's modules come from before a test module is imported).
+  uses it to decide where the student's modules come from before a test module is imported);
+  :data:`default_rank_setup` is used where none is given (a student notebook sets it in a
+  handout, :func:`reference_impl.course.own_files.use_my_files`).
 """
 from __future__ import annotations
 
@@ -82,6 +84,7 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+default_rank_setup = None  # the rank_setup of a launch that gives none
 DEFAULT_TIMEOUT = 60.0  # seconds a launch may take, from start to the last rank's return
 BACKENDS = ("auto", "gloo", "nccl")
 START_METHODS = ("forkserver", "spawn", "fork")
@@ -206,7 +209,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
     backend = resolve_backend(backend, world_size)
     start_method = _check_start_method(start_method or default_start_method())
     payload = _pickle_the_work(fn, args, kwargs)
-    setup = cloudpickle.dumps(rank_setup)
+    setup = cloudpickle.dumps(rank_setup if rank_setup is not None else default_rank_setup)
     context = _context(start_method)
     workdir = tempfile.mkdtemp(prefix="launch-")
     lifeline, lifeline_end = context.Pipe(duplex=False)  # closed when this process ends

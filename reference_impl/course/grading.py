@@ -45,40 +45,18 @@ Rules (``tests/test_course_rules.py`` checks those that can be checked):
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
-import importlib.abc
-import importlib.util
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-LIBRARY = Path(__file__).resolve().parents[1]
-# Written into a student handout (course/handout.py): the reference modules that are stubs there.
-WITHHELD_LIST = Path(__file__).resolve().parent / "withheld.txt"
+from reference_impl.course.own_files import (LABS, LIBRARY, reference_module_name, require,
+                                             stand_in, withheld_modules)
 
 _submission_may_run_here = False  # set in the ranks and helpers of a graded run (enter())
 
 
 class SubmissionOutsideItsProcess(RuntimeError):
     """A graded test asked for the implementation's module in pytest's own process."""
-
-
-def reference_module_name(name: str) -> str:
-    """``"groups"`` -> ``"reference_impl.comm.groups"``: student files are flat, the library is
-    in subpackages, and every module name in it is unique."""
-    found = sorted(LIBRARY.glob(f"*/{name}.py"))
-    if len(found) != 1:
-        raise ModuleNotFoundError(f"no single reference module named {name!r} (found {found})")
-    return ".".join(("reference_impl", found[0].parent.name, name))
-
-
-def withheld_modules() -> list[str]:
-    """The reference modules that are stubs in this copy of the kit (a student handout)."""
-    if not WITHHELD_LIST.exists():
-        return []
-    return [line.strip() for line in WITHHELD_LIST.read_text().splitlines() if line.strip()]
 
 
 @dataclass(frozen=True)
@@ -91,7 +69,7 @@ class Implementation:
             return cls("reference")
         folder = Path(value).expanduser().resolve()
         if value == "labs" and not folder.is_dir():
-            folder = REPO / "labs"  # the kit's own student files, from anywhere
+            folder = LABS  # the kit's own student files, from anywhere
         if not folder.is_dir():
             raise ValueError(f"--impl {value}: {folder} is not a folder")
         return cls(str(folder))
@@ -105,17 +83,17 @@ class Implementation:
         return None if self.source == "reference" else Path(self.source)
 
     def enter(self) -> None:
-        """Run first in every rank and helper of a graded run: the submission may run here,
-        and where this kit withholds a reference module (a handout), imports of it get the
-        submission's own file instead."""
+        """Run first in every rank and helper of a graded run: the submission may run here.
+        A submission's files import each other by their bare names, as in ``labs/`` (within a
+        lab, a student's later exercises use their earlier ones: ``tp_layers.py`` imports
+        ``tp_collectives``); where this kit withholds a reference module (a handout), imports
+        of it get the submission's own file too."""
         global _submission_may_run_here
         _submission_may_run_here = True
-        if self.folder is None:
-            return
-        names = {reference_module_name(name): name for name in withheld_modules()}
-        for module_name in names:
-            sys.modules.pop(module_name, None)  # a stub imported already (the rank server's)
-        sys.meta_path.insert(0, _SubmissionStandsIn(self.folder, names))
+        if self.folder is not None:
+            from reference_impl.course.make_labs import labs_of_modules
+
+            stand_in(self.folder, labs_of_modules())
 
     def module(self, name: str):
         """The module ``name`` (e.g. ``"collectives"``) of this implementation."""
@@ -126,40 +104,8 @@ class Implementation:
                 "(see reference_impl.course.grading)")
         if self.folder is None or name in withheld_modules():
             return importlib.import_module(reference_module_name(name))
-        path = self.folder / f"{name}.py"
-        _require(path, name)
-        key = f"_graded_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}_{name}"
-        if key not in sys.modules:
-            spec = importlib.util.spec_from_file_location(key, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[key] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[key]
-                raise
-        return sys.modules[key]
-
-
-def _require(path: Path, name: str) -> None:
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: the submission needs every student "
-                                f"file of labs/ ({name}.py among them)")
-
-
-class _SubmissionStandsIn(importlib.abc.MetaPathFinder):
-    """Finds ``reference_impl.<package>.<name>`` in the submission's ``<name>.py``, for the
-    modules this copy of the kit withholds."""
-
-    def __init__(self, folder: Path, names: dict[str, str]):
-        self.folder, self.names = folder, names
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.names:
-            return None
-        file = self.folder / f"{self.names[fullname]}.py"
-        _require(file, self.names[fullname])
-        return importlib.util.spec_from_file_location(fullname, file)
+        require(self.folder / f"{name}.py", name)
+        return importlib.import_module(name)  # the submission's file: enter() made it so
 
 
 # ------------------------------------------------------------ a submission that re-exports

@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from reference_impl.course.grading import WITHHELD_LIST
+from reference_impl.course.own_files import WITHHELD_LIST
 from reference_impl.course.make_labs import labs_of_modules, modules_with_exercises, stubbed_source
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,16 +8,23 @@ Two sources, marked as nbgrader marks them:
 * **Reference modules.** In ``reference_impl/<module>.py`` a region from
   ``# BEGIN SOLUTION labN: <hint>`` to ``# END SOLUTION`` becomes
   ``raise NotImplementedError("labN: <hint>")`` in ``labs/<module>.py``; the rest of the module
-  is copied as it is, so a student edits a working file with holes in it.
+  is copied as it is, so a student edits a working file with holes in it. Its imports of
+  the modules with exercises of the same lab point at the student's own files
+  (``from reference_impl.tp.tp_collectives import ...`` becomes ``from tp_collectives import
+  ...`` in ``labs/tp_layers.py``): within a lab, the student's later exercises run on their
+  earlier ones, so a bug shows where it bites; other labs' modules stay the reference, so a
+  student stuck on lab 2 can do lab 3.
 * **Solved notebooks.** ``solutions/labN_*.ipynb`` becomes ``labs/labN_*.ipynb`` with outputs
   cleared; in code cells a region from ``### BEGIN SOLUTION: <hint>`` to ``### END SOLUTION``
   becomes a ``raise NotImplementedError`` with the hint, in markdown cells a region from
   ``<!-- BEGIN SOLUTION -->`` to ``<!-- END SOLUTION -->`` becomes a prompt for the answer, and
-  imports of the reference modules that have exercises point at the student's own files
-  (``from reference_impl.comm.groups import ...`` becomes ``from groups import ...``); the first
-  code cell starts by putting ``labs/`` first on the import path (:data:`STUDENT_PATH_SETUP`),
-  so the notebook finds the student's files from any working directory
-  (``jupyter nbconvert --execute labs/lab2_tp_layers.ipynb`` from the repository root too).
+  imports of the modules with exercises of the notebook's lab point at the student's own
+  files (``from reference_impl.comm.groups import ...`` becomes ``from groups import ...`` in
+  lab 1; lab 5's notebook still imports lab 1's reference). The first code cell starts with
+  :data:`STUDENT_PATH_SETUP`, which finds the student's files from any working directory
+  (``jupyter nbconvert --execute labs/lab2_tp_layers.ipynb`` from the repository root too) and,
+  in a student handout, lets them stand in for the withheld reference modules
+  (:mod:`reference_impl.course.own_files`).
 
 Student files are never edited by hand: a test fails when they differ from what this writes.
 """
@@ -27,8 +34,6 @@ import argparse
 import re
 import sys
 from pathlib import Path
-
-import nbformat
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "reference_impl"
@@ -106,7 +111,10 @@ def solution_regions(source: str) -> list[tuple[str, list[str]]]:
 
 def student_module(path: Path) -> str:
     """The student version of a reference module."""
-    body = stubbed_source(path)
+    its_labs = {lab for lab, _ in solution_regions(path.read_text())}
+    same_lab = [name for name, labs in labs_of_modules().items()
+                if name != path.stem and its_labs & set(labs)]
+    body = student_imports(stubbed_source(path), same_lab)
     header = (f"# Student file for the labs, generated from reference_impl/{path.name} by\n"
               "# `python -m reference_impl.course.make_labs`: fill in every\n"
               "# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.\n")
@@ -129,19 +137,26 @@ def labs_of_modules() -> dict[str, list[str]]:
             for path in modules_with_exercises()}
 
 
-# The first lines of every student notebook: the student's files are found wherever the notebook
-# runs (Jupyter starts kernels in the notebook's folder, nbconvert in the caller's).
-STUDENT_PATH_SETUP = ("import sys\n"
-                      "from reference_impl.course.make_labs import LABS\n"
-                      "sys.path.insert(0, str(LABS))  # your files in labs/, from any working "
-                      "directory\n\n")
+def student_imports(source: str, module_names: list[str]) -> str:
+    """``source`` with its imports of the reference modules ``module_names`` pointed at the
+    student's files of the same names."""
+    if not module_names:
+        return source
+    imports = re.compile(r"\breference_impl\.(?:\w+\.)?(" + "|".join(map(re.escape, module_names))
+                         + r")\b")
+    return imports.sub(r"\1", source)
+
+
+# The first lines of every student notebook: your files, found from any working directory.
+STUDENT_PATH_SETUP = ("from reference_impl.course.own_files import use_my_files\n"
+                      "use_my_files()  # your files in labs/ (see its docstring)\n\n")
 
 
 def student_notebook(path: Path, module_names: list[str]) -> str:
     """The student version of a solved notebook, as the text of an .ipynb file."""
+    import nbformat  # only here: the graded ranks use this module's lists, not notebooks
+
     notebook = nbformat.read(path, as_version=4)
-    imports = re.compile(r"\breference_impl\.(?:\w+\.)?(" + "|".join(map(re.escape, module_names))
-                         + r")\b")
 
     def stub(match):
         hint = match["hint"] or "write this part"
@@ -153,7 +168,7 @@ def student_notebook(path: Path, module_names: list[str]) -> str:
         where = f"{path}: cell {index}"
         if cell.cell_type == "code":
             source = replace_regions(cell.source, _CELL_BEGIN, _CELL_END, stub, where)
-            cell.source = imports.sub(r"\1", source)
+            cell.source = student_imports(source, module_names)
             if cell is first_code:
                 cell.source = STUDENT_PATH_SETUP + cell.source
             cell.outputs = []
@@ -167,9 +182,10 @@ def student_files() -> dict[Path, str]:
     """Every student file in ``labs/`` and the text it must have."""
     modules = modules_with_exercises()
     files = {LABS / path.name: student_module(path) for path in modules}
-    names = [path.stem for path in modules]
     for path in sorted(SOLUTIONS.glob("lab*.ipynb")):
-        files[LABS / path.name] = student_notebook(path, names)
+        lab = path.name.split("_")[0]  # "lab2" of lab2_tp_layers.ipynb
+        own = [name for name, labs in labs_of_modules().items() if lab in labs]
+        files[LABS / path.name] = student_notebook(path, own)
     return files
 
 
