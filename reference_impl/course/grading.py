@@ -34,7 +34,9 @@ Rules (``tests/test_course_rules.py`` checks those that can be checked):
    :func:`reference_impl.checks.assert_close` (which names the rank and the likely cause) or a
    plain ``assert`` with a message naming the mistake. Where the expected value needs the
    ranks, compute it in ``fn`` *before* ``impl.module(...)`` is first called there: after it,
-   the submission's code has run in that process.
+   the submission's code has run in that process (for a parallel module against its
+   single-device original: :func:`reference_impl.equivalence.reference_step` first, then
+   :func:`~reference_impl.equivalence.parallel_pairs`).
 3. A graded test never imports the reference module of the lab it grades (those with solution
    regions for that lab, see :func:`reference_impl.course.make_labs.labs_of_modules`): in a
    student handout that module is a stub. Modules of *other* labs may be used; in a handout
