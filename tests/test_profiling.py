@@ -148,3 +148,108 @@ def test_range_kind():
     assert range_kind("all_reduce") == range_kind("stage 0 isend wait") == "comm"
     assert range_kind("stage 1 mb 2 attn backward") == "compute"
     assert range_kind("gloo:all_reduce") is None and range_kind("aten::mm") is None
+
+
+# ------------------------------------------------ async collectives: their time in flight
+
+def test_the_profilers_clock_is_unix_time_from_the_traces_base(tmp_path):
+    """rank_trace writes in-flight times as (time.time_ns() - baseTimeNanoseconds) / 1000:
+    a range opened between two time_ns() readings must start between them."""
+    import time
+    from torch.profiler import record_function
+    from reference_impl.perf.profiling import rank_trace
+    marks = []
+    with rank_trace(str(tmp_path), rank=0):
+        for i in range(20):
+            before = time.time_ns()
+            with record_function(f"probe{i} forward"):
+                inside = time.time_ns()
+                sum(range(2000))
+                inside_end = time.time_ns()
+            marks.append((before, inside, inside_end, time.time_ns()))
+    trace = load_trace(tmp_path / "rank0.json")
+    base = trace.get("baseTimeNanoseconds", 0)
+    probes = {event["name"]: event for event in range_events(trace)}
+    slack = 1000  # ns: ts is written in microseconds with 3 decimals, stored as a double
+    for i, (before, inside, inside_end, after) in enumerate(marks):
+        event = probes[f"probe{i} forward"]
+        start = event["ts"] * 1e3 + base
+        end = start + event["dur"] * 1e3
+        assert before - slack <= start <= inside + slack, (i, start - before, inside - start)
+        assert inside_end - slack <= end <= after + slack, (i, end - inside_end, after - end)
+
+
+def test_in_flight_rows_nest():
+    from reference_impl.perf.profiling import IN_FLIGHT_TID, InFlight, in_flight_events
+    records = [InFlight("all_reduce in flight", start) for start in (1000, 1500, 3000, 9000)]
+    for record, end in zip(records, (2000, 4000, 3500, 9500)):
+        record.end_ns = end
+    records.append(InFlight("all_reduce in flight", 5000))  # never completed: left out
+    events = in_flight_events(records, base_ns=1000, pid=3)
+    ranges = [(e["tid"] - IN_FLIGHT_TID, e["ts"], e["dur"]) for e in events if e["ph"] == "X"]
+    # 1500-4000 overlaps 1000-2000: second row; 3000-3500 fits on the first after 2000
+    assert ranges == [(0, 0.0, 1.0), (1, 0.5, 2.5), (0, 2.0, 0.5), (0, 8.0, 0.5)]
+    names = {e["tid"] - IN_FLIGHT_TID: e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert names == {0: "collectives in flight", 1: "collectives in flight 2"}
+    assert all(e["pid"] == 3 for e in events)
+    assert all(range_kind(e["name"]) == "comm" for e in events if e["ph"] == "X")
+
+
+def _async_all_reduce_inside_compute(out_dir):
+    from reference_impl.perf.profiling import rank_trace
+
+    class Overlapping(torch.nn.Module):
+        def forward(self, x):
+            handle = dist.all_reduce(torch.ones(1 << 16), async_op=True)
+            for _ in range(20):
+                x = torch.tanh(x @ x)
+            handle.wait()
+            dist.all_reduce(torch.ones(4))  # blocking: no time in flight of its own
+            return x
+
+    model = Overlapping()
+    with rank_trace(out_dir) as profiler, profiled(model, modules={"overlapping": model}):
+        model(torch.randn(128, 128) / 16)
+    return profiler.path
+
+
+def test_an_async_collective_gets_its_time_in_flight_on_its_own_row(tmp_path):
+    from reference_impl.perf.profiling import IN_FLIGHT_TID
+    paths = launch(_async_all_reduce_inside_compute, 2, str(tmp_path), backend="gloo")
+    merged = merge_traces(paths)
+    for rank in range(2):
+        events = {}
+        for event in range_events(merged):
+            if event["pid"] == rank:
+                events.setdefault(event["name"], []).append(event)
+        assert sorted((name, len(found)) for name, found in events.items()) == [
+            ("all_reduce", 2), ("all_reduce in flight", 1), ("all_reduce wait", 1),
+            ("overlapping forward", 1)], events
+        (compute,), (flight,), (wait,) = (events[name] for name in (
+            "overlapping forward", "all_reduce in flight", "all_reduce wait"))
+        launch_range = min(events["all_reduce"], key=lambda e: e["ts"])
+        assert flight["tid"] == IN_FLIGHT_TID and compute["tid"] != IN_FLIGHT_TID
+        slack = 1.0  # us
+        # as in real time: launched inside the launch's range, inside the module's forward,
+        # completed before the wait returned, inside the forward
+        assert launch_range["ts"] - slack <= flight["ts"] <= (
+            launch_range["ts"] + launch_range["dur"] + slack)
+        assert compute["ts"] <= flight["ts"]
+        assert flight["ts"] + flight["dur"] <= wait["ts"] + wait["dur"] + slack
+        assert wait["ts"] + wait["dur"] <= compute["ts"] + compute["dur"]
+        (row,) = [row for row in summarize(merged) if row.rank == rank]
+        # the forward computes while its all-reduce is in flight: only the calls and the wait
+        # on its own thread are taken from its compute
+        on_thread = [e for name in ("all_reduce", "all_reduce wait") for e in events[name]]
+        assert row.compute_s == pytest.approx(
+            (compute["dur"] - sum(e["dur"] for e in on_thread)) * 1e-6, abs=1e-9)
+
+
+def test_summary_subtracts_only_the_same_threads_communication():
+    events = [{"ph": "X", "cat": "user_annotation", "name": "mlp backward", "ts": 0, "dur": 10,
+               "pid": 0, "tid": 1},
+              {"ph": "X", "cat": "user_annotation", "name": "all_reduce in flight", "ts": 5,
+               "dur": 10, "pid": 0, "tid": 2}]
+    (row,) = summarize(events)
+    assert row.compute_s == pytest.approx(10e-6) and row.comm_s == pytest.approx(10e-6)

@@ -3,6 +3,8 @@
     with torch.profiler.profile() as prof, profiled(block):
         block(x).backward(upstream)
     prof.export_chrome_trace(f"rank{rank}.json")          # or: with rank_trace(out_dir): ...
+                                                          # (async collectives' time in flight:
+                                                          # rank_trace only)
     merge_traces([...], "merged.json"); print(summarize("merged.json"))
 
 The diagnostic drill of the course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism":
@@ -17,7 +19,34 @@ signature is short, frequent all-reduces.* :func:`profiled` puts a named range
   ``CommTracer`` does (the two nest, in either order). ``isend``/``irecv`` and
   ``batch_isend_irecv`` (the pipeline executor posts each step's send and receive together)
   return their work wrapped, so that its ``wait()`` gets a range too ("batch_isend_irecv
-  wait"): that is where a pipeline stage sits idle, waiting for its neighbour.
+  wait"): that is where a pipeline stage sits idle, waiting for its neighbour;
+* around the **time in flight of an asynchronous collective** (``async_op=True``: DDP's
+  bucketed all-reduces, ZeRO's reduce-scatters and all-gathers). Such a call returns at once,
+  so its range on the calling thread ("all_reduce") times only the launch; the collective then
+  runs on gloo's own thread. :func:`profiled` records (name, launch, completion) and
+  :func:`rank_trace` adds it to the rank's trace as a range "all_reduce in flight" on a row of
+  its own, the pseudo-thread "collectives in flight" (tid :data:`IN_FLIGHT_TID`; a second
+  row, ``IN_FLIGHT_TID + 1``, and so on, only where collectives are in flight at once, since
+  a row's ranges must nest): what HTA sees as an NCCL kernel on its own stream beside the
+  compute stream. The launch is timed inside the call's range, just before the call; the
+  completion in a callback of ``work.get_future()``, which gloo runs on its own thread as
+  soon as the collective is done (for a work without a future: when its ``wait()`` returns,
+  which can be later than the completion). The work's ``wait()`` gets a range on the calling
+  thread ("all_reduce wait"). So the in-flight range beside compute ranges is the overlapped
+  communication, and the rest of it, where the rank computes nothing (typically up to the
+  end of the waits before the optimizer step), is the exposed communication. A collective
+  completes on a rank only once every rank has joined it: time in flight includes waiting
+  for a slower rank. On a GPU these are host-side times (launch to the completion the host
+  learns of); the NCCL kernels in the same trace are the GPU's truth.
+
+  The clocks: ``torch.profiler`` (torch 2.13, Kineto) converts its approximate clock to Unix
+  time, and the exported ``ts`` (microseconds) is Unix time minus the trace's
+  ``baseTimeNanoseconds``; so the in-flight times are taken with ``time.time_ns()`` (Unix
+  time) and written as ``(ns - baseTimeNanoseconds) / 1000``. Checked against
+  ``record_function`` ranges: a range opened between two ``time.time_ns()`` readings starts
+  between them, to within the clock's resolution (``tests/test_profiling.py``);
+  ``time.perf_counter_ns()`` has another origin and drifts from it by about a microsecond a
+  second.
 
 The ranges are ``torch.profiler.record_function`` ranges (they show up as ``user_annotation``
 events in a ``torch.profiler.profile`` run, exported per rank as a Chrome/Perfetto JSON trace by
@@ -72,8 +101,10 @@ import contextlib
 import gzip
 import json
 import os
+import inspect
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -87,17 +118,26 @@ from reference_impl.comm.launcher import current_device, wait_for_device
 #: the torch.distributed functions given a range: CommTracer's table (so both see the same calls)
 COMM_OPS = tuple(_PAYLOAD_ARGUMENT) + ("batch_isend_irecv",)
 _ASYNC_OPS = ("isend", "irecv", "batch_isend_irecv")
+#: the collectives that take ``async_op``: called with ``async_op=True``, their time in flight
+#: becomes a range on the "collectives in flight" row
+ASYNC_COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor",
+                     "reduce_scatter", "reduce_scatter_tensor")
 WAIT_SUFFIX = " wait"
+IN_FLIGHT_SUFFIX = " in flight"
+IN_FLIGHT_THREAD = "collectives in flight"
+IN_FLIGHT_TID = 1_000_000_000  # above any Linux thread id (pid_max is at most 2**22)
 COMPUTE_SUFFIXES = (" forward", " backward")
 RANGE_CATEGORY = "user_annotation"  # how record_function ranges appear in a torch.profiler trace
 RANGE_KINDS = ("record_function", "nvtx", "both")  # what profiled(ranges=...) opens, besides "auto"
 
 
 def range_kind(name: str) -> str | None:
-    """"comm" for a collective/send/recv range (or the wait of one), "compute" for a module's
+    """"comm" for a collective/send/recv range (or the wait of one, or its time in flight),
+    "compute" for a module's
     forward or backward range, None for anything else (the profiler's own ops)."""
-    if name.endswith(WAIT_SUFFIX):
-        name = name[:-len(WAIT_SUFFIX)]
+    for suffix in (WAIT_SUFFIX, IN_FLIGHT_SUFFIX):
+        if name.endswith(suffix):
+            name = name[:-len(suffix)]
     if name.split(" ")[-1] in COMM_OPS:
         return "comm"
     if name.endswith(COMPUTE_SUFFIXES):
@@ -141,17 +181,84 @@ class _Ranges:
 
 
 class _TimedWork:
-    """The work of an isend/irecv, its ``wait()`` inside a range; everything else passed on."""
+    """The work of an isend/irecv or of an async collective, its ``wait()`` inside a range;
+    everything else passed on. ``on_wait``: called after the wait returns."""
 
-    def __init__(self, work, name: str, ranges: _Ranges):
-        self._work, self._name, self._ranges = work, name, ranges
+    def __init__(self, work, name: str, ranges: _Ranges, on_wait=None):
+        self._work, self._name, self._ranges, self._on_wait = work, name, ranges, on_wait
 
     def wait(self, *args, **kwargs):
         with self._ranges.range(self._name):
-            return self._work.wait(*args, **kwargs)
+            result = self._work.wait(*args, **kwargs)
+        if self._on_wait is not None:
+            self._on_wait()
+        return result
 
     def __getattr__(self, attribute):
         return getattr(self._work, attribute)
+
+
+class InFlight:
+    """One asynchronous collective: its name, launch and completion (``time.time_ns()``)."""
+
+    __slots__ = ("name", "start_ns", "end_ns")
+
+    def __init__(self, name: str, start_ns: int):
+        self.name, self.start_ns, self.end_ns = name, start_ns, None
+
+    def done(self, *_) -> None:
+        if self.end_ns is None:
+            self.end_ns = time.time_ns()
+
+    def __repr__(self) -> str:
+        return f"InFlight({self.name!r}, {self.start_ns}, {self.end_ns})"
+
+
+_in_flight_logs: list[list[InFlight]] = []  # one per open rank_trace, innermost last
+_in_flight_lock = threading.Lock()
+
+
+def _record_in_flight(op: str, work, start_ns: int):
+    """Log an async collective's time in flight with every open :func:`rank_trace`; its
+    completion comes from the work's future, or else from its wait(). Returns the callback
+    to run after wait() (None when the future gives the completion)."""
+    record = InFlight(op + IN_FLIGHT_SUFFIX, start_ns)
+    with _in_flight_lock:
+        for log in _in_flight_logs:
+            log.append(record)
+    try:
+        future = work.get_future()
+    except (AttributeError, RuntimeError):  # a backend whose works have no future
+        return record.done
+    future.add_done_callback(record.done)  # runs on the backend's thread, once it is done
+    return None
+
+
+def in_flight_events(records, base_ns: int = 0, pid: int = 0) -> list[dict]:
+    """Trace events of completed :class:`InFlight` records on the profiler's clock (``ts`` in
+    microseconds from ``base_ns``, the trace's ``baseTimeNanoseconds``): complete events on the
+    "collectives in flight" row(s) of process ``pid``, plus the rows' names. A record goes on
+    the first row whose last range ended before it started (rows must nest)."""
+    rows: list[int] = []  # each row's last end
+    events = []
+    for record in sorted((r for r in records if r.end_ns is not None),
+                         key=lambda r: (r.start_ns, r.end_ns)):
+        row = next((i for i, end in enumerate(rows) if end <= record.start_ns), len(rows))
+        if row == len(rows):
+            rows.append(record.end_ns)
+        rows[row] = record.end_ns
+        events.append({"ph": "X", "cat": RANGE_CATEGORY, "name": record.name, "pid": pid,
+                       "tid": IN_FLIGHT_TID + row,
+                       "ts": round((record.start_ns - base_ns) / 1e3, 3),
+                       "dur": round((record.end_ns - record.start_ns) / 1e3, 3),
+                       "args": {"launch_to_completion": True}})
+    for row in range(len(rows)):
+        name = IN_FLIGHT_THREAD + (f" {row + 1}" if row else "")
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": IN_FLIGHT_TID + row,
+                       "args": {"name": name}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": pid,
+                       "tid": IN_FLIGHT_TID + row, "args": {"sort_index": IN_FLIGHT_TID + row}})
+    return events
 
 
 def default_modules(model: nn.Module) -> dict[str, nn.Module]:
@@ -255,10 +362,22 @@ class profiled(contextlib.ContextDecorator):  # noqa: N801 - used like a functio
 
     def _wrap(self, op, original):
         ranges = self.ranges
+        signature = (inspect.signature(getattr(dist.distributed_c10d, op))
+                     if op in ASYNC_COLLECTIVES else None)
 
         def ranged(*args, **kwargs):
+            is_async = False
+            if signature is not None:
+                try:
+                    is_async = signature.bind(*args, **kwargs).arguments.get("async_op", False)
+                except TypeError:  # wrong arguments: let the call itself raise
+                    is_async = False
             with ranges.range(op):
+                launched = time.time_ns() if is_async else None
                 result = original(*args, **kwargs)
+            if launched is not None and result is not None:
+                on_wait = _record_in_flight(op, result, launched)
+                return _TimedWork(result, op + WAIT_SUFFIX, ranges, on_wait)
             if op in _ASYNC_OPS and isinstance(result, list):  # batch_isend_irecv's works
                 return [_TimedWork(work, op + WAIT_SUFFIX, ranges) for work in result]
             if op in _ASYNC_OPS and result is not None:
@@ -275,7 +394,9 @@ def rank_trace(out_dir: str, rank: int | None = None, name: str = "rank{rank}.js
     """A ``torch.profiler.profile`` run on this rank, exported on exit as a Chrome/Perfetto
     trace ``out_dir/rank{rank}.json``: CPU activity always (the ranges are CPU events, on a GPU
     too), plus the CUDA kernels when this rank computes on a GPU and the profiler supports
-    them. Yields the profiler; its ``path`` attribute is the file written."""
+    them, plus the time in flight of the async collectives :func:`profiled` saw meanwhile
+    (:func:`in_flight_events`; those not completed by the end are left out). Yields the
+    profiler; its ``path`` attribute is the file written."""
     from torch.profiler import ProfilerActivity, profile, supported_activities
 
     rank = dist.get_rank() if rank is None and dist.is_initialized() else (rank or 0)
@@ -285,16 +406,27 @@ def rank_trace(out_dir: str, rank: int | None = None, name: str = "rank{rank}.js
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, name.format(rank=rank))
     profiler = profile(activities=activities)
+    log: list[InFlight] = []
     with _native_stderr_silenced():  # Kineto logs "USDT: ... profiler_start" at start and stop
         profiler.__enter__()
+    with _in_flight_lock:
+        _in_flight_logs.append(log)
     try:
         profiler.path = path
         yield profiler
     finally:
         wait_for_device()  # the GPU's queued work belongs to the profiled stretch
+        with _in_flight_lock:
+            _in_flight_logs.remove(log)
         with _native_stderr_silenced():
             profiler.__exit__(None, None, None)
     profiler.export_chrome_trace(path)
+    if log:
+        trace = load_trace(path)
+        trace.setdefault("traceEvents", []).extend(
+            in_flight_events(log, trace.get("baseTimeNanoseconds", 0), os.getpid()))
+        with open(path, "w") as handle:
+            json.dump(trace, handle)
 
 
 @contextlib.contextmanager
@@ -388,12 +520,29 @@ def overlap(a, b) -> float:
     return total
 
 
+def _difference(a, b) -> list[tuple[float, float]]:
+    """The parts of the sorted, disjoint intervals ``a`` outside the sorted, disjoint ``b``."""
+    left = []
+    for start, end in a:
+        for cut_start, cut_end in b:
+            if cut_end <= start or cut_start >= end:
+                continue
+            if cut_start > start:
+                left.append((start, cut_start))
+            start = max(start, cut_end)
+        if start < end:
+            left.append((start, end))
+    return left
+
+
 @dataclass(frozen=True)
 class RankSummary:
     rank: int
     compute_s: float   # the forward/backward ranges (their union) minus the comm inside them
+    #                    on the same thread
     comm_s: float      # the collective/send/recv ranges (their union)
-    wait_s: float      # of which in an isend/irecv's wait(): a pipeline stage idle (bubble)
+    wait_s: float      # of which in a wait(): a pipeline stage idle (bubble), or a step
+    #                    waiting for its async collectives
     comm_calls: dict   # range name -> how many
     comm_fraction: float  # comm / (compute + comm)
 
@@ -424,29 +573,35 @@ def range_events(trace) -> list[dict]:
 def summarize(trace) -> SummaryTable:
     """Time in compute vs communication per rank (process) of a trace (a merged one, or one
     rank's; a path, dict or list of events). Communication: the union of the collective and
-    send/recv ranges; compute: the union of the forward/backward ranges minus the
-    communication inside them (nested module ranges are counted once)."""
-    per_rank: dict[int, dict[str, list]] = {}
+    send/recv ranges (the time in flight of async collectives included); compute: the union of
+    the forward/backward ranges minus the communication inside them on the same thread (a
+    thread in a blocking collective waits; a collective in flight on another row does not stop
+    it; nested module ranges are counted once)."""
+    per_rank: dict = {}  # pid -> tid -> {"comm": intervals, "compute": intervals}
+    waits: dict = {}
     calls: dict[int, dict[str, int]] = {}
     for event in range_events(trace):
         pid = event.get("pid", 0)
         kind = range_kind(event["name"])
         start = float(event["ts"]) * 1e-6
         interval = (start, start + float(event.get("dur", 0)) * 1e-6)
-        per_rank.setdefault(pid, {"comm": [], "compute": [], "wait": []})[kind].append(interval)
+        per_rank.setdefault(pid, {}).setdefault(event.get("tid", 0),
+                                                {"comm": [], "compute": []})[kind].append(interval)
         if event["name"].endswith(WAIT_SUFFIX):
-            per_rank[pid]["wait"].append(interval)
+            waits.setdefault(pid, []).append(interval)
         if kind == "comm":
             counter = calls.setdefault(pid, {})
             counter[event["name"]] = counter.get(event["name"], 0) + 1
     table = SummaryTable()
     for index, pid in enumerate(sorted(per_rank, key=lambda p: (not isinstance(p, int), p))):
-        comm, compute = union(per_rank[pid]["comm"]), union(per_rank[pid]["compute"])
+        threads = per_rank[pid].values()
+        comm = union([interval for ranges in threads for interval in ranges["comm"]])
         comm_s = union_length(comm)
-        compute_s = union_length(compute) - overlap(compute, comm)
+        compute_s = union_length([interval for ranges in threads for interval in _difference(
+            union(ranges["compute"]), union(ranges["comm"]))])
         rank = pid if isinstance(pid, int) and len(per_rank) > 1 else index
         total = comm_s + compute_s
-        wait_s = union_length(per_rank[pid]["wait"])
+        wait_s = union_length(waits.get(pid, []))
         table.append(RankSummary(rank, compute_s, comm_s, wait_s, calls.get(pid, {}),
                                  comm_s / total if total else 0.0))
     return table
@@ -477,6 +632,44 @@ def profile_tp_block_on_rank(out_dir: str, steps: int = 3, hidden: int = 64, hea
         wait_for_device()
     return {"path": profiler.path, "all_reduces": tracer.count("all_reduce"),
             "collectives": tracer.summary()}
+
+
+def profile_ddp_on_rank(out_dir: str, bucket_bytes: int, steps: int = 3, width: int = 512,
+                        layers: int = 6, batch: int = 256, name: str = "rank{rank}.json") -> dict:
+    """Run on every rank of a launch: ``steps`` training steps (after one warm-up step) of an
+    MLP of ``layers`` ``Linear(width, width) + ReLU`` layers ("layer0", ...) wrapped in lab 5's
+    ``OverlappingDataParallel`` with ``bucket_bytes`` per bucket, under :func:`profiled` and
+    :func:`rank_trace`. The layers' backward ranges are the compute the buckets' all-reduces
+    can hide behind; their time in flight is on the "collectives in flight" row. A bucket of
+    ``(width + 1) * width * 4`` bytes holds one layer (its all-reduce starts as soon as that
+    layer's gradients are ready, inside the backward); one of ``2**40`` every gradient (its
+    all-reduce starts at the end of the backward). Returns the trace's path and the number of
+    buckets."""
+    from collections import OrderedDict
+
+    from reference_impl.hybrid.ddp_hooks import OverlappingDataParallel
+
+    torch.manual_seed(0)
+    model = nn.Sequential(OrderedDict(
+        (f"layer{i}", nn.Sequential(nn.Linear(width, width), nn.ReLU())) for i in range(layers)))
+    ddp = OverlappingDataParallel(model, bucket_bytes=bucket_bytes)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(1 + dist.get_rank())  # each rank its own samples
+    x = torch.randn(batch, width, generator=generator).requires_grad_()  # so that layer0's
+    target = torch.randn(batch, width, generator=generator)  # backward range closes after it
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(ddp(x), target).backward()
+        ddp.finish_gradient_sync()
+        optimizer.step()
+
+    step()  # warm-up
+    with rank_trace(out_dir, name=name) as profiler, profiled(model):
+        for _ in range(steps):
+            step()
+    ddp.remove_hooks()
+    return {"path": profiler.path, "buckets": len(ddp.buckets)}
 
 
 def main(argv: list[str] | None = None) -> None:
