@@ -124,6 +124,12 @@ LAB5: list[Mistake] = [
 
 # ---------------------------------------------------------------- lab 6 and lab 7
 LAB6_LAB7: list[Mistake] = [
+    Mistake("each thread's communication summed, not their union", "lab6", "trace_analysis",
+            "compute_s, comm_s = union_length(compute), union_length(comm)",
+            'compute_s, comm_s = union_length(compute), sum(union_length(r["comm"]) '
+            'for r in threads.values())',
+            "exposed_communication_of_lab5s_ddp",
+            "communication is the union over every thread, counted once"),
     Mistake("a collective nested in a module's range counted as compute", "lab6",
             "trace_analysis", 'union(ranges["comm"]))])', '[])])',
             "compute_communication_and_exposure", "a thread blocked in a collective is waiting"),

@@ -4,12 +4,17 @@ the step time; strong and weak scaling efficiency.
 
 Traces built here have known answers (worked out by hand in the comments, times in
 microseconds as the profiler writes them); a real trace of a TP block on 2 ranks is checked
-against the kit's own summary (``perf/profiling.summarize``). The student's functions run in
-a helper process and return numbers; tolerance 1e-9 s (sums of a few floats).
+against the kit's own summary (``perf/profiling.summarize``); a real trace of lab 5's DDP
+(``OverlappingDataParallel``, small buckets: all-reduces in flight during the backward, on the
+"collectives in flight" row) against numbers this file works out from the trace's events with
+the interval helpers of ``perf/profiling``. The student's functions run in a helper process
+and return numbers; tolerance 1e-9 s (sums of a few floats).
 """
 import pytest
 
-from reference_impl.perf.profiling import profile_tp_block_on_rank, summarize
+from reference_impl.perf.profiling import (merge_traces, overlap, profile_ddp_on_rank,
+                                           profile_tp_block_on_rank, range_events, range_kind,
+                                           summarize, union, union_length)
 
 pytestmark = pytest.mark.lab6
 
@@ -123,7 +128,6 @@ def test_step_time_and_scaling_efficiency(impl, run_alone):
 
 
 def test_a_real_trace_of_a_tp_block(impl, run_on_ranks, run_alone, tmp_path):
-    from reference_impl.perf.profiling import merge_traces
     paths = [result["path"] for result in
              run_on_ranks(profile_tp_block_on_rank, 2, str(tmp_path), 2, 32, 4, 16, 2)]
     merged = str(tmp_path / "merged.json")
@@ -139,3 +143,110 @@ def test_a_real_trace_of_a_tp_block(impl, run_on_ranks, run_alone, tmp_path):
         assert mine["idle_s"] == pytest.approx(
             mine["span_s"] - mine["compute_s"] - mine["comm_s"], abs=ABS), (
             f"rank {rank}: {MISTAKES['idle_s']}")
+
+
+# ------------------------------------------------ lab 5's DDP: overlapped and exposed
+
+DDP_WIDTH, DDP_LAYERS, DDP_BATCH, DDP_STEPS = 256, 4, 64, 2
+ONE_LAYER_PER_BUCKET = (DDP_WIDTH + 1) * DDP_WIDTH * 4  # a layer's weight and bias, fp32
+
+
+def _minus(a, b):
+    """The parts of the sorted, disjoint intervals ``a`` outside the sorted, disjoint ``b``."""
+    left = []
+    for start, end in a:
+        for cut_start, cut_end in b:
+            if cut_start < end and cut_end > start:
+                if cut_start > start:
+                    left.append((start, cut_start))
+                start = max(start, cut_end)
+        if start < end:
+            left.append((start, end))
+    return left
+
+
+def ddp_expected(events):
+    """Per rank, from the events: the quantities as HTA defines them, and what the headline
+    mistakes would give instead (to name the one a wrong number matches)."""
+    threads = {}
+    for event in events:
+        start = float(event["ts"]) * 1e-6
+        interval = (start, start + float(event.get("dur", 0)) * 1e-6)
+        threads.setdefault(event["pid"], {}).setdefault(
+            event["tid"], {"compute": [], "comm": []})[range_kind(event["name"])].append(interval)
+    expected = {}
+    for pid, by_thread in sorted(threads.items()):
+        comm = union([i for t in by_thread.values() for i in t["comm"]])
+        compute = union([i for t in by_thread.values()
+                         for i in _minus(union(t["compute"]), union(t["comm"]))])
+        every_compute = union([i for t in by_thread.values() for i in t["compute"]])
+        in_flight = union([i for t in by_thread.values() for i in t["comm"]
+                           if not t["compute"]])  # the rows with communication only
+        on_compute_threads = union([i for t in by_thread.values() if t["compute"]
+                                    for i in t["comm"]])
+        comm_s, overlapped_s = union_length(comm), overlap(compute, comm)
+        expected[pid] = {
+            "right": dict(compute_s=union_length(compute), comm_s=comm_s,
+                          overlapped_s=overlapped_s, exposed_comm_s=comm_s - overlapped_s),
+            # the in-flight rows read as compute: communication only the calls and waits
+            "in flight as compute": dict(comm_s=union_length(on_compute_threads),
+                                         compute_s=union_length(union(compute + in_flight))),
+            # every thread's communication taken from the compute
+            "other threads subtracted": dict(
+                compute_s=union_length(every_compute) - overlap(every_compute, comm),
+                overlapped_s=0.0),
+            "overlapped as exposed": dict(overlapped_s=0.0, exposed_comm_s=comm_s),
+            # each thread's communication summed: the call and its time in flight twice
+            "comm summed over threads": dict(
+                comm_s=sum(union_length(t["comm"]) for t in by_thread.values()),
+                exposed_comm_s=sum(union_length(t["comm"]) for t in by_thread.values())
+                - overlapped_s),
+        }
+    return expected
+
+
+DDP_MISTAKES = {
+    "in flight as compute": "the 'all_reduce in flight' ranges (the 'collectives in flight' "
+                            "row, a thread with no compute ranges) are communication: the "
+                            "all-reduce travelling while the backward runs, not compute",
+    "other threads subtracted": "only a thread's own communication is taken from its compute: "
+                                "the all-reduce in flight on another row overlaps the backward, "
+                                "it does not stop it",
+    "overlapped as exposed": "the communication in flight while the backward computes is "
+                             "overlapped, not exposed: exposed is only what nothing hides",
+    "comm summed over threads": "an all-reduce's call on the computing thread and its time in "
+                                "flight on the 'collectives in flight' row overlap (so do "
+                                "buckets in flight together, on rows of their own): "
+                                "communication is the union over every thread, counted once, "
+                                "not a sum per thread",
+}
+
+
+def ddp_diagnosis(name, value, candidates):
+    for mistake, wrong in candidates.items():
+        if mistake != "right" and name in wrong and value == pytest.approx(wrong[name], abs=ABS) \
+                and wrong[name] != pytest.approx(candidates["right"][name], abs=ABS):
+            return DDP_MISTAKES[mistake]
+    return MISTAKES[name]
+
+
+def test_the_exposed_communication_of_lab5s_ddp(impl, run_on_ranks, run_alone, tmp_path):
+    # the reference DDP of lab 5 (not this lab's module) writes the trace; the student's
+    # breakdown reads it in a helper process
+    results = run_on_ranks(profile_ddp_on_rank, 2, str(tmp_path), ONE_LAYER_PER_BUCKET,
+                           DDP_STEPS, DDP_WIDTH, DDP_LAYERS, DDP_BATCH)
+    events = range_events(merge_traces([result["path"] for result in results]))
+    assert any(e["name"] == "all_reduce in flight" for e in events), "no time in flight traced"
+    found = run_alone(student_breakdown, impl, {"traceEvents": events})
+    expected = ddp_expected(events)
+    assert [rank["rank"] for rank in found] == sorted(expected), found
+    for rank in found:
+        candidates = expected[rank["rank"]]
+        for name, value in candidates["right"].items():
+            assert rank[name] == pytest.approx(value, abs=ABS), (
+                f"rank {rank['rank']} of lab 5's DDP (small buckets, all-reduces launched "
+                f"during the backward): {name} = {rank[name]:.6g} s, expected {value:.6g} s. "
+                f"Likely mistake: {ddp_diagnosis(name, rank[name], candidates)}")
+        assert rank["overlapped_s"] > 0, (
+            f"rank {rank['rank']}: no overlapped communication in a DDP whose all-reduces are "
+            f"in flight during the backward. Likely mistake: {DDP_MISTAKES['overlapped as exposed']}")
