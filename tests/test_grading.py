@@ -62,11 +62,15 @@ def documented_commands() -> list[str]:
 
 def copy_of(files: str, destination: Path) -> Path:
     """A submission outside the repository: every student file, from ``files`` = "stubs"
-    (``labs/``) or "solutions" (the reference modules they are generated from)."""
+    (``labs/``) or "solutions" (each file as a student hands it in with every exercise done:
+    the reference's solutions in place, importing the student's files of the same lab)."""
     destination.mkdir(parents=True)
     for module in make_labs.modules_with_exercises():
-        source = REPO / "labs" / module.name if files == "stubs" else module
-        shutil.copy(source, destination / module.name)
+        target = destination / module.name
+        if files == "stubs":
+            shutil.copy(REPO / "labs" / module.name, target)
+        else:
+            target.write_text(make_labs.student_module(module, solved=True))
     return destination
 
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from reference_impl.checks import assert_close
+from reference_impl.checks import assert_close, assert_close_naming
 from reference_impl.equivalence import train_on_averaged_gradients
 from reference_impl.comm.groups import build_rank_layout
 from reference_impl.comm.launcher import current_device
@@ -209,6 +209,9 @@ def test_gradient_plan_follows_sagemaker_and_megatron(impl, run_alone):
 # ----------------------------------------------------------------- ZeRO-1
 
 FFN, ZERO_HIDDEN, STEPS, LR = 36, 10, 3, 1e-2  # 10 is not a multiple of 4: padding is exercised
+# Adam's update g / (sqrt(v) + eps) ignores the gradient's scale when eps is tiny: a gradient
+# summed over the group instead of averaged would pass. With eps = 1 it shows.
+EPS = 1.0
 
 
 def zero_model() -> nn.Module:
@@ -217,23 +220,27 @@ def zero_model() -> nn.Module:
                          nn.LayerNorm(ZERO_HIDDEN))
 
 
-def zero_batch(step: int, replica: int):
+def zero_batch(step: int, replica: int, scale: float = 1.0):
     generator = torch.Generator().manual_seed(1000 * step + replica)
     return (torch.randn(2, 6, ZERO_HIDDEN, generator=generator),
-            torch.randn(2, 6, ZERO_HIDDEN, generator=generator))
+            scale * torch.randn(2, 6, ZERO_HIDDEN, generator=generator))
 
 
-def unsharded_adam(replicas: int) -> dict:
+def unsharded_adam(replicas: int, summed: bool = False) -> dict:
+    """Adam on the gradients averaged over the replicas (``summed``: their sum, the mistake:
+    the average of gradients each ``replicas`` times larger)."""
     model = zero_model()
-    return train_on_averaged_gradients(model, torch.optim.Adam(model.parameters(), lr=LR), STEPS,
-                                       replicas, zero_batch)
+    scale = replicas if summed else 1.0
+    return train_on_averaged_gradients(
+        model, torch.optim.Adam(model.parameters(), lr=LR, eps=EPS), STEPS, replicas,
+        lambda step, replica: zero_batch(step, replica, scale))
 
 
 def zero1_on_rank(impl):
     zero = impl.module("zero")
     device = current_device()
     model = zero_model().to(device)
-    optimizer = zero.ZeroOptimizer(model, stage=1, lr=LR)
+    optimizer = zero.ZeroOptimizer(model, stage=1, lr=LR, eps=EPS)
     memory = None
     for step in range(STEPS):
         x, upstream = (t.to(device) for t in zero_batch(step, dist.get_rank()))
@@ -249,7 +256,7 @@ def zero1_on_rank(impl):
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_zero1_matches_unsharded_adam_and_the_formula(impl, run_on_ranks, world_size):
     results = run_on_ranks(zero1_on_rank, world_size, impl, timeout=TIMEOUT)
-    expected = unsharded_adam(world_size)
+    expected, summed = unsharded_adam(world_size), unsharded_adam(world_size, summed=True)
     model = zero_model()
     num_params = sum(p.numel() for p in model.parameters())
     # ZeRO shards each parameter padded to a multiple of N; fp32 ZeRO-1 (Rajbhandari et al.
@@ -259,13 +266,14 @@ def test_zero1_matches_unsharded_adam_and_the_formula(impl, run_on_ranks, world_
     formula = 8 * num_params + 8 * padded // world_size
     for rank, (state, memory) in enumerate(results):
         for name, value in expected.items():
-            assert_close(state[name], value, f"ZeRO-1 parameter {name} after {STEPS} steps "
-                         f"(N={world_size})", rank=rank, atol=1e-6, rtol=1e-6,
-                         against="unsharded torch.optim.Adam on the averaged gradients",
-                         likely_cause="the gradient summed but not averaged, a shard updated "
-                                      "with another slice of m, v or the gradient, or the "
-                                      "all-gathered parameter not copied back (padding "
-                                      "included?)")
+            assert_close_naming(
+                state[name], value, f"ZeRO-1 parameter {name} after {STEPS} steps "
+                f"(N={world_size})", rank=rank, atol=1e-6, rtol=1e-6,
+                against="unsharded torch.optim.Adam on the averaged gradients",
+                mistakes={"the gradient summed over the group but not averaged (divide by "
+                          "the group's size)": summed[name]},
+                otherwise="a shard updated with another slice of m, v or the gradient, or the "
+                          "all-gathered parameter not copied back (padding included?)")
         assert memory["total"] == formula, (
             f"rank {rank}: ZeRO-1 holds {memory} bytes of model states; the fp32 formula "
             f"8 + 8/N bytes per parameter gives {formula} ({num_params} parameters, {padded} "

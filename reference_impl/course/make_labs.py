@@ -109,12 +109,13 @@ def solution_regions(source: str) -> list[tuple[str, list[str]]]:
     return regions
 
 
-def student_module(path: Path) -> str:
-    """The student version of a reference module."""
+def student_module(path: Path, solved: bool = False) -> str:
+    """The student version of a reference module; ``solved``: as a student hands it in once
+    every exercise is done (the solutions in place of the stubs)."""
     its_labs = {lab for lab, _ in solution_regions(path.read_text())}
     same_lab = [name for name, labs in labs_of_modules().items()
                 if name != path.stem and its_labs & set(labs)]
-    body = student_imports(stubbed_source(path), same_lab)
+    body = student_imports(stubbed_source(path, labs=set() if solved else None), same_lab)
     header = (f"# Student file for the labs, generated from reference_impl/{path.name} by\n"
               "# `python -m reference_impl.course.make_labs`: fill in every\n"
               "# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.\n")

@@ -232,7 +232,7 @@ class ZeroOptimizer:
         2) all-gather the updated parameters. Collective: every rank of the group calls it."""
         for param, shard in self.shards.items():
             if self.stage == 1:
-                # BEGIN SOLUTION lab5: ZeRO-1's gradient: skip (continue) a parameter whose .grad is None; all-reduce param.grad over self.group and divide it by self.world_size; grad = this rank's slice of it (shard.my_slice)
+                # BEGIN SOLUTION lab5: ZeRO-1's gradient: each rank's param.grad comes from its own samples, and the step needs the group's mean (leave it in param.grad, as DDP does), of which this rank updates only its own slice (shard.my_slice), as grad; a parameter without a gradient is skipped
                 if param.grad is None:
                     continue
                 dist.all_reduce(param.grad, group=self.group)
@@ -245,7 +245,7 @@ class ZeroOptimizer:
                 grad = shard.grad
             shard.step += 1
             weights = shard.master if self.stage == 3 else shard.my_slice(param).clone()
-            # BEGIN SOLUTION lab5: update this rank's shard in place: adam_update(weights, grad, shard.exp_avg, shard.exp_avg_sq, shard.step, self.lr, self.beta1, self.beta2, self.eps, self.weight_decay); then, unless stage 3, all-gather every rank's updated shard into a buffer of shard.padded elements (over self.group) and copy its first shard.numel elements into param
+            # BEGIN SOLUTION lab5: Adam (adam_update) on this rank's shard of the weights, in place, with the shard's own moments and step count and this optimizer's settings; then, unless stage 3 (where the shard is all a rank keeps), every rank needs every rank's updated shard back in its full parameter: gather them over the group (they fill shard.padded elements, padding last) and copy the parameter's part
             adam_update(weights, grad, shard.exp_avg, shard.exp_avg_sq, shard.step, self.lr,
                         self.beta1, self.beta2, self.eps, self.weight_decay)
             if self.stage < 3:

@@ -217,19 +217,16 @@ def zb_h1(p: int, m: int) -> Schedule:
     T_W <= min(T_F, T_B) (the paper takes them equal) the bubble is (p-1)(T_F + T_B - T_W)
     instead of 1F1B's (p-1)(T_F + T_B + T_W): a third of it when T_F = T_B = T_W.
     """
-    _check_positive(ranks=p, microbatches=m)
     actions = []
-    for rank in range(p):
-        warmup = min(p - rank - 1, m)
-        ops = [Action("F", i, rank) for i in range(warmup)]
+    for rank, one_f_one_b_row in enumerate(one_f_one_b(p, m).actions):
+        ops = []
         waiting_w: deque[int] = deque()  # microbatches whose B ran but whose W has not
-        for i in range(m):  # 1F1B's F/B order, with a W after each B from the (rank+1)-th on
-            if warmup + i < m:
-                ops.append(Action("F", warmup + i, rank))
-            ops.append(Action("B", i, rank))
-            waiting_w.append(i)
-            if i >= rank:  # the first `rank` W passes are postponed
-                ops.append(Action("W", waiting_w.popleft(), rank))
+        for action in one_f_one_b_row:  # 1F1B's F/B order, with a W after each B from the
+            ops.append(action)           # (rank+1)-th on
+            if action.kind == "B":
+                waiting_w.append(action.microbatch)
+                if action.microbatch >= rank:  # the first `rank` W passes are postponed
+                    ops.append(Action("W", waiting_w.popleft(), rank))
         ops += [Action("W", i, rank) for i in waiting_w]  # they fill the cool-down
         actions.append(tuple(ops))
     return Schedule("zb-h1", p, m, 1, True, tuple(actions))
