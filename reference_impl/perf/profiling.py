@@ -30,11 +30,13 @@ signature is short, frequent all-reduces.* :func:`profiled` puts a named range
   a row's ranges must nest): what HTA sees as an NCCL kernel on its own stream beside the
   compute stream. The launch is timed inside the call's range, just before the call; the
   completion in a callback of ``work.get_future()``, which gloo runs on its own thread as
-  soon as the collective is done (for a work without a future: when its ``wait()`` returns,
-  which can be later than the completion). The work's ``wait()`` gets a range on the calling
-  thread ("all_reduce wait"). So the in-flight range beside compute ranges is the overlapped
-  communication, and the rest of it, where the rank computes nothing (typically up to the
-  end of the waits before the optimizer step), is the exposed communication. A collective
+  soon as the collective is done, or when its ``wait()`` returns if that comes first (the
+  callback can run late where gloo's thread waits for a core; a work without a future: at
+  its ``wait()``, which can be later than the completion). The work's ``wait()`` gets a range
+  on the calling thread ("all_reduce wait"). So the in-flight range beside compute ranges is
+  the overlapped communication, and the rest of it, where the rank computes nothing
+  (typically up to the end of the waits before the optimizer step), is the exposed
+  communication. A collective
   completes on a rank only once every rank has joined it: time in flight includes waiting
   for a slower rank. On a GPU these are host-side times (launch to the completion the host
   learns of); the NCCL kernels in the same trace are the GPU's truth.
@@ -182,7 +184,7 @@ class _Ranges:
 
 class _TimedWork:
     """The work of an isend/irecv or of an async collective, its ``wait()`` inside a range;
-    everything else passed on. ``on_wait``: called after the wait returns."""
+    everything else passed on. ``on_wait``: called when the wait returns, inside its range."""
 
     def __init__(self, work, name: str, ranges: _Ranges, on_wait=None):
         self._work, self._name, self._ranges, self._on_wait = work, name, ranges, on_wait
@@ -190,8 +192,8 @@ class _TimedWork:
     def wait(self, *args, **kwargs):
         with self._ranges.range(self._name):
             result = self._work.wait(*args, **kwargs)
-        if self._on_wait is not None:
-            self._on_wait()
+            if self._on_wait is not None:
+                self._on_wait()
         return result
 
     def __getattr__(self, attribute):
@@ -207,8 +209,16 @@ class InFlight:
         self.name, self.start_ns, self.end_ns = name, start_ns, None
 
     def done(self, *_) -> None:
+        """The future's callback: the collective is done (now, or a little earlier where the
+        backend's thread waited for a core)."""
         if self.end_ns is None:
             self.end_ns = time.time_ns()
+
+    def waited(self) -> None:
+        """After ``wait()`` returned: done by now, whether or not the callback has run."""
+        now = time.time_ns()
+        if self.end_ns is None or self.end_ns > now:
+            self.end_ns = now
 
     def __repr__(self) -> str:
         return f"InFlight({self.name!r}, {self.start_ns}, {self.end_ns})"
@@ -220,8 +230,8 @@ _in_flight_lock = threading.Lock()
 
 def _record_in_flight(op: str, work, start_ns: int):
     """Log an async collective's time in flight with every open :func:`rank_trace`; its
-    completion comes from the work's future, or else from its wait(). Returns the callback
-    to run after wait() (None when the future gives the completion)."""
+    completion comes from the work's future, or from its wait() if that returns first (or
+    the work has no future). Returns the callback to run after wait()."""
     record = InFlight(op + IN_FLIGHT_SUFFIX, start_ns)
     with _in_flight_lock:
         for log in _in_flight_logs:
@@ -229,9 +239,9 @@ def _record_in_flight(op: str, work, start_ns: int):
     try:
         future = work.get_future()
     except (AttributeError, RuntimeError):  # a backend whose works have no future
-        return record.done
+        return record.waited
     future.add_done_callback(record.done)  # runs on the backend's thread, once it is done
-    return None
+    return record.waited
 
 
 def in_flight_events(records, base_ns: int = 0, pid: int = 0) -> list[dict]:
