@@ -1,6 +1,7 @@
 """The course pipeline itself: student files are generated, never hand-edited; every graded
 test fails on the untouched stubs with the not-implemented hint, and passes on a submission
 that holds the solutions."""
+import concurrent.futures
 import os
 import re
 import shutil
@@ -74,6 +75,31 @@ def copy_of(files: str, destination: Path) -> Path:
     return destination
 
 
+STUDENT_COMMANDS = [c for c in documented_commands() if PLACEHOLDER not in c]
+GRADER_COMMANDS = [c for c in documented_commands() if PLACEHOLDER in c]
+AT_ONCE = 3  # graded runs at a time: each is mostly waiting on its ranks' start-up
+
+
+@pytest.fixture(scope="module")
+def graded_runs(tmp_path_factory):
+    """Every graded run of this module, started together (:data:`AT_ONCE` at a time) the first
+    time a test asks for one: ``graded_runs[key]()`` waits for run ``key`` and returns
+    ``graded_run``'s (process, cases). Keys: a student command; a grader command (on a copy
+    of the solutions); "remaining labs" (the labs no grader command covers, on a copy)."""
+    runs = {command: (command, tmp_path_factory.mktemp("stubs")) for command in STUDENT_COMMANDS}
+    for command in GRADER_COMMANDS:
+        where = tmp_path_factory.mktemp("grader")
+        submission = copy_of("solutions", where / "elsewhere" / "labs")
+        runs[command] = (command.replace(PLACEHOLDER, str(submission)), where)
+    where = tmp_path_factory.mktemp("remaining")
+    submission = copy_of("solutions", where / "submission")
+    runs["remaining labs"] = (f'pytest --impl {submission} -m "{" or ".join(REMAINING_LABS)}"',
+                              where)
+    with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
+        futures = {key: pool.submit(graded_run, *run) for key, run in runs.items()}
+        yield {key: future.result for key, future in futures.items()}
+
+
 def labs_selected(command: str) -> list[str]:
     return [lab for lab in LABS if re.search(rf"\b{lab}\b", command)]
 
@@ -115,9 +141,9 @@ def test_the_documented_commands_are_found():
 # A student's command runs on the stubs (each lab's, as the notebooks print it); a grader's
 # (a submission's path in place of the placeholder) on a copy of the solutions. Every lab's
 # stubs are covered by the students' commands, so the graders' are not run on stubs again.
-@pytest.mark.parametrize("command", [c for c in documented_commands() if PLACEHOLDER not in c])
-def test_documented_command_fails_on_the_stubs_with_the_hint(command, tmp_path):
-    process, cases = graded_run(command, tmp_path)
+@pytest.mark.parametrize("command", STUDENT_COMMANDS)
+def test_documented_command_fails_on_the_stubs_with_the_hint(command, graded_runs):
+    process, cases = graded_runs[command]()
     assert process.returncode != 0
     assert_every_case_fails_with_the_hint(process, cases)
     for lab in labs_selected(command):
@@ -125,23 +151,23 @@ def test_documented_command_fails_on_the_stubs_with_the_hint(command, tmp_path):
             f"no summary line for {lab}:\n{process.stdout[-2000:]}"
 
 
-@pytest.mark.parametrize("command", [c for c in documented_commands() if PLACEHOLDER in c])
-def test_documented_grader_command_passes_on_the_solutions(command, tmp_path):
-    submission = copy_of("solutions", tmp_path / "elsewhere" / "labs")
-    process, cases = graded_run(command.replace(PLACEHOLDER, str(submission)), tmp_path)
+@pytest.mark.parametrize("command", GRADER_COMMANDS)
+def test_documented_grader_command_passes_on_the_solutions(command, graded_runs):
+    process, cases = graded_runs[command]()
     assert process.returncode == 0, process.stdout[-3000:]
     assert_every_case_passes(process, cases, labs_selected(command))
 
 
-def test_every_graded_test_passes_on_a_submission_of_the_solutions(tmp_path):
-    # The stubs of every lab are run by the notebooks' commands above, and labs 0 and 1 on the
-    # solutions by the README's grader command: here the remaining labs, in the same form.
-    documented = {lab for c in documented_commands() if PLACEHOLDER in c for lab in labs_selected(c)}
-    labs = [lab for lab in LABS if lab not in documented]
-    submission = copy_of("solutions", tmp_path / "submission")
-    process, cases = graded_run(f'pytest --impl {submission} -m "{" or ".join(labs)}"', tmp_path)
+# The stubs of every lab are run by the notebooks' commands above, and labs 0 and 1 on the
+# solutions by the README's grader command: here the remaining labs, in the same form.
+REMAINING_LABS = [lab for lab in LABS
+                  if lab not in {lab for c in GRADER_COMMANDS for lab in labs_selected(c)}]
+
+
+def test_every_graded_test_passes_on_a_submission_of_the_solutions(graded_runs):
+    process, cases = graded_runs["remaining labs"]()
     assert process.returncode == 0, process.stdout[-3000:]
-    assert_every_case_passes(process, cases, labs)
+    assert_every_case_passes(process, cases, REMAINING_LABS)
     summary = [line for line in process.stdout.splitlines() if re.match(r"lab\d+: ", line)]
     assert all(line.split()[1].split("/")[0] == line.split()[1].split("/")[1]
                for line in summary), summary
