@@ -9,6 +9,7 @@ by ``deck_check.js`` (nothing overflows the slide, text >= 24 px, code >= 18 px,
 LaTeX, one figure at most) and screenshotted into ``$DECK_SCREENSHOTS`` (default: a temporary
 folder, printed) for a person to look at. Every deck also runs from the top.
 """
+import concurrent.futures
 import os
 import re
 import shutil
@@ -65,10 +66,22 @@ def test_deck_is_a_lecture(deck):
         "for them; run the deck from the top and save it (see slides/README.md)")
 
 
-@pytest.mark.parametrize("deck", DECKS, ids=lambda path: path.stem)
-def test_deck_runs_from_the_top(deck):
+def run_from_the_top(deck: Path) -> None:
     notebook = nbformat.read(deck, as_version=4)
     notebook_client(notebook, SLIDES).execute()  # raises CellExecutionError naming the cell
+
+
+@pytest.fixture(scope="module")
+def deck_runs():
+    """Every deck run from the top, three at a time (each mostly waits on its kernel and its
+    ranks), started when a test first asks: ``deck_runs[deck]()`` waits for that deck's."""
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        yield {deck: pool.submit(run_from_the_top, deck).result for deck in DECKS}
+
+
+@pytest.mark.parametrize("deck", DECKS, ids=lambda path: path.stem)
+def test_deck_runs_from_the_top(deck, deck_runs):
+    deck_runs[deck]()
 
 
 def test_slide_metadata_becomes_fragments_notes_and_hidden_code():
