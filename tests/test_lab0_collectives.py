@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from reference_impl.checks import assert_close
+from reference_impl.checks import assert_close, assert_close_naming
 from reference_impl.comm.launcher import current_device
 
 pytestmark = pytest.mark.lab0
@@ -81,9 +81,15 @@ def test_reduce_scatter_phase_leaves_each_rank_one_summed_chunk(impl, run_on_ran
     total_chunks = torch.tensor_split(summed((numel,), range(n)), n)  # the ring's chunks
     for rank, (owned, chunk) in enumerate(run_on_ranks(after_reduce_scatter, n, impl, numel)):
         expected = total_chunks[owned]
-        assert_close(chunk, expected, f"chunk {owned} after ring_reduce_scatter", rank=rank,
-                     likely_cause="at step s, send chunk (rank - s) mod n and add the received "
-                                  "one into chunk (rank - s - 1) mod n", **TOLERANCE)
+        # overwritten at every hop, a chunk ends as its first sender's: rank `owned`'s own
+        overwritten = torch.tensor_split(random_tensor((numel,), seed=owned), n)[owned]
+        assert_close_naming(
+            chunk, expected, f"chunk {owned} after ring_reduce_scatter", rank=rank,
+            mistakes={"the received chunk replaced this rank's copy instead of being added to "
+                      "it: each hop must add its own contribution": overwritten},
+            otherwise="the chunk sent and the chunk received at each step: after n-1 steps "
+                      "rank r must hold the complete sum of chunk (r + 1) mod n, so each step "
+                      "passes on the chunk that has just grown", **TOLERANCE)
 
 
 def after_all_gather(impl, numel):
@@ -103,8 +109,10 @@ def test_all_gather_phase_completes_every_chunk(impl, run_on_ranks):
                           for k, c in enumerate(torch.tensor_split(torch.empty(numel), n))])
     for rank, tensor in enumerate(run_on_ranks(after_all_gather, n, impl, numel)):
         assert_close(tensor, expected, "the tensor after ring_all_gather", rank=rank,
-                     likely_cause="at step s, send chunk (rank + 1 - s) mod n and overwrite "
-                                  "chunk (rank - s) mod n with the received one", **TOLERANCE)
+                     likely_cause="the chunk passed on at each step: it must be the complete "
+                                  "chunk this rank got most recently (its own, (rank + 1) mod n, "
+                                  "at the first step), stored by the receiver in the same place",
+                     **TOLERANCE)
 
 
 def alpha_beta_call(impl, function, *args):
@@ -122,9 +130,13 @@ def alpha_beta_call(impl, function, *args):
 def test_ring_all_reduce_seconds_is_the_alpha_beta_formula(impl, run_alone, nbytes, n, alpha,
                                                            bandwidth, expected):
     got = run_alone(alpha_beta_call, impl, "ring_all_reduce_seconds", nbytes, n, alpha, bandwidth)
+    once = 2 * (n - 1) * alpha + (n - 1) / n * nbytes / bandwidth
+    mistake = (": the bandwidth term counts each byte once, but a ring all-reduce sends it "
+               "twice (the reduce-scatter, then the all-gather)"
+               if n > 1 and got == pytest.approx(once, rel=1e-9) else "")
     assert got == pytest.approx(expected, rel=1e-9), (
         f"ring_all_reduce_seconds({nbytes:g}, n={n}, alpha={alpha:g}, B={bandwidth:g}) = {got}, "
-        f"expected 2(n-1)*alpha + 2(n-1)/n * S/B = {expected}")
+        f"expected 2(n-1)*alpha + 2(n-1)/n * S/B = {expected}{mistake}")
 
 
 @pytest.mark.parametrize("n, alpha, bandwidth", [(2, 5e-5, 2e9), (4, 2e-5, 3e9), (8, 1e-6, 1e10)])

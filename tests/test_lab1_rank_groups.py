@@ -42,11 +42,14 @@ COORDINATE_OF = {"TP": "tp_rank", "PP": "pp_rank", "DP": "dp_rank", "RDP": "rdp_
                  "MP": "mp_rank"}
 
 
-def expected_layout(world_size, tp, pp, order):
+def expected_layout(world_size, tp, pp, order, first_axis_fastest=True):
     """{kind: sorted groups}, from the definition: rank r's position along each axis is its
     mixed-radix digit (the order's first axis varying fastest); a group holds the ranks that
-    agree on every axis its kind does not vary."""
+    agree on every axis its kind does not vary. ``first_axis_fastest=False``: the mistake of
+    numbering the other way round."""
     axes = ORDERS.get(order, tuple(order.split("-")))
+    if not first_axis_fastest:
+        axes = axes[::-1]
     sizes = {"tp": tp, "pp": pp, "rdp": world_size // (tp * pp)}
     position = []
     for rank in range(world_size):
@@ -161,11 +164,14 @@ def test_group_properties_hold_for_every_small_layout(impl, run_alone, order):
                                                                             order)):
         where = f"world {world_size}, tp {tp}, pp {pp}, order {order}"
         expected = expected_layout(world_size, tp, pp, order)
+        reversed_order = expected_layout(world_size, tp, pp, order, first_axis_fastest=False)
         for kind, groups in expected.items():
             got = sorted(layout["groups"].get(kind, []))
-            assert got == groups, (f"{kind}_GROUP ({where}): got {got}, expected {groups}: "
-                                   "a group holds the ranks that differ only along "
-                                   f"{' and '.join(VARYING[kind])}")
+            cause = ("the order's first axis must vary fastest (stride 1); here it varies "
+                     "slowest" if got == reversed_order[kind] else
+                     "a group holds the ranks that differ only along "
+                     f"{' and '.join(VARYING[kind])}")
+            assert got == groups, f"{kind}_GROUP ({where}): got {got}, expected {groups}: {cause}"
         for rank, coordinates in enumerate(layout["ranks"]):
             for kind, name in COORDINATE_OF.items():
                 group = group_of(expected, kind, rank)
@@ -207,6 +213,9 @@ def test_real_groups_reduce_over_exactly_their_members(impl, run_on_ranks, tp, p
         assert sorted(seen) == sorted(expected), f"rank {rank}: groups of kinds {sorted(seen)}"
         for kind, (members, group_rank) in seen.items():
             group = group_of(expected, kind, rank)
+            stranger = ("; this rank is not a member of the group it kept (its rank there is "
+                        "-1): each rank keeps the group of each kind that it belongs to"
+                        if group_rank < 0 else "")
             assert members == group, (f"rank {rank}: an all-reduce over its {kind}_GROUP summed "
-                                      f"ranks {members}, expected {group}")
+                                      f"ranks {members}, expected {group}{stranger}")
             assert group_rank == group.index(rank), f"rank {rank}, {kind}_GROUP rank"

@@ -37,7 +37,7 @@ def _exchange(send: torch.Tensor, receive: torch.Tensor, group) -> None:
 def ring_reduce_scatter(chunks: list[torch.Tensor], group=None) -> None:
     """Phase 1, in place: afterwards chunk (rank + 1) mod n holds the sum over all ranks."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    # BEGIN SOLUTION lab0: the n-1 reduce-scatter steps: at step s send chunk (rank - s) mod n to the right neighbour and add the chunk received from the left into chunk (rank - s - 1) mod n
+    # BEGIN SOLUTION lab0: the n-1 reduce-scatter steps: at each step every rank passes one chunk to its right neighbour (_exchange) and adds the chunk arriving from its left into its own copy of that chunk; choose the chunks so that each step passes on the chunk that has just grown, and after n-1 steps chunk (rank + 1) mod n holds the sum over all n ranks
     for step in range(n - 1):
         send_index, receive_index = (rank - step) % n, (rank - step - 1) % n
         received = torch.empty_like(chunks[receive_index])
@@ -49,7 +49,7 @@ def ring_reduce_scatter(chunks: list[torch.Tensor], group=None) -> None:
 def ring_all_gather(chunks: list[torch.Tensor], group=None) -> None:
     """Phase 2, in place: starting with chunk (rank + 1) mod n complete, make every chunk complete."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    # BEGIN SOLUTION lab0: the n-1 all-gather steps: at step s send chunk (rank + 1 - s) mod n to the right neighbour and overwrite chunk (rank - s) mod n with the one received from the left
+    # BEGIN SOLUTION lab0: the n-1 all-gather steps: each rank starts with one complete chunk, (rank + 1) mod n; at each step it passes on the complete chunk it got most recently and stores the one arriving from its left in place, so that after n-1 steps every chunk is complete on every rank
     for step in range(n - 1):
         send_index, receive_index = (rank + 1 - step) % n, (rank - step) % n
         _exchange(chunks[send_index], chunks[receive_index], group)
