@@ -243,7 +243,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
         try:
             return _collect(processes, connections, timeout, workdir, results)
         except RankFailure as failure:
-            if server is None or _is_running(server):
+            if server is None or not _has_died(server):
                 raise
             raise RankFailure(failure.rank, failure.summary + " (the rank server, the ranks' "
                               "parent process, was killed during this launch)",
@@ -637,6 +637,17 @@ def _the_work_s_frames(stack: str) -> str:
 
 def _rank_server_pid() -> int | None:
     return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
+
+
+def _has_died(pid: int, grace: float = 1.0) -> bool:
+    """Whether process ``pid`` has ended, or ends within ``grace`` seconds: a process being
+    killed closes its files (its ranks then see it gone) a moment before it is a zombie."""
+    deadline = time.monotonic() + grace
+    while _is_running(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _is_running(pid: int) -> bool:
