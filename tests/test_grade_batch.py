@@ -6,7 +6,6 @@ normally (correct > realistic mistake > stubs).
 One batch run (lab 0, three of its tests, short limits) serves every test here."""
 import csv
 import json
-import os
 import shutil
 import subprocess
 import sys
