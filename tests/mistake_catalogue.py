@@ -29,7 +29,7 @@ LAB0_LAB1: list[Mistake] = [
     Mistake("the reduce-scatter overwrites the chunk it receives into instead of adding",
             "lab0", "collectives", "        chunks[receive_index] += received\n",
             "        chunks[receive_index].copy_(received)\n",
-            "reduce_scatter_phase or ring_all_reduce_matches",
+            "reduce_scatter_phase",
             "replaced this rank's copy instead of being added"),
     Mistake("the ring all-reduce's bandwidth term counts each byte once", "lab0", "alpha_beta",
             "2 * (n - 1) / n * nbytes / bandwidth", "(n - 1) / n * nbytes / bandwidth",
@@ -40,13 +40,14 @@ LAB0_LAB1: list[Mistake] = [
     Mistake("the order's first axis numbered slowest instead of fastest", "lab1", "groups",
             "strides = {axis: prod(sizes[a] for a in axes[:i])",
             "strides = {axis: prod(sizes[a] for a in axes[i + 1:])",
-            "group_properties", "the order's first axis must vary fastest"),
+            "group_properties and sagemaker", "the order's first axis must vary fastest"),
     Mistake("dp_rank as the position along the RDP axis, not the index in the DP group", "lab1",
             "groups", 'dp_rank=index_in("DP", rank)', 'dp_rank=position[rank]["rdp"]',
-            "group_properties", "the rank's index in its DP_GROUP"),
+            "group_properties and sagemaker", "the rank's index in its DP_GROUP"),
     Mistake("every rank keeps the last group of each kind, not its own", "lab1",
             "process_groups", "            if rank in members:\n                mine", "            if True:\n                mine",
-            "real_groups", "each rank keeps the group of each kind that it belongs to"),
+            "real_groups and 2-2-sagemaker",
+            "each rank keeps the group of each kind that it belongs to"),
 ]
 
 # ---------------------------------------------------------------- lab 2 and lab 3

@@ -266,8 +266,11 @@ def test_two_launches_at_once_do_not_collide():
 
 
 SLEEPING_RANKS = """
-    import os, sys, time, torch.distributed as dist
+    import os, signal, sys, time, torch.distributed as dist
     from reference_impl.comm.launcher import launch
+    # Ctrl-C as in a terminal, even where this test runs in the background (a shell without
+    # job control starts its background jobs with SIGINT ignored, and children inherit that)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     def sleep_forever(folder):
         open(os.path.join(folder, str(os.getpid())), "w").close()
         while True:
@@ -290,7 +293,12 @@ def test_no_rank_outlives_its_launch(tmp_path, parent_signal):
         time.sleep(0.05)
     rank_pids = [int(path.name) for path in tmp_path.glob("[0-9]*")]
     parent.send_signal(parent_signal)
-    output, _ = parent.communicate(timeout=10)
+    try:
+        output, _ = parent.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        parent.kill()
+        pytest.fail(f"the launching process did not end within 10 s of the signal; its output:\n"
+                    f"{parent.communicate()[0][-3000:]}")
     if parent_signal == signal.SIGINT:
         assert "KeyboardInterrupt" in output
     assert wait_until_gone(rank_pids, SLACK) == []
