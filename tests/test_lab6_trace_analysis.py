@@ -12,7 +12,7 @@ and return numbers; tolerance 1e-9 s (sums of a few floats).
 """
 import pytest
 
-from reference_impl.perf.profiling import (merge_traces, overlap, profile_ddp_on_rank,
+from reference_impl.perf.profiling import (difference, merge_traces, overlap, profile_ddp_on_rank,
                                            profile_tp_block_on_rank, range_events, range_kind,
                                            summarize, union, union_length)
 
@@ -151,20 +151,6 @@ DDP_WIDTH, DDP_LAYERS, DDP_BATCH, DDP_STEPS = 256, 4, 64, 2
 ONE_LAYER_PER_BUCKET = (DDP_WIDTH + 1) * DDP_WIDTH * 4  # a layer's weight and bias, fp32
 
 
-def _minus(a, b):
-    """The parts of the sorted, disjoint intervals ``a`` outside the sorted, disjoint ``b``."""
-    left = []
-    for start, end in a:
-        for cut_start, cut_end in b:
-            if cut_start < end and cut_end > start:
-                if cut_start > start:
-                    left.append((start, cut_start))
-                start = max(start, cut_end)
-        if start < end:
-            left.append((start, end))
-    return left
-
-
 def ddp_expected(events):
     """Per rank, from the events: the quantities as HTA defines them, and what the headline
     mistakes would give instead (to name the one a wrong number matches)."""
@@ -178,7 +164,7 @@ def ddp_expected(events):
     for pid, by_thread in sorted(threads.items()):
         comm = union([i for t in by_thread.values() for i in t["comm"]])
         compute = union([i for t in by_thread.values()
-                         for i in _minus(union(t["compute"]), union(t["comm"]))])
+                         for i in difference(union(t["compute"]), union(t["comm"]))])
         every_compute = union([i for t in by_thread.values() for i in t["compute"]])
         in_flight = union([i for t in by_thread.values() for i in t["comm"]
                            if not t["compute"]])  # the rows with communication only

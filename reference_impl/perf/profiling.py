@@ -530,7 +530,7 @@ def overlap(a, b) -> float:
     return total
 
 
-def _difference(a, b) -> list[tuple[float, float]]:
+def difference(a, b) -> list[tuple[float, float]]:
     """The parts of the sorted, disjoint intervals ``a`` outside the sorted, disjoint ``b``."""
     left = []
     for start, end in a:
@@ -607,7 +607,7 @@ def summarize(trace) -> SummaryTable:
         threads = per_rank[pid].values()
         comm = union([interval for ranges in threads for interval in ranges["comm"]])
         comm_s = union_length(comm)
-        compute_s = union_length([interval for ranges in threads for interval in _difference(
+        compute_s = union_length([interval for ranges in threads for interval in difference(
             union(ranges["compute"]), union(ranges["comm"]))])
         rank = pid if isinstance(pid, int) and len(per_rank) > 1 else index
         total = comm_s + compute_s

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference_impl.perf.profiling import overlap, union, union_length, range_events, range_kind
+from reference_impl.perf.profiling import (difference, overlap, range_events, range_kind, union,
+                                           union_length)
 
 Intervals = list[tuple[float, float]]  # (start, end) in seconds
 
@@ -53,21 +54,6 @@ def ranges_by_rank(trace) -> dict[int, dict[int, dict[str, Intervals]]]:
             event.get("tid", 0), {"compute": [], "comm": []})
         thread[range_kind(event["name"])].append(interval)
     return found
-
-
-def difference(a: Intervals, b: Intervals) -> Intervals:
-    """The parts of the sorted, disjoint intervals ``a`` outside the sorted, disjoint ``b``."""
-    left = []
-    for start, end in a:
-        for cut_start, cut_end in b:
-            if cut_end <= start or cut_start >= end:
-                continue
-            if cut_start > start:
-                left.append((start, cut_start))
-            start = max(start, cut_end)
-        if start < end:
-            left.append((start, end))
-    return left
 
 
 def rank_time(rank: int, threads: dict[int, dict[str, Intervals]]) -> RankTime:
