@@ -51,8 +51,9 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from reference_impl.course.make_labs import labs_of_modules
 from reference_impl.course.own_files import (LABS, LIBRARY, reference_module_name, require,
-                                             stand_in, withheld_modules)
+                                             stand_in)
 
 _submission_may_run_here = False  # set in the ranks and helpers of a graded run (enter())
 
@@ -64,6 +65,7 @@ class SubmissionOutsideItsProcess(RuntimeError):
 @dataclass(frozen=True)
 class Implementation:
     source: str  # "reference", or the absolute path of a folder of student modules
+    student_names: tuple[str, ...] = ()  # the student files' module names (a folder's)
 
     @classmethod
     def from_option(cls, value: str) -> "Implementation":
@@ -74,7 +76,7 @@ class Implementation:
             folder = LABS  # the kit's own student files, from anywhere
         if not folder.is_dir():
             raise ValueError(f"--impl {value}: {folder} is not a folder")
-        return cls(str(folder))
+        return cls(str(folder), tuple(labs_of_modules()))  # found once, not in every rank
 
     @property
     def name(self) -> str:
@@ -93,9 +95,7 @@ class Implementation:
         global _submission_may_run_here
         _submission_may_run_here = True
         if self.folder is not None:
-            from reference_impl.course.make_labs import labs_of_modules
-
-            stand_in(self.folder, labs_of_modules())
+            stand_in(self.folder, self.student_names)
 
     def module(self, name: str):
         """The module ``name`` (e.g. ``"collectives"``) of this implementation."""
@@ -104,7 +104,7 @@ class Implementation:
                 f"impl.module({name!r}) in pytest's own process: a graded test loads the "
                 "implementation only inside a function it gives to run_on_ranks or run_alone "
                 "(see reference_impl.course.grading)")
-        if self.folder is None or name in withheld_modules():
+        if self.folder is None:
             return importlib.import_module(reference_module_name(name))
         require(self.folder / f"{name}.py", name)
         return importlib.import_module(name)  # the submission's file: enter() made it so

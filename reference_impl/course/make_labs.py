@@ -35,9 +35,10 @@ import re
 import sys
 from pathlib import Path
 
+from reference_impl.course.own_files import LABS
+
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "reference_impl"
-LABS = REPO / "labs"
 SOLUTIONS = REPO / "solutions"
 
 _MODULE_BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<lab>lab\d+): (?P<hint>.+)$")
@@ -109,11 +110,12 @@ def solution_regions(source: str) -> list[tuple[str, list[str]]]:
     return regions
 
 
-def student_module(path: Path, solved: bool = False) -> str:
+def student_module(path: Path, solved: bool = False, labs_by_module=None) -> str:
     """The student version of a reference module; ``solved``: as a student hands it in once
-    every exercise is done (the solutions in place of the stubs)."""
+    every exercise is done (the solutions in place of the stubs). ``labs_by_module``:
+    :func:`labs_of_modules`, where the caller has it already."""
     its_labs = {lab for lab, _ in solution_regions(path.read_text())}
-    same_lab = [name for name, labs in labs_of_modules().items()
+    same_lab = [name for name, labs in (labs_by_module or labs_of_modules()).items()
                 if name != path.stem and its_labs & set(labs)]
     body = student_imports(stubbed_source(path, labs=set() if solved else None), same_lab)
     header = (f"# Student file for the labs, generated from reference_impl/{path.name} by\n"
@@ -181,11 +183,12 @@ def student_notebook(path: Path, module_names: list[str]) -> str:
 
 def student_files() -> dict[Path, str]:
     """Every student file in ``labs/`` and the text it must have."""
-    modules = modules_with_exercises()
-    files = {LABS / path.name: student_module(path) for path in modules}
+    labs_by_module = labs_of_modules()
+    files = {LABS / path.name: student_module(path, labs_by_module=labs_by_module)
+             for path in modules_with_exercises()}
     for path in sorted(SOLUTIONS.glob("lab*.ipynb")):
         lab = path.name.split("_")[0]  # "lab2" of lab2_tp_layers.ipynb
-        own = [name for name, labs in labs_of_modules().items() if lab in labs]
+        own = [name for name, labs in labs_by_module.items() if lab in labs]
         files[LABS / path.name] = student_notebook(path, own)
     return files
 
