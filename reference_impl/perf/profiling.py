@@ -659,14 +659,17 @@ def profile_ddp_on_rank(out_dir: str, bucket_bytes: int, steps: int = 3, width: 
 
     from reference_impl.hybrid.ddp_hooks import OverlappingDataParallel
 
+    device = current_device()
     torch.manual_seed(0)
     model = nn.Sequential(OrderedDict(
         (f"layer{i}", nn.Sequential(nn.Linear(width, width), nn.ReLU())) for i in range(layers)))
+    model.to(device)
     ddp = OverlappingDataParallel(model, bucket_bytes=bucket_bytes)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(1 + dist.get_rank())  # each rank its own samples
-    x = torch.randn(batch, width, generator=generator).requires_grad_()  # so that layer0's
-    target = torch.randn(batch, width, generator=generator)  # backward range closes after it
+    x = torch.randn(batch, width, generator=generator).to(device).requires_grad_()  # so that
+    target = torch.randn(batch, width, generator=generator).to(device)  # layer0's backward
+    #                                                        range closes after it
 
     def step():
         optimizer.zero_grad(set_to_none=True)
@@ -678,6 +681,7 @@ def profile_ddp_on_rank(out_dir: str, bucket_bytes: int, steps: int = 3, width: 
     with rank_trace(out_dir, name=name) as profiler, profiled(model):
         for _ in range(steps):
             step()
+        wait_for_device()
     ddp.remove_hooks()
     return {"path": profiler.path, "buckets": len(ddp.buckets)}
 
