@@ -3,8 +3,8 @@ weak scaling with an alpha-beta prediction, step timing side by side, and the to
 planner. Each of ``profiling``, ``scaling`` and ``planner`` is also a command
 (``python -m reference_impl.perf.<name>``); they are imported from their modules.
 """
-from reference_impl.perf.step_timing import median_step_seconds
+from reference_impl.lazy_exports import lazy_exports
 
-__all__ = [
-    "median_step_seconds",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "step_timing": ["median_step_seconds"],
+})

@@ -2,30 +2,13 @@
 simulator and one executor serve every schedule; stages are cut by parameter count. Figures
 and traces: ``pipeline_gantt``.
 """
-from reference_impl.pipeline.pipeline_schedules import (
-    Action, Schedule, build_schedule, gpipe, interleaved_one_f_one_b, naive, one_f_one_b,
-    zb_h1)
-from reference_impl.pipeline.pipeline_validator import ScheduleError, validate
-from reference_impl.pipeline.pipeline_simulator import Timeline, bubble_formula, simulate
-from reference_impl.pipeline.pipeline_executor import pipeline_train_step, run_schedule
-from reference_impl.pipeline.pipeline_partition import gpt_layers, partition
+from reference_impl.lazy_exports import lazy_exports
 
-__all__ = [
-    "Action",
-    "Schedule",
-    "build_schedule",
-    "gpipe",
-    "interleaved_one_f_one_b",
-    "naive",
-    "one_f_one_b",
-    "zb_h1",
-    "ScheduleError",
-    "validate",
-    "Timeline",
-    "bubble_formula",
-    "simulate",
-    "pipeline_train_step",
-    "run_schedule",
-    "gpt_layers",
-    "partition",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "pipeline_schedules": ["Action", "Schedule", "build_schedule", "gpipe",
+        "interleaved_one_f_one_b", "naive", "one_f_one_b", "zb_h1"],
+    "pipeline_validator": ["ScheduleError", "validate"],
+    "pipeline_simulator": ["Timeline", "bubble_formula", "simulate"],
+    "pipeline_executor": ["pipeline_train_step", "run_schedule"],
+    "pipeline_partition": ["gpt_layers", "partition"],
+})

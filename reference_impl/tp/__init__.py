@@ -3,36 +3,15 @@ linear layers, TP attention and block, the SageMaker distributed linear, vocabul
 sequence parallelism, and the same layers built with PyTorch's DTensor for cross-checks.
 Figures: ``tp_figures``.
 """
-from reference_impl.tp.tp_collectives import (
-    copy_to_tp, gather_from_sp, gather_from_tp, reduce_from_tp, reduce_scatter_to_sp,
-    scatter_to_tp)
-from reference_impl.tp.tp_layers import (
-    ColumnParallelLinear, ParallelMLP, RowParallelLinear, full_state, shard, unshard)
-from reference_impl.tp.tp_attention import ParallelBlock, ParallelSelfAttention
-from reference_impl.tp.sagemaker_linear import DistributedLinear
-from reference_impl.tp.vocab_parallel import (
-    ParallelLMHead, VocabParallelEmbedding, vocab_parallel_cross_entropy)
-from reference_impl.tp.sequence_parallel import SequenceParallelBlock, sync_sequence_parallel_grads
+from reference_impl.lazy_exports import lazy_exports
 
-__all__ = [
-    "copy_to_tp",
-    "gather_from_sp",
-    "gather_from_tp",
-    "reduce_from_tp",
-    "reduce_scatter_to_sp",
-    "scatter_to_tp",
-    "ColumnParallelLinear",
-    "ParallelMLP",
-    "RowParallelLinear",
-    "full_state",
-    "shard",
-    "unshard",
-    "ParallelBlock",
-    "ParallelSelfAttention",
-    "DistributedLinear",
-    "ParallelLMHead",
-    "VocabParallelEmbedding",
-    "vocab_parallel_cross_entropy",
-    "SequenceParallelBlock",
-    "sync_sequence_parallel_grads",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "tp_collectives": ["copy_to_tp", "gather_from_sp", "gather_from_tp", "reduce_from_tp",
+        "reduce_scatter_to_sp", "scatter_to_tp"],
+    "tp_layers": ["ColumnParallelLinear", "ParallelMLP", "RowParallelLinear", "full_state",
+        "shard", "unshard"],
+    "tp_attention": ["ParallelBlock", "ParallelSelfAttention"],
+    "sagemaker_linear": ["DistributedLinear"],
+    "vocab_parallel": ["ParallelLMHead", "VocabParallelEmbedding", "vocab_parallel_cross_entropy"],
+    "sequence_parallel": ["SequenceParallelBlock", "sync_sequence_parallel_grads"],
+})
