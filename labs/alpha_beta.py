@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/alpha_beta.py by
+# Student file for the labs, generated from reference_impl/comm/alpha_beta.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """The alpha-beta cost model of communication, and how to fit it to measurements.

@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/capacity.py by
+# Student file for the labs, generated from reference_impl/perf/capacity.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """The 70B calculation by hand: the numbers a layout decision rests on, one formula each.

@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/collectives.py by
+# Student file for the labs, generated from reference_impl/comm/collectives.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """Ring all-reduce, built by hand from point-to-point sends and receives.

@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/data_parallel.py by
+# Student file for the labs, generated from reference_impl/hybrid/data_parallel.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """Data-parallel gradient synchronisation for hybrid (TP x PP x DP) parallelism.

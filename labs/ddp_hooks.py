@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/ddp_hooks.py by
+# Student file for the labs, generated from reference_impl/hybrid/ddp_hooks.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """Data parallelism whose all-reduces overlap the backward: hooks, async handles, buckets.

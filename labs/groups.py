@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/groups.py by
+# Student file for the labs, generated from reference_impl/comm/groups.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """Rank layout for tensor x pipeline x data parallelism: every rank's coordinates and groups.

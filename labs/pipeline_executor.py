@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/pipeline_executor.py by
+# Student file for the labs, generated from reference_impl/pipeline/pipeline_executor.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """Run a pipeline schedule for real: every rank executes its actions over point-to-point messages.

@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/pipeline_schedules.py by
+# Student file for the labs, generated from reference_impl/pipeline/pipeline_schedules.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """Pipeline schedules as data: for every rank, the ordered list of passes it runs.

@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/process_groups.py by
+# Student file for the labs, generated from reference_impl/comm/process_groups.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """Turn a :class:`~groups.RankLayout` into real ``torch.distributed`` groups.

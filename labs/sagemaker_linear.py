@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/sagemaker_linear.py by
+# Student file for the labs, generated from reference_impl/tp/sagemaker_linear.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """SageMaker's distributed linear layer: tensor parallelism *over data-parallel ranks*.

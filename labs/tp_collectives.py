@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/tp_collectives.py by
+# Student file for the labs, generated from reference_impl/tp/tp_collectives.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """Autograd-aware collectives for tensor parallelism: Megatron-LM's conjugate pairs.

@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/tp_layers.py by
+# Student file for the labs, generated from reference_impl/tp/tp_layers.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """Megatron-style tensor-parallel linear layers and MLP, built from single-device modules.

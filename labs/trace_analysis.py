@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/trace_analysis.py by
+# Student file for the labs, generated from reference_impl/perf/trace_analysis.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """Where a step's time goes, read from a merged trace: compute, communication, the part of the

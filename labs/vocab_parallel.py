@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/vocab_parallel.py by
+# Student file for the labs, generated from reference_impl/tp/vocab_parallel.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """The vocabulary split over the TP group: embedding, LM head and cross-entropy (Megatron-LM,

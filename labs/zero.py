@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/zero.py by
+# Student file for the labs, generated from reference_impl/hybrid/zero.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """ZeRO: data parallelism that shards the model states over the data-parallel ranks.

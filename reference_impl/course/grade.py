@@ -57,7 +57,7 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reference_impl.course.pytest_plugin import LABS
+from reference_impl.course import syllabus
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -413,9 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     labs = [lab if lab.startswith("lab") else f"lab{lab}" for lab in args.labs.split(",")]
-    unknown = [lab for lab in labs if lab not in LABS]
+    unknown = [lab for lab in labs if lab not in syllabus.markers()]
     if unknown:
-        parser.error(f"--labs: no such lab {', '.join(unknown)}; the labs are {', '.join(LABS)}")
+        parser.error(f"--labs: no such lab {', '.join(unknown)}; the labs are "
+                     f"{', '.join(syllabus.markers())}")
     if not args.submissions.is_dir():
         parser.error(f"{args.submissions} is not a folder")
     try:

@@ -37,9 +37,8 @@ Rules (``tests/test_course_rules.py`` checks those that can be checked):
    the submission's code has run in that process (for a parallel module against its
    single-device original: :func:`reference_impl.equivalence.reference_step` first, then
    :func:`~reference_impl.equivalence.parallel_pairs`).
-3. A graded test never imports the reference module of the lab it grades (those with solution
-   regions for that lab, see :func:`reference_impl.course.make_labs.labs_of_modules`): in a
-   student handout that module is a stub. Modules of *other* labs may be used; in a handout
+3. A graded test never imports the reference module of the lab it grades (its student files
+   in :mod:`reference_impl.course.syllabus`): in a student handout that module is a stub. Modules of *other* labs may be used; in a handout
    where one is withheld, the student's own file stands in for it (:meth:`Implementation.enter`).
 4. Nothing is asserted on time; limits come from the plugin (per launch, per test, and the
    submission's budget: once a submission has hung, later launches get a short limit).
@@ -51,7 +50,7 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from reference_impl.course.make_labs import labs_of_modules
+from reference_impl.course import syllabus
 from reference_impl.course.own_files import (LABS, LIBRARY, reference_module_name, require,
                                              stand_in)
 
@@ -76,7 +75,7 @@ class Implementation:
             folder = LABS  # the kit's own student files, from anywhere
         if not folder.is_dir():
             raise ValueError(f"--impl {value}: {folder} is not a folder")
-        return cls(str(folder), tuple(labs_of_modules()))  # found once, not in every rank
+        return cls(str(folder), tuple(syllabus.student_files()))
 
     @property
     def name(self) -> str:

@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 
 from reference_impl.course.own_files import WITHHELD_LIST
-from reference_impl.course.make_labs import labs_of_modules, modules_with_exercises, stubbed_source
+from reference_impl.course import syllabus
+from reference_impl.course.make_labs import modules_with_exercises, stubbed_source
 
 REPO = Path(__file__).resolve().parents[2]
 _LAB_FILE = re.compile(r"^(?:solutions|slides)/lab(\d+)_.*\.ipynb$")
@@ -51,8 +52,7 @@ def left_out(name: str, first_withheld: int) -> bool:
 
 
 def withheld_labs(first_withheld: int) -> set[str]:
-    return {lab for labs in labs_of_modules().values() for lab in labs
-            if int(lab[3:]) >= first_withheld}
+    return {lab.marker for lab in syllabus.LABS if lab.number >= first_withheld}
 
 
 def student_readme(first_withheld: int) -> str:
@@ -76,8 +76,9 @@ def build(out: Path, first_withheld: int) -> list[str]:
     if out.exists():
         raise FileExistsError(f"{out} exists: the handout is written to a new folder")
     labs = withheld_labs(first_withheld)
+    labs_of_files = syllabus.labs_of_files()
     stubbed = {path.relative_to(REPO).as_posix(): path for path in modules_with_exercises()
-               if set(labs_of_modules()[path.stem]) & labs}
+               if set(labs_of_files[path.stem]) & labs}
     for name in tracked_files():
         if left_out(name, first_withheld):
             continue

@@ -35,6 +35,7 @@ import re
 import sys
 from pathlib import Path
 
+from reference_impl.course import syllabus
 from reference_impl.course.own_files import LABS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,12 +114,12 @@ def solution_regions(source: str) -> list[tuple[str, list[str]]]:
 def student_module(path: Path, solved: bool = False, labs_by_module=None) -> str:
     """The student version of a reference module; ``solved``: as a student hands it in once
     every exercise is done (the solutions in place of the stubs). ``labs_by_module``:
-    :func:`labs_of_modules`, where the caller has it already."""
+    :func:`reference_impl.course.syllabus.labs_of_files`, where the caller has it already."""
     its_labs = {lab for lab, _ in solution_regions(path.read_text())}
-    same_lab = [name for name, labs in (labs_by_module or labs_of_modules()).items()
+    same_lab = [name for name, labs in (labs_by_module or syllabus.labs_of_files()).items()
                 if name != path.stem and its_labs & set(labs)]
     body = student_imports(stubbed_source(path, labs=set() if solved else None), same_lab)
-    header = (f"# Student file for the labs, generated from reference_impl/{path.name} by\n"
+    header = (f"# Student file for the labs, generated from {path.relative_to(REPO).as_posix()} by\n"
               "# `python -m reference_impl.course.make_labs`: fill in every\n"
               "# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.\n")
     return header + body
@@ -155,8 +156,9 @@ STUDENT_PATH_SETUP = ("from reference_impl.course.own_files import use_my_files\
                       "use_my_files()  # your files in labs/ (see its docstring)\n\n")
 
 
-def student_notebook(path: Path, module_names: list[str]) -> str:
-    """The student version of a solved notebook, as the text of an .ipynb file."""
+def student_notebook(path: Path, module_names: list[str], solved: bool = False) -> str:
+    """The student version of a solved notebook, as the text of an .ipynb file; ``solved``: as
+    a student finishes it (every exercise cell filled in with the solution)."""
     import nbformat  # only here: the graded ranks use this module's lists, not notebooks
 
     notebook = nbformat.read(path, as_version=4)
@@ -170,27 +172,46 @@ def student_notebook(path: Path, module_names: list[str]) -> str:
     for index, cell in enumerate(notebook.cells):
         where = f"{path}: cell {index}"
         if cell.cell_type == "code":
-            source = replace_regions(cell.source, _CELL_BEGIN, _CELL_END, stub, where)
+            source = (_without_markers(cell.source) if solved else
+                      replace_regions(cell.source, _CELL_BEGIN, _CELL_END, stub, where))
             cell.source = student_imports(source, module_names)
             if cell is first_code:
                 cell.source = STUDENT_PATH_SETUP + cell.source
             cell.outputs = []
             cell.execution_count = None
-        elif cell.cell_type == "markdown":
+        elif cell.cell_type == "markdown" and not solved:
             cell.source = _ANSWER.sub("*Your answer here.*", cell.source)
     return nbformat.writes(notebook) + "\n"
 
 
-def student_files() -> dict[Path, str]:
-    """Every student file in ``labs/`` and the text it must have."""
-    labs_by_module = labs_of_modules()
-    files = {LABS / path.name: student_module(path, labs_by_module=labs_by_module)
+def _without_markers(source: str) -> str:
+    return "\n".join(line for line in source.split("\n")
+                     if not (_CELL_BEGIN.match(line) or _CELL_END.match(line)))
+
+
+def student_files(solved: bool = False) -> dict[Path, str]:
+    """Every student file in ``labs/`` and the text it must have; ``solved``: as a student
+    hands them in, every exercise done (modules and notebooks)."""
+    labs_by_module = syllabus.labs_of_files()
+    check_markers(labs_by_module)
+    files = {LABS / path.name: student_module(path, solved, labs_by_module)
              for path in modules_with_exercises()}
-    for path in sorted(SOLUTIONS.glob("lab*.ipynb")):
-        lab = path.name.split("_")[0]  # "lab2" of lab2_tp_layers.ipynb
-        own = [name for name, labs in labs_by_module.items() if lab in labs]
-        files[LABS / path.name] = student_notebook(path, own)
+    for lab in syllabus.LABS:
+        path = SOLUTIONS / f"{lab.notebook}.ipynb"
+        files[LABS / path.name] = student_notebook(path, list(lab.files), solved)
     return files
+
+
+def check_markers(labs_by_module: dict[str, list[str]]) -> None:
+    """The solution markers of the reference modules put each lab's exercises in the files the
+    syllabus lists for it, or a ValueError says where they differ."""
+    marked = labs_of_modules()
+    if marked != labs_by_module:
+        differ = sorted(name for name in {*marked, *labs_by_module}
+                        if marked.get(name) != labs_by_module.get(name))
+        raise ValueError("the solution markers and reference_impl/course/syllabus.py disagree: "
+                         + "; ".join(f"{name}: markers {marked.get(name, [])}, syllabus "
+                                     f"{labs_by_module.get(name, [])}" for name in differ))
 
 
 def out_of_date() -> list[Path]:

@@ -30,20 +30,11 @@ from pathlib import Path
 
 import pytest
 
+from reference_impl.course import syllabus
 from reference_impl.course.grading import Implementation, reference_imports
 from reference_impl.comm.launcher import (
     BACKENDS, DEFAULT_TIMEOUT, LaunchTimeout, gpu_count, launch)
 
-LABS = {
-    "lab0": "collectives",
-    "lab1": "rank groups",
-    "lab2": "tensor-parallel layers",
-    "lab3": "tensor-parallel attention",
-    "lab4": "pipeline schedules",
-    "lab5": "hybrid parallelism and ZeRO",
-    "lab6": "profiling and scaling",
-    "lab7": "the production slice",
-}
 # A last line of defence for graders: no single test may run longer than this (pytest-timeout),
 # unless the run sets its own limit.
 DEFAULT_TEST_TIMEOUT = 300
@@ -80,8 +71,9 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    for lab, topic in LABS.items():
-        config.addinivalue_line("markers", f"{lab}: graded tests of {lab} ({topic})")
+    for lab in syllabus.LABS:
+        config.addinivalue_line("markers", f"{lab.marker}: graded tests of lab {lab.number} "
+                                           f"({lab.topic})")
     # Where no configuration file applies (a submission outside the repository given as the
     # only path), the kit's per-test limit still holds.
     if config.pluginmanager.hasplugin("timeout") and config.getoption("timeout", None) is None \
@@ -113,8 +105,7 @@ class GradedRun:
         self.log = open(log, "a", buffering=1) if log else None
         self.findings = []
         if self.implementation.folder is not None:
-            from reference_impl.course.make_labs import labs_of_modules
-            for name, labs in labs_of_modules().items():
+            for name, labs in syllabus.labs_of_files().items():
                 for finding in reference_imports(self.implementation.folder, [name]):
                     self.findings.append((labs, finding))
                     self.write(event="flag", labs=labs, text=finding)

@@ -1,0 +1,68 @@
+"""The course, lab by lab: the one place its facts live.
+
+The pytest plugin registers a marker per lab from it, the graded runs and the student handout
+take each lab's student files from it, and the tests check the README's course map, the
+notebooks' stated times and the solution markers of the reference modules against it
+(``tests/test_syllabus.py``). The GPUs a lab needs are checked against the world sizes its
+graded tests launch (``tests/test_term.py``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Lab:
+    number: int
+    topic: str
+    files: tuple[str, ...]  # the student files the lab's exercises are in (module names)
+    minutes: int  # the time a student needs, as the notebook states it
+    gpus: int  # GPUs its graded tests need under NCCL: the largest world size they launch (0: none,
+    #            every check runs in one CPU helper)
+    notebook: str  # its notebook's name in labs/ and solutions/, without .ipynb
+
+    @property
+    def marker(self) -> str:
+        """Its pytest marker and its name in hints and grade sheets: ``"lab2"``."""
+        return f"lab{self.number}"
+
+
+LABS: tuple[Lab, ...] = (
+    Lab(0, "collectives", ("collectives", "alpha_beta"), 75, 4, "lab0_collectives"),
+    Lab(1, "rank groups", ("groups", "process_groups"), 60, 8, "lab1_rank_groups"),
+    Lab(2, "tensor-parallel layers", ("tp_collectives", "tp_layers", "sagemaker_linear"), 120, 4,
+        "lab2_tp_layers"),
+    Lab(3, "tensor-parallel attention", ("tp_attention", "vocab_parallel"), 120, 4,
+        "lab3_tp_attention"),
+    Lab(4, "pipeline parallelism", ("pipeline_schedules", "pipeline_executor"), 120, 4,
+        "lab4_pipeline"),
+    Lab(5, "hybrid and 3D", ("data_parallel", "ddp_hooks", "zero"), 150, 4, "lab5_hybrid"),
+    Lab(6, "profiling and scaling", ("trace_analysis",), 75, 2, "lab6_profiling"),
+    Lab(7, "the production slice", ("capacity",), 90, 0, "lab7_production"),
+)
+
+
+def lab(marker: str) -> Lab:
+    """The lab of a marker (``"lab3"``), or a ValueError naming the labs there are."""
+    for each in LABS:
+        if each.marker == marker:
+            return each
+    raise ValueError(f"no lab {marker!r}: the labs are {', '.join(each.marker for each in LABS)}")
+
+
+def markers() -> list[str]:
+    return [each.marker for each in LABS]
+
+
+def labs_of_files() -> dict[str, list[str]]:
+    """Student file -> the labs whose exercises it holds: ``{"tp_layers": ["lab2"], ...}``."""
+    found: dict[str, list[str]] = {}
+    for each in LABS:
+        for name in each.files:
+            found.setdefault(name, []).append(each.marker)
+    return found
+
+
+def student_files() -> list[str]:
+    """Every student file's module name, in course order."""
+    return list(labs_of_files())
