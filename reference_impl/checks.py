@@ -42,9 +42,48 @@ def matching_mistake(actual, mistakes: dict[str, torch.Tensor], atol: float) -> 
 
 
 def assert_close_naming(actual, expected, what: str, *, mistakes: dict[str, torch.Tensor],
-                        otherwise: str, atol: float = 1e-6, **options) -> None:
-    """``assert_close`` whose likely cause is the known mistake ``actual`` matches (else
-    ``otherwise``): the student reads "the bias was added on every rank", not "the output
-    differs"."""
-    cause = matching_mistake(actual, mistakes, atol) or otherwise
-    assert_close(actual, expected, what, atol=atol, likely_cause=cause, **options)
+                        otherwise: str, atol: float = 1e-6, rtol: float = 1e-6,
+                        where: dict[str, torch.Tensor] | None = None, **options) -> None:
+    """``assert_close`` whose likely cause is the known mistake ``actual`` matches, else what
+    the failing values show (:func:`difference_evidence`, with ``where``) and ``otherwise``:
+    the student reads "the bias was added on every rank", not "the output differs"."""
+    cause = matching_mistake(actual, mistakes, atol)
+    if cause is None:
+        shown = difference_evidence(actual, expected, atol, rtol, where)
+        cause = f"{shown} {otherwise}" if shown else otherwise
+    assert_close(actual, expected, what, atol=atol, rtol=rtol, likely_cause=cause, **options)
+
+
+def difference_evidence(actual, expected, atol: float, rtol: float = 0.0,
+                        where: dict[str, torch.Tensor] | None = None) -> str:
+    """What the failing values show, in a sentence ('' when they agree or say nothing): which
+    elements are off (one of ``where``'s boolean masks, of ``expected``'s shape, when it is
+    exactly them: ``{"tokens whose target is the first logit of a slice": mask}``), and how they
+    relate to the right values (the same factor or the same offset everywhere they are off)."""
+    actual = torch.as_tensor(actual).detach().cpu().double()
+    expected = torch.as_tensor(expected).detach().cpu().double()
+    if actual.shape != expected.shape:
+        return ""
+    off = ~torch.isclose(actual, expected, atol=atol, rtol=rtol)
+    if not off.any() or not torch.isfinite(actual).all():
+        return ""
+    found = []
+    for name, mask in (where or {}).items():
+        mask = torch.as_tensor(mask, dtype=torch.bool).cpu()
+        if mask.shape == off.shape and torch.equal(mask, off):
+            found.append(f"exactly the {name} are off ({int(off.sum())} of {off.numel()}).")
+            break
+    else:
+        if not off.all():
+            found.append(f"{int(off.sum())} of {off.numel()} elements are off.")
+    wrong, right = actual[off], expected[off]
+    if right.abs().min() > atol:
+        ratio = wrong / right
+        if torch.allclose(ratio, ratio[0].expand_as(ratio), rtol=1e-3, atol=1e-6):
+            found.append(f"Where they are off they are {ratio[0].item():.4g} times the right "
+                         "values.")
+            return " ".join(found)
+    offset = wrong - right
+    if offset.numel() > 1 and torch.allclose(offset, offset[0].expand_as(offset), atol=atol):
+        found.append(f"Where they are off they are the right values plus {offset[0].item():.4g}.")
+    return " ".join(found)

@@ -13,7 +13,12 @@ and report the first difference with its likely cause. :func:`one_step_pairs` ru
 rank and returns (what, parallel, reference) triples (a graded test splits it in two:
 :func:`reference_step` before the submission is loaded, :func:`parallel_pairs` after);
 :func:`assert_equivalent` runs in the parent on every rank's triples, so a failure names the
-rank.
+rank, the ranks that agree, and what the failing values show.
+
+The reference is a copy the parallel module never sees. The module it *was* built from is
+checked too (:func:`parameters_of` before, :func:`source_pairs` after the parallel step): a
+parallel module that shares a parameter with it (the same tensor, not a copy) would train the
+original as well, which no comparison with the copy can see.
 """
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ import copy
 import torch
 from torch import nn
 
-from reference_impl.checks import assert_close
+from reference_impl.checks import assert_close, difference_evidence, matching_mistake
 from reference_impl.precision import autocast
 from reference_impl.tp.tp_layers import full_state
 
@@ -36,7 +41,11 @@ LIKELY_CAUSES = {
             "is its shard, or its gathering, in the wrong order?",
     "step": "the gradients match, so the optimizer step differs: is a parameter missing from "
             "the optimizer, or updated twice?",
+    "source": "the parallel module shares this parameter with the single-device module it was "
+              "built from (the same tensor, not a copy of it): its backward and its step went "
+              "into the original too. Give the parallel module its own copy",
 }
+SOURCE = "the single-device module's "  # what source_pairs' checks are called, before the name
 
 
 def one_step_pairs(reference: nn.Module, parallel: nn.Module, x: torch.Tensor, group=None,
@@ -68,6 +77,19 @@ def parallel_pairs(parallel: nn.Module, x: torch.Tensor, expected: dict[str, tor
     return [(what, value, expected[what]) for what, value in found.items()]
 
 
+def parameters_of(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Copies of ``module``'s parameters by name, on the CPU: taken before the parallel module
+    is built from it, for :func:`source_pairs`."""
+    return {name: p.detach().cpu().clone() for name, p in module.named_parameters()}
+
+
+def source_pairs(source: nn.Module, before: dict[str, torch.Tensor]):
+    """(what, now, before) triples: every parameter of the module the parallel one was built
+    from, after the parallel module's step, beside its value before (:func:`parameters_of`)."""
+    return [(f"{SOURCE}{name} after the parallel step", p.detach().cpu().clone(), before[name])
+            for name, p in source.named_parameters()]
+
+
 def one_step(module: nn.Module, x: torch.Tensor, group=None, lr: float = 0.1, seed: int = 0,
              precision: str = "fp32") -> dict[str, torch.Tensor]:
     """The output, the input's gradient, every parameter's gradient and every parameter after
@@ -91,15 +113,44 @@ def one_step(module: nn.Module, x: torch.Tensor, group=None, lr: float = 0.1, se
 def likely_cause(what: str) -> str:
     if what in LIKELY_CAUSES:
         return LIKELY_CAUSES[what]
+    if what.startswith(SOURCE):
+        return LIKELY_CAUSES["source"]
     return LIKELY_CAUSES["grad" if what.startswith("grad of") else "step"]
 
 
-def assert_equivalent(pairs_by_rank, atol: float, rtol: float = 0.0) -> None:
-    """Raise on the first (rank, check) whose parallel value differs from the reference."""
+def _close(parallel, reference, atol: float, rtol: float) -> bool:
+    parallel, reference = torch.as_tensor(parallel), torch.as_tensor(reference)
+    return parallel.shape == reference.shape and torch.allclose(
+        parallel.detach().cpu().double(), reference.detach().cpu().double(), atol=atol, rtol=rtol)
+
+
+def assert_equivalent(pairs_by_rank, atol: float, rtol: float = 0.0,
+                      mistakes: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
+    """Raise on the first (rank, check) whose parallel value differs from the reference. Its
+    likely cause is, in this order: a known mistake whose result it is (``mistakes``: by check,
+    {description: what that mistake computes}, from the single-device model), else what the
+    values show (which ranks agree, which elements are off and how) and the check's usual
+    suspect (:data:`LIKELY_CAUSES`)."""
+    failing = {}
     for rank, pairs in enumerate(pairs_by_rank):
         for what, parallel, reference in pairs:
-            assert_close(parallel, reference, what, rank=rank, atol=atol, rtol=rtol,
-                         likely_cause=likely_cause(what))
+            if not _close(parallel, reference, atol, rtol):
+                failing.setdefault(what, []).append((rank, parallel, reference))
+    if not failing:
+        return
+    ranks = len(pairs_by_rank)
+    order = list(dict.fromkeys(what for pairs in pairs_by_rank for what, _, _ in pairs))
+    for what in (what for what in order if what in failing):
+        rank, parallel, reference = failing[what][0]
+        known = matching_mistake(parallel, (mistakes or {}).get(what, {}), atol)
+        if known is None:
+            bad = [r for r, _, _ in failing[what]]
+            shown = [f"ranks {bad} differ, the others agree." if len(bad) < ranks else "",
+                     difference_evidence(parallel, reference, atol, rtol)]
+            known = " ".join(part for part in shown if part)
+            known = f"{known} Usual suspect: {likely_cause(what)}" if known else likely_cause(what)
+        assert_close(parallel, reference, what, rank=rank, atol=atol, rtol=rtol,
+                     likely_cause=known)
 
 
 def train_on_averaged_gradients(module: nn.Module, optimizer: torch.optim.Optimizer, steps: int,

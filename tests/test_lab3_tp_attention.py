@@ -1,17 +1,27 @@
 """Lab 3, graded: Megatron tensor-parallel attention and the TP transformer block against the
 single-device ones, on tp = 1, 2, 4 and several shapes; and their communication.
 
+The expected values come from a copy of the single-device module made before the submission is
+loaded; the module the submission builds from is checked after its step too, so a parallel
+module that shares a parameter with it (the same tensor, not a copy) is caught. A failing output
+is matched against what the known mistakes compute (a wrong attention scale, the projection's
+bias counted tp times), computed in the same rank from the single-device module.
+
 Tolerance: fp32, atol 1e-5 on outputs, input gradients, every parameter gradient and every
 weight after an SGD step (observed: at most a few 1e-6); the course notes "Week 15 - Tensor
 Parallelism and Pipeline Parallelism" ask for 1e-3 at most.
 """
+import math
+
 import pytest
 import torch
 
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.equivalence import assert_equivalent, parallel_pairs, reference_step
+from reference_impl.equivalence import (assert_equivalent, parallel_pairs, parameters_of,
+                                        reference_step, source_pairs)
 from reference_impl.comm.launcher import current_device
-from reference_impl.model import Block, CausalSelfAttention, ModelConfig
+from reference_impl.model import (Block, CausalSelfAttention, ModelConfig, attention_core,
+                                  merge_heads, split_heads)
 
 from reference_impl.checks import assert_close_naming
 
@@ -24,20 +34,54 @@ SHAPES = [  # (hidden, heads, seq, batch)
 ]
 
 
+FORWARD_INHERITED = (
+    "ParallelSelfAttention has no forward of its own: the single-device "
+    "CausalSelfAttention.forward it inherits runs instead. Write it for this rank's heads")
+
+
+def scale_mistakes(attention, x, tp):
+    """What the single-device attention computes with a wrong scale in place of 1/sqrt(d)."""
+    d = attention.qkv.in_features // attention.heads
+
+    def output(scale):
+        with torch.no_grad():
+            q, k, v = split_heads(attention.qkv(x), attention.heads)
+            core = attention_core(q * scale * math.sqrt(d), k, v, attention.attention)
+            return attention.proj(merge_heads(core))
+
+    hidden = attention.qkv.in_features
+    return {f"the attention scale is 1/sqrt(h/tp) = 1/sqrt({hidden // tp}), this rank's width; "
+            f"it is 1/sqrt(d) = 1/sqrt({d}), d the size of one head": output(
+                1 / math.sqrt(hidden // tp)),
+            f"the attention scale is 1/sqrt(h) = 1/sqrt({hidden}), the whole width; it is "
+            f"1/sqrt(d) = 1/sqrt({d}), d the size of one head": output(1 / math.sqrt(hidden)),
+            "the attention scores are not scaled: softmax(q k^T / sqrt(d)), d the size of one "
+            "head": output(1.0)}
+
+
 def attention_pairs(impl, hidden, heads, seq, batch):
     device = current_device()
     torch.manual_seed(0)
     attention = CausalSelfAttention(hidden, heads).to(device)
     x = torch.randn(batch, seq, hidden).to(device)
-    expected = reference_step(attention, x)
-    parallel = impl.module("tp_attention").ParallelSelfAttention(attention)
-    return parallel_pairs(parallel, x, expected)
+    tp = torch.distributed.get_world_size()
+    expected, before = reference_step(attention, x), parameters_of(attention)
+    mistakes = {"output": scale_mistakes(attention, x, tp)}
+    with torch.no_grad():
+        mistakes["output"][PROJECTION_BIAS_BEFORE_THE_REDUCE] = (
+            expected["output"] + (tp - 1) * attention.proj.bias.cpu())
+    module = impl.module("tp_attention")
+    parallel = module.ParallelSelfAttention(attention)
+    pairs = parallel_pairs(parallel, x, expected) + source_pairs(attention, before)
+    return pairs, mistakes, "forward" in vars(module.ParallelSelfAttention)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "h{}-heads{}-seq{}-b{}".format(*s))
 def test_tp_attention_matches_single_device(impl, run_on_ranks, world_size, shape):
-    assert_equivalent(run_on_ranks(attention_pairs, world_size, impl, *shape), atol=ATOL)
+    results = run_on_ranks(attention_pairs, world_size, impl, *shape)
+    assert_equivalent([pairs for pairs, _, _ in results], atol=ATOL, mistakes=results[0][1])
+    assert results[0][2], FORWARD_INHERITED
 
 
 def block_pairs(impl, hidden, heads, seq, batch):
@@ -45,9 +89,9 @@ def block_pairs(impl, hidden, heads, seq, batch):
     torch.manual_seed(0)
     block = Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq)).to(device)
     x = torch.randn(batch, seq, hidden).to(device)
-    expected = reference_step(block, x)
+    expected, before = reference_step(block, x), parameters_of(block)
     parallel = impl.module("tp_attention").ParallelBlock(block)
-    return parallel_pairs(parallel, x, expected)
+    return parallel_pairs(parallel, x, expected) + source_pairs(block, before)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
@@ -113,21 +157,29 @@ def attention_on_two_groups(impl, hidden, heads, seq, batch):
         probe.proj.weight.zero_()
     probe_bias = probe.proj.bias.detach().clone()
     expected = {"attention": reference_step(attention, x), "block": reference_step(block, x)}
+    mistakes = {"output": scale_mistakes(attention, x, len(PAIRS[0]))}
+
+    before = {"attention": parameters_of(attention), "block": parameters_of(block)}
 
     module = impl.module("tp_attention")
     parallel = module.ParallelSelfAttention(attention, group)
     local_qkv = dict(parallel.named_parameters())["qkv.weight"].detach().clone()
     bias_only = module.ParallelSelfAttention(probe, group)(x).detach()
+    parallel_block = module.ParallelBlock(block, group)
     return {"heads": parallel.heads, "qkv": (local_qkv, full_qkv),
             "bias only": (bias_only, probe_bias),
-            "attention": parallel_pairs(parallel, x, expected["attention"], group),
-            "block": parallel_pairs(module.ParallelBlock(block, group), x, expected["block"],
-                                    group)}
+            "attention": parallel_pairs(parallel, x, expected["attention"], group)
+            + source_pairs(attention, before["attention"]),
+            "block": parallel_pairs(parallel_block, x, expected["block"], group)
+            + source_pairs(block, before["block"]),
+            "own forward": "forward" in vars(module.ParallelSelfAttention),
+            "mistakes": mistakes}
 
 
 def test_each_rank_computes_its_heads_with_two_groups_at_once(impl, run_on_ranks):
     hidden, heads, tp = 16, 4, 2
     results = run_on_ranks(attention_on_two_groups, 4, impl, hidden, heads, 8, 2)
+    assert results[0]["own forward"], FORWARD_INHERITED
     for rank, checks in enumerate(results):
         tp_rank, width = rank % 2, hidden // tp
         assert checks["heads"] == heads // tp, (
@@ -148,6 +200,7 @@ def test_each_rank_computes_its_heads_with_two_groups_at_once(impl, run_on_ranks
             mistakes={PROJECTION_BIAS_BEFORE_THE_REDUCE: tp * bias.expand_as(output)})
     for kind in ("attention", "block"):
         try:
-            assert_equivalent([checks[kind] for checks in results], atol=ATOL)
+            assert_equivalent([checks[kind] for checks in results], atol=ATOL,
+                              mistakes=results[0]["mistakes"] if kind == "attention" else None)
         except AssertionError as failure:
             raise AssertionError(f"{kind}, TP groups [0, 1] and [2, 3] at once: {failure}") from None

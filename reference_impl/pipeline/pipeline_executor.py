@@ -188,21 +188,19 @@ def run_action(action: Action, stage: nn.Module, received: torch.Tensor | None,
         # END SOLUTION
 
     if action.kind == "B":
+        # BEGIN SOLUTION lab4: the backward action: backpropagate through the stage from what its forward kept, with the gradient that arrived (on the last stage the loss seeds itself), accumulating into the parameters' .grad; return the gradient the previous stage needs, none before stage 0. What the rank still holds afterwards is the activation memory the schedule promises: a whole backward lets go of this microbatch's entry; a split one (context.split_backward, ZB-H1) runs with every linear layer's weight gradient deferred into context.deferred[key] (split_backward.weight_grads_deferred) and keeps only that store, for its W
         x, y = saved[key]
         grad = None if is_last else received  # the loss is a scalar: d loss / d loss = 1
-        if not context.split_backward:
-            # BEGIN SOLUTION lab4: the whole backward: backpropagate through the stage from what the forward kept (the loss seeds itself), then let go of this microbatch's entry, since what the rank still holds is the activation memory the schedule promises; return the gradient the previous stage needs, none before stage 0
+        if context.split_backward:
+            store = context.deferred[key]
+            with weight_grads_deferred(stage, store):  # also for a forward recomputed here
+                torch.autograd.backward(y, grad)
+            saved[key] = (store,)  # the graph is freed; what W needs is kept
+        else:
             torch.autograd.backward(y, grad)
             del saved[key]
-            return x.grad if action.stage > 0 else None
-            # END SOLUTION
-        # Split (ZB-H1): the same backward, with every linear layer's weight gradient deferred
-        # (split_backward.py); the graph is freed, and only what W needs is kept.
-        store = context.deferred[key]
-        with weight_grads_deferred(stage, store):  # also for a forward recomputed here
-            torch.autograd.backward(y, grad)
-        saved[key] = (store,)
         return x.grad if action.stage > 0 else None
+        # END SOLUTION
 
     # W: the deferred weight gradients, computed from what B kept (no graph is walked)
     saved.pop(key)
