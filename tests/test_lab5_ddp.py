@@ -8,7 +8,12 @@ group, with one bucket per parameter and with buckets of a few parameters, and r
 
 1. one step: backward, ``finish_gradient_sync``, SGD: every gradient and weight against one
    device on the group's whole batch;
-2. two micro-batches, the first under ``no_sync``: the accumulated, averaged gradient.
+2. two micro-batches, the first under ``no_sync``: the accumulated, averaged gradient;
+3. the same two micro-batches, the first under a ``no_sync`` nested in another (the backward
+   runs in the outer one, after the inner one ended), then an exception raised inside a
+   ``no_sync`` and caught, then the second micro-batch: ``no_sync`` must put back the state it
+   found however its block ends, so nothing may travel in the outer ``no_sync`` and the last
+   backward must launch every bucket.
 
 Before the student's module is loaded, the rank wraps ``dist.all_reduce`` to log every call
 (the phase of the test it ran in, its group's ranks, its size, whether it was async, which
@@ -17,7 +22,9 @@ gradient hooks (they run before the student's) to know which gradients are ready
 log the test checks the quantities the lab teaches, with nothing asserted on time: one
 all-reduce per bucket, every one launched from the hooks *during* the backward (none left
 exposed after it), the first while gradients were still being computed (overlap), each bucket
-only once all its gradients were ready, and none during ``no_sync``.
+only once all its gradients were ready, and none during ``no_sync``. After every backward the
+rank also notes each bucket's ``ready`` count: where a bucket travels too early or too late,
+the message says which bucket, and what its count was against the number of its gradients.
 
 Buckets follow the contract in the module's docstring: parameters in reverse order, filled
 greedily up to ``bucket_bytes`` (a parameter larger than a bucket alone). Tolerance (fp32):
@@ -125,6 +132,50 @@ def backward(loss, ready):
             "ready (a .grad still None is read)") from error
 
 
+class RaisedInsideNoSync(Exception):
+    """Raised by the test inside a ``no_sync`` block, and caught."""
+
+
+def bucket_counts(ddp) -> list[int]:
+    return [int(bucket.ready) for bucket in ddp.buckets]
+
+
+def nested_and_raised(ddp, model, group, member, phase, ready, counts):
+    """Run 3 of the module docstring; returns the gradients after finish_gradient_sync."""
+    device = current_device()
+    model.zero_grad()
+    model.load_state_dict(mlp().state_dict())
+    counts.append(bucket_counts(ddp))
+    for micro in range(2):
+        x, y = (t.to(device) for t in batch(group, micro, member))
+        if micro == 0:
+            with ddp.no_sync():
+                with ddp.no_sync():
+                    pass
+                phase[0] = NESTED
+                backward(F.mse_loss(ddp(x), y) / 2, ready)
+            phase[0] = RAISED
+            try:
+                with ddp.no_sync():
+                    raise RaisedInsideNoSync
+            except RaisedInsideNoSync:
+                pass
+        else:
+            phase[0] = AFTER_RAISED
+            backward(F.mse_loss(ddp(x), y) / 2, ready)
+        counts.append(bucket_counts(ddp))
+    phase[0] = f"{NESTED_AND_RAISED}: finish"
+    ddp.finish_gradient_sync()
+    return {n: p.grad.cpu().clone() for n, p in model.named_parameters()}
+
+
+NESTED_AND_RAISED = "nested and raised"
+NESTED = f"{NESTED_AND_RAISED}: in the outer no_sync, after the inner one ended"
+RAISED = f"{NESTED_AND_RAISED}: raised inside no_sync"
+AFTER_RAISED = f"{NESTED_AND_RAISED}: backward after the exception"
+RUNS = ("one step", "accumulated", NESTED_AND_RAISED)
+
+
 def ddp_on_rank(impl, bucket_bytes: int):
     device = current_device()
     groups = create_process_groups(build_rank_layout(WORLD, tp=TP, pp=1, order="megatron"))
@@ -138,25 +189,33 @@ def ddp_on_rank(impl, bucket_bytes: int):
                                                            bucket_bytes=bucket_bytes)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     result = {"dp_ranks": dist.get_process_group_ranks(groups.rdp), "group": group,
-              "members": dist.get_world_size(groups.rdp)}
+              "members": dist.get_world_size(groups.rdp),
+              "bucket_sizes": [len(bucket.params) for bucket in ddp.buckets]}
     for run, micro_batches in (("one step", 1), ("accumulated", 2)):
         model.zero_grad()
         model.load_state_dict(mlp().state_dict())  # both runs start from the same weights
+        counts = [bucket_counts(ddp)]  # before the run, then after each backward
         for micro in range(micro_batches):
             last = micro == micro_batches - 1
             x, y = (t.to(device) for t in batch(group, micro, member))
             with contextlib.nullcontext() if last else ddp.no_sync():
                 phase[0] = f"{run}: " + ("backward" if last else "no_sync")
                 backward(F.mse_loss(ddp(x), y) / micro_batches, ready)
+            counts.append(bucket_counts(ddp))
         phase[0] = f"{run}: finish"
         ddp.finish_gradient_sync()
         phase[0] = "outside"
         result[run] = {"grads": {n: p.grad.cpu().clone() for n, p in model.named_parameters()},
-                       "waited": [entry["waited"] for entry in log]}
+                       "waited": [entry["waited"] for entry in log], "counts": counts}
         if run == "one step":
             optimizer.step()
             result[run]["weights"] = {n: p.detach().cpu().clone()
                                       for n, p in model.named_parameters()}
+    counts = []
+    result[NESTED_AND_RAISED] = {"grads": nested_and_raised(ddp, model, group, member, phase,
+                                                            ready, counts), "counts": counts,
+                                 "waited": [entry["waited"] for entry in log]}
+    phase[0] = "outside"
     result["log"] = log
     return result
 
@@ -176,13 +235,15 @@ def check_log(rank, result, bucket_bytes):
         assert not entry["phase"].endswith("no_sync"), (
             f"rank {rank}: an all-reduce ran during no_sync ({entry['phase']}): all-reducing "
             "during no_sync; inside it the hooks must launch nothing, .grad just accumulates")
-    for run in ("one step", "accumulated"):
+    for run in RUNS:
+        if run == NESTED_AND_RAISED:
+            check_no_sync_state(rank, log)
         launched = [entry for entry in log if entry["phase"].startswith(run)]
         after = [entry for entry in launched if entry["phase"].endswith("finish")]
         assert not after, (
             f"rank {rank}, {run}: {len(after)} of {len(launched)} all-reduces were launched "
-            "after the backward ended (exposed communication): launch each bucket from the "
-            "hook, as its last gradient arrives")
+            "after the backward ended (exposed communication, each bucket should leave from "
+            f"the hook as its last gradient arrives). {count_evidence(result, run)}")
         assert len(launched) == len(buckets), (
             f"rank {rank}, {run}: {len(launched)} all-reduces in the backward, expected one "
             f"per bucket: {len(buckets)} buckets of at most {bucket_bytes} bytes "
@@ -192,13 +253,16 @@ def check_log(rank, result, bucket_bytes):
             "it is done: launch it with async_op=True and keep the handle")
         pending = [list(bucket) for bucket in buckets]
         for index, entry in enumerate(launched):
-            match = [b for b in pending if set(b) <= set(entry["ready"])
-                     and sum(mlp().get_parameter(n).numel() for n in b) == entry["numel"]]
+            sized = [b for b in pending if numel(b) == entry["numel"]]
+            match = [b for b in sized if set(b) <= set(entry["ready"])]
+            early = ([f"bucket {sized[0]} left with {len(set(sized[0]) & set(entry['ready']))} "
+                      f"of its {len(sized[0])} gradients ready"] if sized else [])
             assert match, (
                 f"rank {rank}, {run}: all-reduce #{index} ({entry['numel']} elements) was "
-                f"launched with only {entry['ready']} ready; the buckets are {pending}: a "
-                "bucket flushed before all its gradients are ready (launch only when every "
-                "gradient of the bucket has arrived)")
+                f"launched with only {entry['ready']} ready; the buckets are {pending}. "
+                + "".join(f"Evidence: {line}. " for line in early)
+                + "Likely cause: a bucket flushed before all its gradients are ready (its count "
+                "must reach the number of its gradients first)")
             pending.remove(match[0])
         if len(buckets) > 1:
             assert len(launched[0]["ready"]) < len(every), (
@@ -211,6 +275,50 @@ def check_log(rank, result, bucket_bytes):
             f"rank {rank}, {run}: the handles of all-reduces {missing} were not waited before "
             "the step: waiting on handles missing before the step (until wait() the tensor may "
             "hold the local gradient or half a sum)")
+
+
+def numel(names) -> int:
+    return sum(mlp().get_parameter(name).numel() for name in names)
+
+
+def check_no_sync_state(rank, log):
+    """Run 3: nothing in the outer no_sync; everything in the backward after the exception."""
+    nested = [entry for entry in log if entry["phase"] == NESTED]
+    assert not nested, (
+        f"rank {rank}: {len(nested)} all-reduce(s) ran inside an outer no_sync, after an inner "
+        "no_sync had ended: the nested no_sync switched synchronisation on when it ended; "
+        "leaving a no_sync must put back the state it found (off, inside another no_sync)")
+    synced = [entry for entry in log if entry["phase"] == AFTER_RAISED]
+    late = [entry for entry in log if entry["phase"] == f"{NESTED_AND_RAISED}: finish"]
+    assert synced or not late, (
+        f"rank {rank}: after an exception raised inside no_sync (and caught), the next backward "
+        f"launched nothing ({len(late)} all-reduces left only at finish_gradient_sync): "
+        "synchronisation stayed off after the exception; no_sync must put back the state it "
+        "found also when its block raises")
+
+
+def count_evidence(result, run) -> str:
+    """What the buckets' ready counts (noted before the run and after each of its backwards)
+    say about a bucket that did not leave during the backward."""
+    sizes, counts = result["bucket_sizes"], result[run]["counts"]
+    start, unsynced, synced = counts[0], counts[1:-1], counts[-1]
+    for bucket, size in enumerate(sizes):
+        where = f"Evidence: bucket #{bucket} ({size} gradients)"
+        if start[bucket]:
+            return (f"{where} started the run's first backward at a count of {start[bucket]}. "
+                    "Likely cause: the count was not reset after the previous step, so it "
+                    f"passes {size} without ever equalling it (finish_gradient_sync leaves "
+                    "every bucket as before any backward)")
+        if any(counted[bucket] != start[bucket] for counted in unsynced):
+            return (f"{where} counted {unsynced[-1][bucket]} during no_sync. Likely cause: "
+                    f"counted during no_sync, so the synced backward starts there and passes "
+                    f"{size} without equalling it (under no_sync nothing is counted)")
+        if synced[bucket] != size:
+            return (f"{where} counted {synced[bucket]} in a backward that gave it {size} "
+                    "gradients. Likely cause: the count does not go up by exactly one per "
+                    "arriving gradient")
+    return (f"Evidence: every bucket counted all its gradients ({sizes}). Likely cause: the "
+            "bucket is not launched at the arrival that completes its count")
 
 
 def grad_cause(actual, expected, members):
@@ -231,7 +339,7 @@ def test_ddp_from_hooks_matches_one_device_and_overlaps(impl, run_on_ranks, buck
     for rank, result in enumerate(results):
         members = result["members"]
         check_log(rank, result, bucket_bytes)
-        for run, micro_batches in (("one step", 1), ("accumulated", 2)):
+        for run, micro_batches in zip(RUNS, (1, 2, 2)):
             grads, weights = single_device(result["group"], members, micro_batches)
             where = (f"{run}, dp group {result['dp_ranks']}, bucket_bytes {bucket_bytes}")
             for name, value in grads.items():

@@ -108,14 +108,20 @@ class _ShardedParameter:
         self.step = 0
 
     def padded_flat(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` flattened and zero-padded to N * shard size elements."""
+        """``tensor`` (shaped as the parameter) flattened and zero-padded to N * shard size
+        elements: what the collectives cut into N equal pieces."""
+        # BEGIN SOLUTION lab5: a tensor shaped as the parameter, as one flat run of self.padded elements: its own values first, then zeros. Collectives cut a tensor into N pieces of equal size, and self.numel need not divide by N, so the last rank's piece is completed with zeros (they never reach the parameter); no copy is needed where nothing is missing. The result is not part of autograd's graph
         flat = tensor.detach().reshape(-1)
         if self.padded == self.numel:
             return flat
         return torch.cat([flat, flat.new_zeros(self.padded - self.numel)])
+        # END SOLUTION
 
     def my_slice(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's shard of ``tensor``: ``self.size`` elements of its padded flat form."""
+        # BEGIN SOLUTION lab5: this rank's piece of the padded flat tensor: self.size elements from self.start; every rank's piece has the same size, also the last one's
         return self.padded_flat(tensor)[self.start:self.start + self.size]
+        # END SOLUTION
 
 
 class ZeroOptimizer:
@@ -148,8 +154,10 @@ class ZeroOptimizer:
                 self.shards[param] = _ShardedParameter(param, self.world_size, self.rank)
         self._handles = []
         if stage >= 2:
+            # BEGIN SOLUTION lab5: ZeRO-2: a rank must never hold a whole gradient longer than it takes to reduce-scatter it, so _reduce_scatter has to run for each managed parameter as soon as autograd has accumulated its gradient, during the backward (the same kind of hook as OverlappingDataParallel's); keep each handle in self._handles so that remove_hooks takes it off
             for param in self.shards:
                 self._handles.append(param.register_post_accumulate_grad_hook(self._reduce_scatter))
+            # END SOLUTION
         if stage == 3:
             self._owners = {}  # module -> its parameters (recurse=False) that ZeRO manages
             self._gathered = set()  # modules whose parameters are whole right now
@@ -173,12 +181,14 @@ class ZeroOptimizer:
         """Post-accumulate-grad hook: keep this rank's shard of the averaged gradient, drop the
         full one (stage 2 and 3); under stage 3, free the owner's parameters once all are done."""
         shard = self.shards[param]
+        # BEGIN SOLUTION lab5: afterwards shard.grad holds this rank's piece (shard.size elements, padding included) of the gradient averaged over the group, added to what an earlier backward left there (micro-batches accumulate until zero_grad), and the whole gradient is gone from param.grad. One collective does the sum and the cut at once, sending half of an all-reduce's bytes (an all-reduce is a reduce-scatter plus an all-gather, lab 0); it needs N pieces of equal size and runs over this optimizer's group only
         output = torch.empty_like(shard.exp_avg)
         dist.reduce_scatter(output, list(shard.padded_flat(param.grad).chunk(self.world_size)),
                             group=self.group)
         output.div_(self.world_size)
         shard.grad = output if shard.grad is None else shard.grad.add_(output)
         param.grad = None
+        # END SOLUTION
         if self.stage == 3:
             owner = shard.owner
             self._reduced[owner] = self._reduced.get(owner, 0) + 1
@@ -188,18 +198,21 @@ class ZeroOptimizer:
 
     # ------------------------------------------------------------------ parameters (stage 3)
 
-    def _gather_full(self, shard: _ShardedParameter) -> torch.Tensor:
-        """The whole parameter from every rank's shard (an all-gather), as a new tensor."""
-        buffer = shard.master.new_empty(shard.padded)
-        dist.all_gather(list(buffer.chunk(self.world_size)), shard.master, group=self.group)
+    def _gather_full(self, shard: _ShardedParameter, piece: torch.Tensor) -> torch.Tensor:
+        """The whole parameter, as a new tensor shaped as it, from every rank's ``piece`` of it
+        (this rank's is ``piece``): an all-gather over the group."""
+        # BEGIN SOLUTION lab5: every rank of the group contributes its piece (shard.size elements) and receives all N of them, in rank order, into one padded flat run of shard.padded elements; the parameter is its first shard.numel elements (the padding is the tail), reshaped as shard.param
+        buffer = piece.new_empty(shard.padded)
+        dist.all_gather(list(buffer.chunk(self.world_size)), piece, group=self.group)
         return buffer[:shard.numel].view_as(shard.param)
+        # END SOLUTION
 
     def _gather(self, owner: nn.Module) -> None:
         """Give ``owner``'s parameters their storage back and fill it from the shards."""
         if owner in self._gathered:
             return
         for param in self._owners[owner]:
-            full = self._gather_full(self.shards[param])
+            full = self._gather_full(self.shards[param], self.shards[param].master)
             param.untyped_storage().resize_(param.numel() * param.element_size())
             param.data.copy_(full)  # through .data: autograd's saved views see the new values
         self._gathered.add(owner)
@@ -232,7 +245,7 @@ class ZeroOptimizer:
         2) all-gather the updated parameters. Collective: every rank of the group calls it."""
         for param, shard in self.shards.items():
             if self.stage == 1:
-                # BEGIN SOLUTION lab5: ZeRO-1's gradient: each rank's param.grad comes from its own samples, and the step needs the group's mean (leave it in param.grad, as DDP does), of which this rank updates only its own slice (shard.my_slice), as grad; a parameter without a gradient is skipped
+                # BEGIN SOLUTION lab5: ZeRO-1's gradient, as grad: each rank's param.grad comes from its own samples, and every rank of the group must step on the mean over the group's samples (the group may be one of several: it is this optimizer's, and its size is the divisor); this rank then needs only its own shard of that mean. Leave the mean in param.grad, as DDP does. A parameter without a gradient is skipped
                 if param.grad is None:
                     continue
                 dist.all_reduce(param.grad, group=self.group)
@@ -245,13 +258,11 @@ class ZeroOptimizer:
                 grad = shard.grad
             shard.step += 1
             weights = shard.master if self.stage == 3 else shard.my_slice(param).clone()
-            # BEGIN SOLUTION lab5: Adam (adam_update) on this rank's shard of the weights, in place, with the shard's own moments and step count and this optimizer's settings; then, unless stage 3 (where the shard is all a rank keeps), every rank needs every rank's updated shard back in its full parameter: gather them over the group (they fill shard.padded elements, padding last) and copy the parameter's part
+            # BEGIN SOLUTION lab5: Adam's arithmetic (adam_update, elementwise, so a shard is enough) updates this rank's shard of the weights in place, with the shard's own moments and step count and this optimizer's settings; then, except under stage 3 (where the shard is all a rank keeps), the parameter must be whole and equal on every rank of the group again before the next forward
             adam_update(weights, grad, shard.exp_avg, shard.exp_avg_sq, shard.step, self.lr,
                         self.beta1, self.beta2, self.eps, self.weight_decay)
             if self.stage < 3:
-                buffer = weights.new_empty(shard.padded)
-                dist.all_gather(list(buffer.chunk(self.world_size)), weights, group=self.group)
-                param.copy_(buffer[:shard.numel].view_as(param))
+                param.copy_(self._gather_full(shard, weights))
             # END SOLUTION
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -272,7 +283,8 @@ class ZeroOptimizer:
         state = {}
         for name, param in self.module.named_parameters():
             if self.stage == 3 and param in self.shards:
-                state[name] = self._gather_full(self.shards[param]).clone()
+                shard = self.shards[param]
+                state[name] = self._gather_full(shard, shard.master).clone()
             else:
                 state[name] = param.detach().clone()
         return state
