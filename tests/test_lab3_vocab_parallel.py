@@ -60,6 +60,17 @@ ONE_HOT_EVERY_RANK = (
     "subtracts 1 (the others' index is a placeholder, not the target)")
 NO_UPSTREAM = (
     "the gradient was not multiplied by grad_loss (the upstream gradient of each token's loss)")
+MAX_NOT_ADDED_BACK = (
+    "the losses are off by exactly the global maximum logit, token by token: the maximum "
+    "subtracted inside exp must come off the target's logit too (l_target - max), or be added "
+    "back to the log of the sum")
+TARGET_REDUCED_WITH_MAX = (
+    "the target's term is 0 on every token: the target's logit was all-reduced with MAX; the "
+    "holder's l_target - max is <= 0 and the other ranks' 0 wins. It is a SUM: one rank "
+    "contributes, the others add 0")
+TARGET_OWNED_BY_NO_RANK = (
+    "the tokens whose target is the first logit of a rank's slice (index start) have no target "
+    "term: no rank claimed them. The rank holding a target is the one with start <= target < end")
 BACKWARD_REDUCED = (
     "the backward all-reduced the gradient over the group: each rank's gradient is that of its "
     "own slice of the logits, and needs no communication")
@@ -74,7 +85,7 @@ def case_tensors(case, group_index):
     logits = torch.full((BATCH, SEQ, padded), PAD_VALUE)
     logits[..., :vocab] = torch.randn(BATCH, SEQ, vocab, generator=generator) * scale
     targets = torch.randint(vocab, (BATCH, SEQ), generator=generator)
-    targets[0, :2] = torch.tensor([0, vocab - 1])
+    targets[0, :3] = torch.tensor([0, vocab - 1, padded // TP])  # the ends of the slices
     weights = torch.randn(BATCH, SEQ, generator=generator)
     return logits.to(dtype), targets, weights
 
@@ -133,7 +144,12 @@ def expected(case, group_index, tp_rank):
     holder_top = local_tops.gather(-1, holder.unsqueeze(-1)).squeeze(-1)
     # with the target unmasked, a rank that does not hold it reads its first logit instead
     read = sum(torch.where(holder == r, target, piece[..., 0]) for r, piece in enumerate(slices))
+    log_sum = (whole - top.unsqueeze(-1)).exp().sum(-1).log()  # log S, S over every slice
+    first_of_slice = targets % width == 0
     loss_mistakes = {
+        MAX_NOT_ADDED_BACK: losses - top,
+        TARGET_REDUCED_WITH_MAX: log_sum,
+        TARGET_OWNED_BY_NO_RANK: torch.where(first_of_slice, log_sum, losses),
         LOCAL_MAX: sum((piece - local_tops[..., r:r + 1]).exp().sum(-1)
                        for r, piece in enumerate(slices)).log() - (target - holder_top),
         SUM_NOT_REDUCED: (slices[tp_rank] - top.unsqueeze(-1)).exp().sum(-1).log()
@@ -151,7 +167,9 @@ def expected(case, group_index, tp_rank):
         BACKWARD_REDUCED: sum(grad.split(width, dim=-1)),
         PADDING_COUNTED: padding_grad[..., mine],
     }
-    return losses, loss_mistakes, grad[..., mine], grad_mistakes
+    where = {"tokens whose target is the first logit of a rank's slice": first_of_slice}
+    where.update((f"tokens whose target TP rank {r} holds", holder == r) for r in range(TP))
+    return losses, loss_mistakes, grad[..., mine], grad_mistakes, where
 
 
 def where(rank, case):
@@ -165,16 +183,17 @@ def test_vocab_parallel_losses_with_three_all_reduces_on_two_groups(impl, run_on
     results = run_on_ranks(vocab_parallel_losses, 4, impl, False)
     for rank, cases in enumerate(results):
         for case, got in cases.items():
-            losses, mistakes, _, _ = expected(case, rank % 2, GROUPS[rank % 2].index(rank))
+            losses, mistakes, _, _, tokens = expected(case, rank % 2, GROUPS[rank % 2].index(rank))
             finite = torch.isfinite(got["losses"])
             assert finite.all(), f"{where(rank, case)}: " + (
                 NO_MAX if case == "large" else "the losses are not finite (inf or nan)")
             atol = 1e-3 if case == "large" else 1e-5
             assert_close_naming(
                 got["losses"], losses, f"{where(rank, case)}: the losses", atol=atol, rtol=1e-6,
-                against="F.cross_entropy on the whole logits", mistakes=mistakes,
-                otherwise="the three all-reduces (global max, sum of exp, target logit) must run "
-                          "over `group`, here one of two TP groups at once")
+                against="F.cross_entropy on the whole logits", mistakes=mistakes, where=tokens,
+                otherwise="loss = log(sum of exp(l - max) over every rank's slice) - (l_target - "
+                          "max): the global max (MAX), the sum (SUM) and the target's term (SUM, "
+                          "from the one rank whose slice holds it), each reduced over `group`")
             summary, nbytes = got["forward"]
             per_token = BATCH * SEQ * 4  # one fp32 number per token
             assert summary == {"all_reduce": 3} and nbytes == 3 * per_token, (
@@ -187,7 +206,7 @@ def test_vocab_parallel_gradient_without_communication_on_two_groups(impl, run_o
     results = run_on_ranks(vocab_parallel_losses, 4, impl, True)
     for rank, cases in enumerate(results):
         for case, got in cases.items():
-            _, _, grad, mistakes = expected(case, rank % 2, GROUPS[rank % 2].index(rank))
+            _, _, grad, mistakes, _ = expected(case, rank % 2, GROUPS[rank % 2].index(rank))
             assert not got["backward"], (
                 f"{where(rank, case)}: the backward ran {got['backward']}; it needs no "
                 f"communication (softmax - one_hot on this rank's own slice). Likely cause: "
@@ -205,3 +224,81 @@ def test_vocab_parallel_gradient_without_communication_on_two_groups(impl, run_o
                 otherwise="d loss / d logits = (softmax - one_hot(target)) * grad_loss on this "
                           "rank's slice: the softmax over the whole vocabulary (the global max and "
                           "sum), the -1 only on the rank holding the target")
+
+
+# ---------------------------------------------------------------- the embedding, split by vocabulary
+
+EMBED_VOCAB, EMBED_HIDDEN = 13, 4  # padded to 14 on tp = 2: rows [0, 7) and [7, 14)
+ROWS_ELSEWHERE_READ = (
+    "the tokens held by another rank were not zeroed: each rank also added the row at index 0 of "
+    "its own slice for them (an index outside the slice must not be read, and its rows must not "
+    "count)")
+EMBEDDING_NOT_REDUCED = (
+    "the rows were not summed over the group: each rank returned only the rows it holds (zeros "
+    "for the others); one all-reduce (reduce_from_tp) over `group` completes every token's row")
+
+
+def embedding_tensors(group_index):
+    """A table of 13 rows, tokens with every slice's first and last row among them, and the
+    upstream gradient, for one TP group."""
+    generator = torch.Generator().manual_seed(50 + group_index)
+    table = torch.randn(EMBED_VOCAB, EMBED_HIDDEN, generator=generator)
+    tokens = torch.randint(EMBED_VOCAB, (BATCH, SEQ), generator=generator)
+    tokens[0, :4] = torch.tensor([0, 6, 7, EMBED_VOCAB - 1])
+    upstream = torch.randn(BATCH, SEQ, EMBED_HIDDEN, generator=generator)
+    return table, tokens, upstream
+
+
+def embedding_lookups(impl):
+    """This rank's TP group: the embedding's output, the gradient of this rank's rows, and the
+    forward's collectives."""
+    device, rank = current_device(), dist.get_rank()
+    groups = [dist.new_group(ranks) for ranks in GROUPS]
+    group_index = rank % 2
+    table, tokens, upstream = embedding_tensors(group_index)
+    embedding = torch.nn.Embedding(EMBED_VOCAB, EMBED_HIDDEN).to(device)
+    with torch.no_grad():
+        embedding.weight.copy_(table)
+    parallel = impl.module("vocab_parallel").VocabParallelEmbedding(embedding, groups[group_index])
+    with CommTracer() as forward:
+        output = parallel(tokens.to(device))
+    output.backward(upstream.to(device))
+    return {"output": output.detach().cpu(), "grad": parallel.weight.grad.cpu(),
+            "forward": forward.summary()}
+
+
+def test_vocab_parallel_embedding_on_two_groups(impl, run_on_ranks):
+    results = run_on_ranks(embedding_lookups, 4, impl)
+    for rank, got in enumerate(results):
+        group_index = rank % 2
+        tp_rank = GROUPS[group_index].index(rank)
+        table, tokens, upstream = embedding_tensors(group_index)
+        width = -(-EMBED_VOCAB // TP)  # rows per rank
+        padded = torch.cat([table, torch.zeros(width * TP - EMBED_VOCAB, EMBED_HIDDEN)])
+        holder = tokens // width
+        mine = holder == tp_rank
+        expected = F.embedding(tokens, padded)
+        firsts = padded[torch.arange(TP) * width]  # each rank's row 0
+        read_elsewhere = expected + sum(torch.where((holder != r).unsqueeze(-1), firsts[r], 0.0)
+                                        for r in range(TP))
+        where = f"rank {rank} (TP group {GROUPS[group_index]}): the embedding of a vocabulary " \
+                f"of {EMBED_VOCAB} on tp = {TP} (padded to {width * TP})"
+        first_rows = (tokens % width == 0).unsqueeze(-1).expand_as(expected)
+        assert_close_naming(
+            got["output"], expected, f"{where}, its output", atol=1e-6,
+            against="F.embedding on the whole table",
+            mistakes={ROWS_ELSEWHERE_READ: read_elsewhere,
+                      EMBEDDING_NOT_REDUCED: expected * mine.unsqueeze(-1)},
+            where={"tokens whose id is the first row of a rank's slice": first_rows},
+            otherwise="every token's row comes from the one rank whose [start, end) holds it; "
+                      "the others contribute zeros, and one all-reduce over `group` adds them")
+        assert got["forward"] == {"all_reduce": 1}, (
+            f"{where}: the forward ran {got['forward']}; it needs one all-reduce over `group`")
+        whole_grad = torch.zeros_like(padded).index_add_(0, tokens.flatten(),
+                                                         upstream.flatten(0, 1))
+        assert_close_naming(
+            got["grad"], whole_grad[tp_rank * width:(tp_rank + 1) * width],
+            f"{where}, the gradient of this rank's rows", atol=1e-6,
+            against="the rows' gradient on the whole table", mistakes={},
+            otherwise="the gradient of a row is the sum of the upstream gradients of the tokens "
+                      "that looked it up; a rank's rows get those of its own tokens only")
