@@ -2,6 +2,7 @@
 
     python -m reference_impl.perf.planner calibrate --out my_gpu.json    # a few minutes on a GPU
     python -m reference_impl.perf.planner calibrate --dry-run             # tiny shapes, CPU
+    python -m reference_impl.perf.planner calibrate --cluster-terms       # calibrate_cluster.py
 
 One transformer layer (RMSNorm, fused QKV with grouped-query attention through
 ``scaled_dot_product_attention`` (causal), output projection, RMSNorm, SwiGLU MLP) at the shapes
@@ -117,7 +118,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peak-tflops", type=float, help="the GPU's dense BF16 peak")
     parser.add_argument("--memory-bandwidth", type=float, default=3350.0,
                         help="GB/s of the GPU's memory (for the elementwise term)")
+    parser.add_argument("--cluster-terms", action="store_true",
+                        help="measure a layer with a concurrent all-reduce and the clock under "
+                             "load instead (calibrate_cluster.py; torchrun for a real group)")
     args = parser.parse_args(argv)
+    if args.cluster_terms:
+        from reference_impl.perf.planner import calibrate_cluster
+        print(calibrate_cluster.report(calibrate_cluster.measure(args.dry_run)))
+        return
     table = calibrate(args.out, args.dry_run, args.peak_tflops)
     print(f"{len(table['rows'])} rows measured on {table['device']}, saved to {args.out}")
     for row in table["rows"]:

@@ -13,14 +13,17 @@ from reference_impl.perf.planner.practice import practice_plans
 from reference_impl.perf.planner.published_runs import PUBLISHED_RUNS
 from reference_impl.perf.planner.validation import compare, summary
 
-TERMS = ("layers", "recompute", "TP", "CP", "LM head", "bubble", "sends", "DP", "optimizer")
+TERMS = ("layers", "recompute", "TP", "CP", "LM head", "bubble", "framework", "sends", "DP",
+         "optimizer")
 
 
 def explain(plan: Plan) -> str:
     mo, cl, lay, mem, t = plan.model, plan.cluster, plan.layout, plan.memory, plan.time
-    eff = cl.gpu.layer
-    tp_note = ("hidden behind the GEMMs at tp_comm_overlap's bound" if lay.tp_comm_overlap
-               else "not overlapped")
+    eff, terms = cl.gpu.layer, cl.terms
+    tp_note = ("not overlapped" if not lay.tp_comm_overlap else
+               "overlapped, at tp_comm_overlap's bound" if terms.tp_overlap_bound else
+               f"overlapped in {lay.tp} chunks, one exposed, the GEMMs losing "
+               f"{terms.sm_share:.0%} of the SMs meanwhile")
     stage = (f"{t.stage_layers} layers{' + the LM head' if t.stage_has_head else ''}"
              f"{' (the last stage)' if t.stage_has_head and lay.pp > 1 else ''}")
     causes = ", ".join(f"{name} {seconds:.2f}" for name, seconds in t.breakdown().items()
@@ -39,8 +42,9 @@ def explain(plan: Plan) -> str:
         f"  model states       {lay.accounting} accounting, ZeRO-{lay.zero} over dp x cp = "
         f"{lay.dp * lay.cp}: {mem.model_state_bytes / GiB:.2f} GiB "
         f"({mem.model_state_bytes / mem.params_per_gpu:.2f} bytes/parameter)",
-        f"  activations/layer  activation_memory_formula(s={mo.seq_len // lay.cp}, "
-        f"b={lay.micro_batch}, t={lay.tp}, recompute={lay.recompute}, attention={lay.attention})"
+        f"  activations/layer  activation_bytes(s={mo.seq_len // lay.cp}, "
+        f"b={lay.micro_batch}, t={lay.tp}, recompute={lay.recompute}, attention={lay.attention}:"
+        f" MLP {mo.ffn}{' gated' if mo.gated_mlp else ''}, {mo.kv_heads or mo.heads} KV heads)"
         f" = {mem.activation_per_layer_bytes / 2**20:.1f} MiB",
         f"  activations        x {mem.layers_per_stage} layers x {mem.in_flight:.2f} microbatches "
         f"in flight = {mem.activation_bytes / GiB:.2f} GiB",
@@ -51,7 +55,8 @@ def explain(plan: Plan) -> str:
         f"time per step ({plan.global_batch} x {mo.seq_len} = {plan.tokens / 1e6:.2f}M tokens, "
         f"m = {t.microbatches} microbatches per pipeline)",
         f"  one layer          {t.layer_s * 1e3:.2f} ms fwd+bwd on {eff.device} "
-        f"({eff.source}); recompute +{t.recompute_s * 1e3:.2f} ms",
+        f"({eff.source}), at {terms.clock:.0%} of its benchmark clock under load; "
+        f"recompute +{t.recompute_s * 1e3:.2f} ms",
         f"  TP                 {t.tp_comm_s * 1e3:.2f} ms per layer (ring collectives on NVLink, "
         f"{tp_note}): {t.tp_exposed_s * 1e3:.2f} ms exposed; CP exposed "
         f"{t.cp_exposed_s * 1e3:.2f} ms",
@@ -60,8 +65,11 @@ def explain(plan: Plan) -> str:
         f"  pipeline           makespan_formula({'interleaved' if lay.v > 1 else '1f1b'}, "
         f"p={lay.pp}, m={t.microbatches}, v={lay.v}) = {t.pipeline_s:.2f} s "
         f"(bubble {t.bubble:.1%})",
+        f"  framework          {t.framework_s:.3f} s ({terms.overhead_s(lay.accounting) * 1e3:.1f} "
+        f"ms per forward or backward of a model chunk, {lay.accounting})",
         f"  sends              {t.sends_s:.3f} s exposed (warm-up and cool-down)",
-        f"  DP                 {t.dp_s:.3f} s exposed after overlap with the backward",
+        f"  DP                 {t.dp_s:.3f} s exposed after overlap with the backward (two "
+        f"levels, ring or tree over the nodes, in buckets; with the SMs it takes)",
         f"  optimizer          {t.optimizer_s:.3f} s",
         f"  step               {plan.step_s:.2f} s: {plan.tokens_per_gpu_s:,.0f} tokens/s/GPU, "
         f"{plan.model_tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {plan.mfu:.1%}",
@@ -97,7 +105,7 @@ def why(best: Plan, runner_up: Plan) -> str:
 
 def practice_comparison(best: Plan, tp_comm_overlap: bool = False) -> str:
     """Public recipes' layouts for this model on the same cluster and batch, beside the pick;
-    'TP hidden' is each with its TP collectives hidden (tp_comm_overlap at its bound)."""
+    'TP overlap' is each with its TP collectives overlapped (tp_comm_overlap)."""
     model, cluster, batch = best.model, best.cluster, best.global_batch
     rows = practice_plans(model, cluster, batch, tp_comm_overlap)
     if not rows:
@@ -107,13 +115,13 @@ def practice_comparison(best: Plan, tp_comm_overlap: bool = False) -> str:
     lines = [f"practice: public recipes' layouts on the same {cluster.num_gpus} GPUs and "
              f"batch (DP fills the rest), evaluated by the same estimate",
              f"  {'layout':<30}{'GiB':>6}{'step s':>8}{'vs pick':>9}{'MFU':>7}{'TP s':>7}"
-             f"{'bubble s':>9}{'TP hidden':>10}  recipe"]
+             f"{'bubble s':>9}{'TP overlap':>11}  recipe"]
 
     def row(p: Plan, hidden_s: float, name: str) -> str:
         terms = p.time.breakdown()
         return (f"  {p.layout.short():<30}{p.memory_bytes / GiB:>6.1f}{p.step_s:>8.2f}"
                 f"{p.step_s / best.step_s - 1:>+9.1%}{p.mfu:>7.1%}{terms['TP']:>7.2f}"
-                f"{terms['bubble']:>9.2f}{hidden_s:>10.2f}  {name}"
+                f"{terms['bubble']:>9.2f}{hidden_s:>11.2f}  {name}"
                 f"{'' if p.fits else ' (over memory)'}")
 
     lines.append(row(best, best_hidden.step_s, "the planner's pick"))
@@ -125,8 +133,9 @@ def practice_comparison(best: Plan, tp_comm_overlap: bool = False) -> str:
         lines.append(row(p, hidden[recipe.name].step_s, recipe.name))
         notes.append(f"  {recipe.name} ({recipe.source}): {differences(p, best)}")
     lines += ["against the pick, the terms that differ most:", *notes,
-              "  TP hidden: the layout's TP collectives hidden behind its GEMMs, the bound of "
-              "Megatron-Core's tp_comm_overlap (NeMo's recipes turn it on; --tp-comm-overlap)",
+              "  TP overlap: the layout's TP collectives overlapped with its GEMMs, as "
+              "Megatron-Core's tp_comm_overlap runs them (NeMo's recipes turn it on; "
+              "--tp-comm-overlap; --best-case for the bound)",
               "  NeMo's published throughputs are FP8 (--validate lists them, unscored); this "
               "estimate is bf16"]
     return "\n".join(lines)
@@ -138,9 +147,9 @@ def _with_tp_hidden(p: Plan) -> Plan:
 
 def overlapped(model: ModelSpec, cluster: Cluster, global_batch: int,
                accounting: str = "megatron") -> str:
-    """The recommendation if every layout hid its TP collectives (tp_comm_overlap's bound)."""
+    """The recommendation if every layout overlapped its TP collectives (tp_comm_overlap)."""
     best, runner_up = recommend(model, cluster, global_batch, accounting, tp_comm_overlap=True)
-    return (f"with TP communication hidden behind the GEMMs (--tp-comm-overlap, the bound):\n"
+    return (f"with TP communication overlapped with the GEMMs (--tp-comm-overlap):\n"
             f"  pick       {best.layout.short():<30}{best.step_s:>8.2f} s  MFU {best.mfu:.1%}\n"
             f"  runner-up  {runner_up.layout.short():<30}{runner_up.step_s:>8.2f} s  "
             f"MFU {runner_up.mfu:.1%}")

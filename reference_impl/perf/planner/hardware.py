@@ -5,12 +5,19 @@ H100 SXM and H200 989); memory bandwidth likewise (A100 80GB 2.04 TB/s, H100 SXM
 4.8). Link bandwidths are per GPU and direction, as NCCL's bus bandwidth reaches them in
 practice, about 80% of the nominal figure: NVLink 3 (A100, 300 GB/s nominal) 240 GB/s, NVLink 4
 (H100/H200, 450) 360 GB/s; one 200 Gb/s HDR NIC per A100 (25 GB/s nominal) 20 GB/s, one 400 Gb/s
-NIC per H100 (50) 40 GB/s.
+NIC per H100 (50) 40 GB/s. The inter-node figure is each GPU's share of its node's NICs when
+every GPU of the node communicates at once (eight NICs for eight GPUs on DGX A100 and DGX H100
+nodes); ``dp_collectives`` gives a group with several ranks on a node that many shares.
+
+A cluster also carries the end-to-end terms a single-layer benchmark misses
+(``cluster_compute.ClusterTerms``: the clock under load, the SMs overlapped collectives take,
+the framework's time per micro-step).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reference_impl.perf.planner.cluster_compute import ClusterTerms, terms_of
 from reference_impl.perf.planner.layer_efficiency import H100_TABLE, LayerEfficiency
 from reference_impl.perf.planner.model_spec import positive
 
@@ -47,7 +54,7 @@ H100_LAYER = LayerEfficiency(
 # A100: no calibration table was measured here. The H100's shape model moved to the A100's peak
 # and memory bandwidth, with ONE number fitted: the GEMM ceiling e_gemm, to the ten rows of
 # Narayanan et al. 2021, Table 1 (validation.fit_a100_ceiling; the test refits it).
-A100_E_GEMM = 0.655
+A100_E_GEMM = 0.660
 A100_LAYER = H100_LAYER.for_device(
     "A100 SXM", 312e12, 2.04e12, A100_E_GEMM,
     "H100 shape model; ceiling fitted to Narayanan et al. 2021, Table 1")
@@ -92,6 +99,7 @@ class Cluster:
     intra_alpha: float = 5e-6
     inter_alpha: float = 10e-6
     reserve: float = 0.10            # memory kept back for context, buffers, fragmentation
+    terms: ClusterTerms = field(default=terms_of("h100"))
 
     def __post_init__(self):
         for name in ("gpus_per_node", "nodes", "intra_bw_gbs", "inter_bw_gbs"):
@@ -120,14 +128,30 @@ class Cluster:
         return self.inter_alpha, self.inter_bw_gbs * GB
 
 
-def cluster_of(gpu: str, nodes: int, gpus_per_node: int = 8, **overrides) -> Cluster:
-    """A cluster of a known GPU (a100, h100, h200) with its links."""
-    try:
-        spec = GPUS[gpu.lower()]
-    except KeyError:
-        raise ValueError(f"unknown GPU {gpu!r}; choose one of {', '.join(GPUS)}") from None
-    intra, inter = LINKS[gpu.lower()]
-    options = dict(gpus_per_node=gpus_per_node, nodes=nodes, gpu=spec, intra_bw_gbs=intra,
-                   inter_bw_gbs=inter)
+def cluster_of(name: str | GPU, nodes: int, gpus_per_node: int = 8, **overrides) -> Cluster:
+    """A cluster of a known GPU type (a100, h100, h200) with its links and end-to-end terms.
+    ``name`` may be a :class:`GPU` (its type read from its name, e.g. "H100 94GB"), and
+    ``gpu=`` replaces the GPU while keeping the named type's links and terms, as any other
+    field of :class:`Cluster` may be replaced."""
+    kind = gpu_kind(name.name if isinstance(name, GPU) else name)
+    options = dict(gpus_per_node=gpus_per_node, nodes=nodes,
+                   gpu=name if isinstance(name, GPU) else GPUS[kind],
+                   intra_bw_gbs=LINKS[kind][0], inter_bw_gbs=LINKS[kind][1],
+                   terms=terms_of(kind))
     options.update(overrides)
     return Cluster(**options)
+
+
+def gpu_kind(name: str) -> str:
+    """The known GPU type (a100, h100, h200) a name starts with: "h100", "H100 80GB"."""
+    key = name.split()[0].lower() if name.strip() else name
+    if key not in GPUS:
+        raise ValueError(f"unknown GPU {name!r}; choose one of {', '.join(GPUS)}")
+    return key
+
+
+def gpu_with_memory(name: str, memory_gib: float) -> GPU:
+    """A known GPU type with another memory size (an H100 NVL's 94 GB, say)."""
+    positive("GPU memory", memory_gib)
+    spec = GPUS[gpu_kind(name)]
+    return GPU(f"{spec.name.split()[0]} {memory_gib:g}GB", memory_gib, spec.layer)

@@ -18,8 +18,11 @@ CONTEXT_PARALLEL = (1, 2, 4)
 class Layout:
     """tp x cp x pp x dp GPUs (Megatron-LM's order: TP fastest, then CP, DP, PP); ``v``
     virtual stages per pipeline rank (the interleaved schedule, Narayanan et al. 2021);
-    ``tp_comm_overlap``: TP collectives hidden behind the GEMMs, at the bound
-    (time_estimate.py), as Megatron-Core's option of that name does at best."""
+    ``tp_comm_overlap``: TP collectives overlapped with the GEMMs, as Megatron-Core's option of
+    that name does (time_estimate.py prices it); ``embedding_in_split``: the embedding and the
+    loss count as a layer each when the layers are split into stages (Megatron-LM's
+    --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split: the
+    first and last stages hold one layer fewer, as Llama 3 405B's 126 layers on 16 stages)."""
     tp: int
     pp: int
     dp: int
@@ -32,6 +35,7 @@ class Layout:
     accounting: str = "megatron"
     attention: str = "flash"
     tp_comm_overlap: bool = False
+    embedding_in_split: bool = False
 
     @property
     def gpus(self) -> int:
@@ -74,28 +78,56 @@ def check_layout(model: ModelSpec, cluster: Cluster, layout: Layout) -> None:
         raise ValueError(f"tp {tp} does not divide the {model.heads} attention heads "
                          f"({model.kv_heads or model.heads} key/value heads)")
     if model.seq_len % (2 * cp if cp > 1 else 1):
-        raise ValueError(f"cp {cp} needs the sequence {model.seq_len} split in 2 cp chunks")
-    if pp > model.layers:
-        raise ValueError(f"pp {pp} is more than the {model.layers} layers")
-    per_stage = -(-model.layers // pp)
-    if layout.v > 1 and (pp == 1 or per_stage % layout.v):
-        raise ValueError(f"v {layout.v} virtual stages need pp > 1 and v dividing the "
-                         f"{per_stage} layers of a stage")
-    if layout.recompute not in RECOMPUTE:
-        raise ValueError(f"recompute must be one of none, selective, full, got {layout.recompute!r}")
+        raise ValueError(f"cp {cp} needs the sequence {model.seq_len} split in 2 cp chunks "
+                         f"(load balance): {model.seq_len} is not divisible by 2 x {cp}")
     if layout.attention not in ATTENTION_KERNELS:
         raise ValueError(f"attention must be one of {ATTENTION_KERNELS}, got {layout.attention!r}")
+    if cp > 1 and layout.attention != "flash":
+        raise ValueError(f"context parallelism needs fused attention: cp {cp} with "
+                         f"{layout.attention} attention (Megatron-Core runs CP only inside its "
+                         f"fused attention kernel)")
+    if pp > model.layers:
+        raise ValueError(f"pp {pp} is more than the {model.layers} layers")
+    if layout.v > 1 and pp == 1:
+        raise ValueError(f"v {layout.v} virtual stages need pp > 1")
+    if layout.v > 1 and pipeline_slots(model, layout) % (pp * layout.v):
+        slots = pipeline_slots(model, layout)
+        counted = " (the layers + the embedding and the loss)" if layout.embedding_in_split else ""
+        raise ValueError(f"interleaving needs equal chunks: {slots} layers{counted} are not "
+                         f"divisible by pp*v = {pp}*{layout.v} = {pp * layout.v}")
+    if layout.embedding_in_split and pp == 1:
+        raise ValueError("embedding_in_split needs pp > 1: it moves a layer off the first and "
+                         "last stages")
+    if layout.recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of none, selective, full, got {layout.recompute!r}")
     check_accounting(layout.accounting, layout.zero)
+
+
+def pipeline_slots(model: ModelSpec, layout: Layout) -> int:
+    """What the pipeline split divides among the stages: the layers, plus the embedding and the
+    loss as a layer each with ``embedding_in_split``."""
+    return model.layers + (2 if layout.embedding_in_split else 0)
+
+
+def first_stage_layers(model: ModelSpec, layout: Layout) -> int:
+    """Layers on the first stage, the most any stage holds: ceil(slots / pp), one fewer when
+    the embedding counts as a layer."""
+    most = -(-pipeline_slots(model, layout) // layout.pp)
+    return most - 1 if layout.embedding_in_split else most
 
 
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def virtual_stages(model: ModelSpec, pp: int) -> list[int]:
-    """The interleaving degrees a pipeline of ``pp`` ranks allows: every v dividing a stage's
-    layers (v = the stage's layers: one layer per model chunk, as NeMo's Llama 2 70B recipe)."""
-    return divisors(-(-model.layers // pp)) if pp > 1 else [1]
+def virtual_stages(model: ModelSpec, pp: int, embedding_in_split: bool = False) -> list[int]:
+    """The interleaving degrees a pipeline of ``pp`` ranks allows: equal model chunks, every v
+    with pp x v dividing the layers (Megatron-LM's rule; with ``embedding_in_split`` the layers
+    + 2). v = a stage's layers is one layer per chunk, as NeMo's Llama 2 70B recipe."""
+    slots = model.layers + (2 if embedding_in_split else 0)
+    if pp == 1 or slots % pp:
+        return [1]
+    return divisors(slots // pp)
 
 
 def candidate_layouts(model: ModelSpec, cluster: Cluster, global_batch: int,
@@ -105,13 +137,13 @@ def candidate_layouts(model: ModelSpec, cluster: Cluster, global_batch: int,
     """Every legal layout: TP within a node, CP in {1, 2, 4}, PP dividing what is left (with
     virtual stages where the layers divide), DP the rest; each ZeRO stage the accounting has,
     micro-batch 1, 2 or 4, and recomputation (with flash attention "selective" is "none": the
-    kernel already recomputes the scores)."""
+    kernel already recomputes the scores). CP only with flash attention."""
     g = cluster.num_gpus
     recomputes = (None, "full") if attention == "flash" else RECOMPUTE
     for t in divisors(cluster.gpus_per_node):
         if model.heads % t or (model.kv_heads or model.heads) % t or (tp and t != tp):
             continue
-        for c in CONTEXT_PARALLEL:
+        for c in CONTEXT_PARALLEL if attention == "flash" else (1,):
             if (g // t) % c or model.seq_len % (2 * c if c > 1 else 1):
                 continue
             for p in divisors(g // (t * c)):

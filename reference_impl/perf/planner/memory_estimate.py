@@ -2,10 +2,13 @@
 
 * model states: :func:`framework_memory.model_state_bytes` on the stage's parameters (its layers
   / tp, the embedding on the first stage, the LM head on the last), sharded over dp x cp;
-* activations per layer: Korthikanti et al. 2022, Table 2
-  (:func:`reference_impl.memory.activation_memory.activation_memory_formula`) on the s/cp
-  tokens a CP rank holds; no 1-byte dropout masks for models without dropout (Llama); with
-  flash attention no s x s term (the kernel keeps one fp32 log-sum-exp per row and head);
+* activations per layer: Korthikanti et al. 2022's count with the layer's real shapes (the
+  MLP's width, a gated MLP, the key/value heads: :func:`layer_activations.activation_bytes`)
+  on the s/cp tokens a CP rank holds; no 1-byte dropout masks for models without dropout
+  (Llama); with flash attention no s x s term (the kernel keeps one fp32 log-sum-exp per row
+  and head);
+* layers per stage: ceil(L/pp) on the first, one fewer with the embedding counted in the split
+  (``layout.first_stage_layers``);
 * in flight on the first stage: 1F1B holds min(pp, m) microbatches; the interleaved schedule
   a factor 1 + (pp-1)/(pp v) more (Korthikanti et al. 2022, section 4.2.3); full recomputation
   keeps each layer's input and rebuilds one layer at a time (+ one layer's activations);
@@ -14,12 +17,11 @@
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from reference_impl.memory.activation_memory import activation_memory_formula
 from reference_impl.perf.planner.framework_memory import model_state_bytes
-from reference_impl.perf.planner.layout import Layout
+from reference_impl.perf.planner.layer_activations import activation_bytes
+from reference_impl.perf.planner.layout import Layout, first_stage_layers
 from reference_impl.perf.planner.model_spec import ModelSpec
 
 
@@ -39,10 +41,6 @@ class MemoryEstimate:
         return self.model_state_bytes + self.activation_bytes + self.logits_bytes
 
 
-def layers_per_stage(model: ModelSpec, pp: int) -> int:
-    return math.ceil(model.layers / pp)
-
-
 def in_flight_microbatches(pp: int, microbatches: int, v: int) -> float:
     """Microbatches whose activations the first stage holds at once (module docstring)."""
     held = min(pp, microbatches)
@@ -51,15 +49,13 @@ def in_flight_microbatches(pp: int, microbatches: int, v: int) -> float:
 
 def activation_per_layer(model: ModelSpec, layout: Layout, recompute: str | None) -> float:
     sp = layout.sequence_parallel and layout.tp > 1
-    return activation_memory_formula(
-        model.seq_len // layout.cp, layout.micro_batch, model.hidden, model.heads, layout.tp,
-        sequence_parallel=sp, recompute=recompute, mask_bytes=1 if model.dropout else 0,
-        attention="sdpa" if layout.attention == "flash" else "explicit")
+    return activation_bytes(model, model.seq_len // layout.cp, layout.micro_batch, layout.tp,
+                            sp, recompute, layout.attention)
 
 
 def estimate_memory(model: ModelSpec, layout: Layout, microbatches: int) -> MemoryEstimate:
     tp, pp, shards = layout.tp, layout.pp, layout.dp * layout.cp
-    per_stage = layers_per_stage(model, pp)
+    per_stage = first_stage_layers(model, layout)
     layer_params = model.params_per_layer / tp
     vocab_params = model.vocab * model.hidden / tp
     head = 0 if model.tied_embeddings and pp == 1 else vocab_params

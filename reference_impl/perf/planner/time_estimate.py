@@ -1,6 +1,7 @@
 """Step time of a layout, term by term, communication overlapped as the frameworks overlap it.
 
-Per microbatch and stage (``layer`` from the GPU's :class:`LayerEfficiency`)::
+Per microbatch and stage (``layer`` from the GPU's :class:`LayerEfficiency`, divided by the
+clock the GPU holds under load, ``cluster_compute.ClusterTerms``)::
 
     layer'   = layer x (4/3 under full recomputation; + the attention forward again under
                selective recomputation of explicit attention, Korthikanti et al. 2022)
@@ -8,10 +9,15 @@ Per microbatch and stage (``layer`` from the GPU's :class:`LayerEfficiency`)::
                  (6 under full recomputation); with sequence parallelism the all-gather +
                  reduce-scatter pairs move the same bytes; exposed, as Megatron-LM runs them
                  by default. ``tp_comm_overlap`` (Megatron-Core's option of that name, which
-                 NeMo's recipes turn on) is taken at its bound: only what outlasts the
-                 layer's GEMMs is exposed, max(0, TP - GEMMs)
+                 NeMo's recipes turn on) splits each collective and its GEMM into tp chunks
+                 and overlaps chunk i's transfer with chunk i-1's GEMM (Wang et al. 2023,
+                 "Overlap Communication with Dependent Computation via Decomposition in Large
+                 Deep Learning Models"): one chunk in tp stays exposed, or what outlasts the
+                 GEMMs if more, and the GEMMs lose the SMs the transfers take while they
+                 overlap: max(TP/tp, TP - GEMMs) + share x min(TP (1 - 1/tp), GEMMs). The
+                 bound max(0, TP - GEMMs) is the best case (``--best-case``)
                + CP: the ring exchange of K and V (forward, and twice that backward) beyond
-                 what the attention it overlaps with hides
+                 what the attention it overlaps with hides, and the SMs it takes meanwhile
     stage    = the slowest pipeline stage: whole layers per stage, none holding more than
                ceil(L/pp) (the memory estimate's count), the LM head on the last, which may
                take fewer layers to balance it (as Llama 3 did):
@@ -20,34 +26,43 @@ Per microbatch and stage (``layer`` from the GPU's :class:`LayerEfficiency`)::
                5 layers + the head (:func:`slowest_stage`)
     pipeline = makespan_formula('1f1b' or 'interleaved', p, m, v) with F + B = stage:
                stage (m + (p-1)/v), the bubble (p-1)/(v m + p-1)
+    framework = the framework's time per forward or backward of a model chunk
+               (``cluster_compute.MICROSTEP_OVERHEAD_S``) on every slot of the critical path:
+               2 (v m + p - 1) x overhead
     sends    = 2 v (p-1) (alpha + b (s/cp) h 2 / (tp with SP) / link): the stage-boundary
                activations and gradients on the critical path of warm-up and cool-down; in the
                steady state they overlap the next microbatch's compute (batched isend/irecv)
-    DP       = gradients reduced once per step, bucketed, overlapped with the last microbatch's
-               backward (2/3 of a stage slot): exposed max(0, reduce - that); the parameter
-               all-gather overlapped with the next step's first forward (1/3 of a slot). With
-               v model chunks per rank Megatron-LM reduces (and gathers) each chunk's share
-               on its own, as soon as the chunk's last backward ends: in the interleaved
-               schedule's cool-down chunk k's last backward ends k p chunk-backwards before
-               the step's, so the reduction overlaps that much more (:func:`exposed_seconds`);
-               ZeRO-3 (and DeepSpeed's ZeRO-2 reduce-scatter) every micro-step, overlapped with
-               that microbatch's compute: m x max(0, traffic - stage)
+    DP       = gradients reduced once per step in buckets (``dp_collectives``: two levels,
+               ring or tree over the nodes, each GPU's share of its node's NICs), overlapped
+               with the last microbatch's backward (2/3 of a stage slot): exposed max(last
+               bucket, reduce - that), the last bucket starting only when the backward ends;
+               the parameter all-gather mirrored over the next step's first forward (1/3 of a
+               slot). With v model chunks per rank Megatron-LM reduces (and gathers) each
+               chunk's share on its own, as soon as the chunk's last backward ends: in the
+               interleaved schedule's cool-down chunk k's last backward ends k p
+               chunk-backwards before the step's, so the reduction overlaps that much more
+               (:func:`exposed_seconds`); ZeRO-3 (and DeepSpeed's ZeRO-2 reduce-scatter) every
+               micro-step, overlapped with that microbatch's compute: m x max(0, traffic -
+               stage). Whatever overlaps compute slows it by the SMs it takes
+               (``ClusterTerms.overlap_slowdown``), counted here
     optimizer = 30 bytes per local parameter shard at memory bandwidth (Adam: fp32 master,
                gradient, m and v read and written, the bf16 copy written)
-    step     = pipeline + sends + DP + optimizer, or, term by term (:meth:`TimeEstimate.breakdown`),
-               m x (the slowest stage's layers, recomputation, TP, CP, LM head) + bubble
-               + sends + DP + optimizer
+    step     = pipeline + framework + sends + DP + optimizer, or, term by term
+               (:meth:`TimeEstimate.breakdown`), m x (the slowest stage's layers,
+               recomputation, TP, CP, LM head) + bubble + framework + sends + DP + optimizer
 
-Ring collectives use lab 0's alpha-beta cost (:func:`ring_all_reduce_seconds`); a
-reduce-scatter or an all-gather is half an all-reduce. A group lies inside a node when the GPUs
-it spans (Megatron-LM's order: TP fastest, then CP, DP, PP) fit in one.
+Ring collectives inside a node use lab 0's alpha-beta cost (``dp_collectives.ring_seconds``);
+a reduce-scatter or an all-gather is half an all-reduce. A group lies inside a node when the
+GPUs it spans (Megatron-LM's order: TP fastest, then CP, DP, PP) fit in one.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from reference_impl.comm.alpha_beta import ring_all_reduce_seconds
+from reference_impl.perf.planner.cluster_compute import ClusterTerms
+from reference_impl.perf.planner.dp_collectives import (bucket_parameters, bucketed_seconds,
+                                                        ring_seconds)
 from reference_impl.perf.planner.framework_memory import gradient_traffic
 from reference_impl.perf.planner.hardware import Cluster
 from reference_impl.perf.planner.layout import Layout
@@ -74,10 +89,11 @@ class TimeEstimate:
     sends_s: float
     dp_s: float
     optimizer_s: float
+    framework_s: float = 0.0
 
     @property
     def step_s(self) -> float:
-        return self.pipeline_s + self.sends_s + self.dp_s + self.optimizer_s
+        return self.pipeline_s + self.framework_s + self.sends_s + self.dp_s + self.optimizer_s
 
     def breakdown(self) -> dict[str, float]:
         """Seconds per step by cause; they add up to ``step_s``. The work of the slowest
@@ -87,30 +103,35 @@ class TimeEstimate:
                  "TP": m * n * self.tp_exposed_s, "CP": m * n * self.cp_exposed_s,
                  "LM head": m * self.head_s if self.stage_has_head else 0.0}
         terms["bubble"] = self.pipeline_s - m * self.stage_s
-        terms.update({"sends": self.sends_s, "DP": self.dp_s, "optimizer": self.optimizer_s})
+        terms.update({"framework": self.framework_s, "sends": self.sends_s, "DP": self.dp_s, "optimizer": self.optimizer_s})
         return terms
 
 
-def ring_seconds(nbytes: float, n: int, link: tuple[float, float], all_reduce: bool = True) -> float:
-    if n == 1 or nbytes == 0:
-        return 0.0
-    alpha, bandwidth = link
-    seconds = ring_all_reduce_seconds(nbytes, n, alpha, bandwidth)
-    return seconds if all_reduce else seconds / 2
-
-
-def exposed_seconds(collective_s: float, v: int, pp: int, pass_s: float) -> float:
+def exposed_seconds(collective_s: float, v: int, pp: int, pass_s: float,
+                    last_s: float = 0.0) -> float:
     """How long a once-per-step collective runs past the compute it overlaps: the gradient
     reduction after the last backward (``pass_s`` = one microbatch's backward through the
     stage), or, mirrored, the parameter gather before the first forward. The collective is
     split into the v chunks' shares, sent one after another; chunk k's share is ready
     (k pp + 1) pass_s / v before the end (its own last backward overlaps it by buckets, and
     k pp chunk-backwards of the interleaved cool-down follow it). v = 1: max(0, collective -
-    pass)."""
+    pass). ``last_s``, the last bucket, is exposed whatever the overlap: it starts when the
+    pass ends."""
     share, finish = collective_s / v, -math.inf
     for k in reversed(range(v)):
         finish = max(finish, -(k * pp + 1) * pass_s / v) + share
-    return max(0.0, finish)
+    return max(0.0, last_s, finish)
+
+
+def tp_exposed_seconds(tp_comm: float, gemms: float, tp: int, overlap: bool,
+                       terms: ClusterTerms) -> float:
+    """What a layer waits for of its TP collectives (module docstring)."""
+    if not overlap or tp_comm == 0:
+        return tp_comm
+    if terms.tp_overlap_bound:
+        return max(0.0, tp_comm - gemms)
+    return (max(tp_comm / tp, tp_comm - gemms)
+            + terms.overlap_slowdown(tp_comm * (1 - 1 / tp), gemms))
 
 
 def slowest_stage(layers: int, pp: int, layer_s: float, head_s: float) -> tuple[int, bool]:
@@ -134,14 +155,14 @@ def slowest_stage(layers: int, pp: int, layer_s: float, head_s: float) -> tuple[
 
 def estimate_time(model: ModelSpec, cluster: Cluster, layout: Layout, microbatches: int,
                   params_per_gpu: float) -> TimeEstimate:
-    eff = cluster.gpu.layer
+    eff, terms = cluster.gpu.layer, cluster.terms
     tp, cp, pp, dp, v, b = layout.tp, layout.cp, layout.pp, layout.dp, layout.v, layout.micro_batch
     m, s_local = microbatches, model.seq_len // cp
-    layer = eff.layer_seconds(model, tp, b, cp, layout.attention)
-    gemms = eff.layer_gemm_seconds(model, tp, b, cp)
+    layer = eff.layer_seconds(model, tp, b, cp, layout.attention) / terms.clock
+    gemms = eff.layer_gemm_seconds(model, tp, b, cp) / terms.clock
     head_dim, heads_local = model.hidden // model.heads, model.heads // tp
     attention = eff.attention_seconds(b, s_local, model.seq_len, heads_local, head_dim,
-                                      layout.attention)
+                                      layout.attention) / terms.clock
     if layout.recompute == "full":
         recompute, gemms = layer / 3, gemms * 4 / 3
     elif layout.recompute == "selective" and layout.attention == "explicit":
@@ -152,17 +173,17 @@ def estimate_time(model: ModelSpec, cluster: Cluster, layout: Layout, microbatch
     boundary = b * s_local * model.hidden * 2
     all_reduces = 6 if layout.recompute == "full" else 4
     tp_comm = all_reduces * ring_seconds(boundary, tp, cluster.link(tp))
-    tp_exposed = max(0.0, tp_comm - gemms) if layout.tp_comm_overlap else tp_comm
+    tp_exposed = tp_exposed_seconds(tp_comm, gemms, tp, layout.tp_comm_overlap, terms)
     if cp > 1:  # each rank passes (cp-1) K,V chunks round the ring; backward moves dK, dV too
         kv_chunk = 2 * b * s_local * model.kv_dim // tp * 2
         alpha, bandwidth = cluster.link(tp * cp)
         exchange = 3 * (cp - 1) * (alpha + kv_chunk / bandwidth)
-        cp_exposed = max(0.0, exchange - attention)
+        cp_exposed = max(0.0, exchange - attention) + terms.overlap_slowdown(exchange, attention)
     else:
         cp_exposed = 0.0
 
     layer_total = layer + recompute + tp_exposed + cp_exposed
-    head = eff.gemm_only_seconds(b * s_local, model.hidden, model.vocab // tp)
+    head = eff.gemm_only_seconds(b * s_local, model.hidden, model.vocab // tp) / terms.clock
     stage_layers, stage_has_head = slowest_stage(model.layers, pp, layer_total, head)
     stage = stage_layers * layer_total + (head if stage_has_head else 0.0)
     schedule = "interleaved" if v > 1 else "1f1b"
@@ -176,16 +197,27 @@ def estimate_time(model: ModelSpec, cluster: Cluster, layout: Layout, microbatch
     else:
         sends = 0.0
 
-    shards = dp * cp
-    link = cluster.link(tp * cp * dp)
+    shards = dp * cp  # the distributed optimizer's group: DP x CP, ranks tp apart
     traffic = gradient_traffic(params_per_gpu, layout.zero, layout.accounting)
-    reduce = ring_seconds(traffic.reduce_per_step, shards, link, traffic.reduce_is_all_reduce)
-    gather = ring_seconds(traffic.gather_per_step, shards, link, all_reduce=False)
-    per_microstep = ring_seconds(traffic.per_microstep, shards, link, all_reduce=False)
-    dp_time = (exposed_seconds(reduce, v, pp, 2 * stage / 3)
-               + exposed_seconds(gather, v, pp, stage / 3)
-               + m * max(0.0, per_microstep - stage))
+    buckets = max(v, math.ceil(params_per_gpu / bucket_parameters(
+        params_per_gpu, shards, layout.accounting, stage_layers)))
+
+    def sent(nbytes, all_reduce=False):
+        return bucketed_seconds(nbytes, buckets, shards, tp, cluster, all_reduce)
+
+    reduce, reduce_last = sent(traffic.reduce_per_step, traffic.reduce_is_all_reduce)
+    gather, gather_last = sent(traffic.gather_per_step)
+    per_microstep, _ = sent(traffic.per_microstep)
+    reduce_exposed = exposed_seconds(reduce, v, pp, 2 * stage / 3, reduce_last)
+    gather_exposed = exposed_seconds(gather, v, pp, stage / 3, gather_last)
+    per_microstep_exposed = max(0.0, per_microstep - stage)
+    overlapped = (max(0.0, reduce - reduce_exposed) + max(0.0, gather - gather_exposed)
+                  + m * (per_microstep - per_microstep_exposed))
+    dp_time = (reduce_exposed + gather_exposed + m * per_microstep_exposed
+               + terms.overlap_slowdown(overlapped, overlapped))
+    framework = 2 * (v * m + pp - 1) * terms.overhead_s(layout.accounting)
     optimizer = (OPTIMIZER_BYTES_PER_PARAMETER * params_per_gpu
                  / (shards if layout.zero else 1) / eff.memory_bandwidth)
     return TimeEstimate(layer, recompute, tp_comm, tp_exposed, cp_exposed, head, stage_layers,
-                        stage_has_head, stage, m, bubble, pipeline, sends, dp_time, optimizer)
+                        stage_has_head, stage, m, bubble, pipeline, sends, dp_time, optimizer,
+                        framework)

@@ -54,14 +54,16 @@ def run_plans(run: PublishedRun, gpu=None) -> list[Plan]:
     if gpu is not None:
         cluster = replace(cluster, gpu=gpu)
     micro_batches = (run.micro_batch,) if run.micro_batch else MICRO_BATCHES
-    interleavings = (run.v,) if run.v else virtual_stages(run.model, run.pp)
+    interleavings = ((run.v,) if run.v else
+                     virtual_stages(run.model, run.pp, run.embedding_in_split))
     plans = []
     for b in micro_batches:
         if run.global_batch % (run.dp * b):
             continue
         for v in interleavings:
             layout = Layout(run.tp, run.pp, run.dp, run.zero, b, run.recompute,
-                            run.sequence_parallel, run.cp, v, run.accounting, run.attention)
+                            run.sequence_parallel, run.cp, v, run.accounting, run.attention,
+                            embedding_in_split=run.embedding_in_split)
             plans.append(evaluate(run.model, cluster, layout, run.global_batch))
     return plans
 

@@ -1,0 +1,95 @@
+"""Data-parallel and FSDP collectives over the nodes of a cluster: where the ranks of a group
+sit, what each node's NICs give each of them, ring or tree over the nodes, and the buckets the
+frameworks send the gradients in.
+
+**Placement.** In Megatron-LM's order (TP fastest, then CP, DP, PP) the ranks of a data-parallel
+group are tp x cp apart: ``k`` = min(n, gpus_per_node / (tp cp)) of them share a node (1 when
+tp x cp fills it), spread over N = n / k nodes.
+
+**Bandwidth per node, shared.** Every GPU of a node is in some data-parallel group, and all
+groups reduce at the same time, so the node's NICs are shared by all its GPUs: each gets
+``Cluster.inter_bw_gbs`` (the node's NIC bandwidth over its GPUs; one NIC per GPU on DGX A100
+and H100 nodes, hardware.py). A group's k ranks on a node together get k of those shares.
+
+**Two levels, ring or tree.** The k ranks of a node reduce-scatter over NVLink, each then
+all-reduces its 1/k of the payload across the N nodes on its NIC share, and they all-gather
+over NVLink (a reduce-scatter or an all-gather is half of it). Across the nodes NCCL picks the
+faster of a ring and a tree for each size; the alpha-beta cost of each (lab 0's ring;
+Sanders, Speck and Träff 2009, "Two-tree algorithms for full bandwidth broadcast, reduction and
+scan", for the double binary tree NCCL implements, whose latency grows as log2 N)::
+
+    ring  2 (N-1) alpha + 2 (N-1)/N  S / B
+    tree  2 ceil(log2 N) alpha + 2 S / B
+
+**Buckets.** Gradients go out in buckets as the backward produces them, each a collective that
+pays the latency terms: Megatron-LM's DistributedDataParallel buckets max(40M, 1M x dp)
+parameters (its default ``bucket_size``), so the last bucket, which only starts when the
+backward ends, grows with the data-parallel degree; DeepSpeed's ``reduce_bucket_size`` is 5e8
+elements; FSDP reduces each wrapped layer on its own.
+"""
+from __future__ import annotations
+
+import math
+
+from reference_impl.comm.alpha_beta import ring_all_reduce_seconds
+from reference_impl.perf.planner.hardware import GB, Cluster
+
+MEGATRON_BUCKET_PARAMETERS = 40_000_000
+MEGATRON_BUCKET_PARAMETERS_PER_DP_RANK = 1_000_000
+DEEPSPEED_BUCKET_ELEMENTS = 5e8
+
+
+def ranks_per_node(cluster: Cluster, n: int, stride: int) -> int:
+    """Ranks of an ``n``-rank group, ``stride`` GPUs apart, that share a node."""
+    return max(1, min(n, cluster.gpus_per_node // stride))
+
+
+def ring_seconds(nbytes: float, n: int, link: tuple[float, float], all_reduce: bool = True) -> float:
+    """A ring all-reduce (or, half of it, a reduce-scatter or all-gather) over ``n`` ranks on one
+    kind of link (alpha, bytes/s)."""
+    if n == 1 or nbytes == 0:
+        return 0.0
+    seconds = ring_all_reduce_seconds(nbytes, n, *link)
+    return seconds if all_reduce else seconds / 2
+
+
+def across_nodes_seconds(nbytes: float, nodes: int, alpha: float, bandwidth: float) -> float:
+    """All-reduce of ``nbytes`` across ``nodes``, one rank each: the faster of ring and tree."""
+    if nodes == 1 or nbytes == 0:
+        return 0.0
+    ring = ring_all_reduce_seconds(nbytes, nodes, alpha, bandwidth)
+    tree = 2 * math.ceil(math.log2(nodes)) * alpha + 2 * nbytes / bandwidth
+    return min(ring, tree)
+
+
+def collective_seconds(nbytes: float, n: int, stride: int, cluster: Cluster,
+                       all_reduce: bool = True) -> float:
+    """One collective of ``nbytes`` (the full tensor) over a group of ``n`` ranks ``stride``
+    GPUs apart (module docstring)."""
+    if n == 1 or nbytes == 0:
+        return 0.0
+    k = ranks_per_node(cluster, n, stride)
+    nodes = math.ceil(n / k)
+    inside = ring_seconds(nbytes, k, (cluster.intra_alpha, cluster.intra_bw_gbs * GB))
+    across = across_nodes_seconds(nbytes / k, nodes, cluster.inter_alpha,
+                                  cluster.inter_bw_gbs * GB)
+    seconds = inside + across
+    return seconds if all_reduce else seconds / 2
+
+
+def bucket_parameters(params: float, dp: int, accounting: str, layers: int) -> float:
+    """Parameters per gradient bucket as each framework sends them (module docstring)."""
+    if accounting == "fsdp":
+        return params / max(1, layers)
+    if accounting == "deepspeed":
+        return DEEPSPEED_BUCKET_ELEMENTS
+    return max(MEGATRON_BUCKET_PARAMETERS, MEGATRON_BUCKET_PARAMETERS_PER_DP_RANK * dp)
+
+
+def bucketed_seconds(nbytes: float, buckets: int, n: int, stride: int, cluster: Cluster,
+                     all_reduce: bool) -> tuple[float, float]:
+    """(all the buckets, the last one): ``nbytes`` sent as ``buckets`` equal collectives."""
+    if nbytes == 0 or n == 1:
+        return 0.0, 0.0
+    one = collective_seconds(nbytes / buckets, n, stride, cluster, all_reduce)
+    return buckets * one, one

@@ -1,0 +1,114 @@
+"""Activation bytes of one transformer layer from its real shapes: the MLP's width, a gated MLP,
+and the key/value heads, on one rank of a TP group.
+
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
+Table 2, count a GPT layer (4h MLP, as many key/value heads as query heads) as sbh (34 +
+5as/h) bytes. The same count, tensor by tensor, with the shapes kept apart (e bytes an
+element, m bytes a dropout-mask element, k = key/value width = kv_heads x head size,
+f = the MLP's width, u = its first matrix's outputs: 2f gated, f plain)::
+
+    tensor saved for the backward                 bytes                 split by
+    the two norms' inputs, the QKV and fc1 inputs  4 e sbh               t with SP
+    dropout masks after the projection and fc2     2 m sbh               t with SP
+    Q, K, V                                        e sb (h + 2k)         t
+    the attention output (projection input)        e sbh                 t
+    fc1's output (the activation's input)          e sb u                t
+    the activation's output (fc2's input)          e sb f                t
+    scores: softmax, dropout output, mask          (2e + m) a s^2 b      t   (explicit attention)
+    or flash attention's log-sum-exp               4 a s b               t
+
+With h = k and f = 4h, u = f this is the paper's 34 sbh + 5 a s^2 b (e = 2, m = 1). A gated
+MLP (SwiGLU) saves its 2f input and its f output, 3f, when the activation is one fused
+function that recomputes SiLU in its backward (Megatron-LM's fused bias-SwiGLU); grouped-query
+attention shrinks K and V to k = kv_heads x head size. Selective recomputation drops the
+scores; full recomputation keeps the layer's input, e sbh (e sbh / t with SP: the shard).
+The norms' statistics (4 bytes per token each) are left out, as the paper leaves them.
+
+:func:`measured_layer_bytes` runs a Llama-style layer of the same shapes on the CPU and
+counts what autograd saves (``SavedActivations``), the check of the count
+(tests/test_planner_activations.py).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from reference_impl.memory.activation_memory import SavedActivations
+from reference_impl.memory.recompute import MODES
+from reference_impl.model import check_attention
+from reference_impl.perf.planner.model_spec import ModelSpec
+
+
+def activation_bytes(model: ModelSpec, s: int, b: int, t: int = 1,
+                     sequence_parallel: bool = False, recompute: str | None = None,
+                     attention: str = "flash", bytes_per_element: int = 2) -> float:
+    """Bytes one TP rank keeps for one layer's backward (module docstring): ``s`` tokens of
+    each of ``b`` sequences on this rank (s / cp under context parallelism)."""
+    if recompute not in MODES:
+        raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")
+    e, m, h = bytes_per_element, (1 if model.dropout else 0), model.hidden
+    sb = s * b
+    if recompute == "full":
+        return e * sb * h / t if sequence_parallel else e * sb * h
+    replicated = (4 * e + 2 * m) * sb * h
+    if sequence_parallel:
+        replicated /= t
+    up = (2 if model.gated_mlp else 1) * model.ffn
+    split = e * sb * (h + 2 * model.kv_dim + h + up + model.ffn)
+    total = replicated + split / t
+    if recompute is None:
+        if check_attention(_kernel(attention)) == "explicit":
+            total += (2 * e + m) * model.heads * s * s * b / t
+        else:
+            total += 4 * model.heads * s * b / t
+    return total
+
+
+def _kernel(attention: str) -> str:
+    """The planner's name of an attention kernel ("flash") as the model's ("sdpa")."""
+    return "sdpa" if attention == "flash" else attention
+
+
+class FusedSwiGLU(torch.autograd.Function):
+    """SiLU(gate) * value as one function that saves only its input and recomputes SiLU in
+    the backward, as Megatron-LM's fused bias-SwiGLU does."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        gate, value = x.chunk(2, -1)
+        return F.silu(gate) * value
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        gate, value = x.chunk(2, -1)
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        return torch.cat([grad * value * sig * (1 + gate * (1 - sig)), grad * silu], -1)
+
+
+def measured_layer_bytes(model: ModelSpec, s: int, b: int, t: int = 1) -> int:
+    """Bytes autograd saves in one forward of a Llama-style layer (RMSNorm, fused QKV with
+    grouped-query flash attention, projection, RMSNorm, gated or plain MLP) at the shapes one
+    rank of a TP group of ``t`` holds, fp32 on the CPU, parameters excluded."""
+    h, head_dim = model.hidden, model.hidden // model.heads
+    heads, kv_heads = model.heads // t, (model.kv_heads or model.heads) // t
+    up_width = (2 if model.gated_mlp else 1) * model.ffn // t
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(k, n, generator=generator, requires_grad=True) for k, n in
+               ((h, (heads + 2 * kv_heads) * head_dim), (heads * head_dim, h), (h, up_width),
+                (model.ffn // t, h))]
+    qkv, proj, up, down = weights
+    x = torch.randn(b, s, h, generator=generator, requires_grad=True)
+    with SavedActivations(weights) as saved:
+        y = F.rms_norm(x, (h,)) @ qkv
+        q, k, v = (part.unflatten(-1, (-1, head_dim)).transpose(1, 2) for part in
+                   y.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                             enable_gqa=kv_heads != heads)
+        x1 = x + out.transpose(1, 2).flatten(2) @ proj
+        hidden = F.rms_norm(x1, (h,)) @ up
+        act = FusedSwiGLU.apply(hidden) if model.gated_mlp else F.gelu(hidden)
+        x1 + act @ down
+    return saved.total
