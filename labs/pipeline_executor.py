@@ -170,17 +170,7 @@ def run_action(action: Action, stage: nn.Module, received: torch.Tensor | None,
         raise NotImplementedError("lab4: the forward action: run the stage on its input (the microbatch itself on stage 0, else what arrived) taken as a fresh leaf that records its gradient, and keep what the backward will start from; the last stage turns its output into this microbatch's share of the full-batch mean loss and records it; return what the next stage needs, nothing after the last stage")
 
     if action.kind == "B":
-        x, y = saved[key]
-        grad = None if is_last else received  # the loss is a scalar: d loss / d loss = 1
-        if not context.split_backward:
-            raise NotImplementedError("lab4: the whole backward: backpropagate through the stage from what the forward kept (the loss seeds itself), then let go of this microbatch's entry, since what the rank still holds is the activation memory the schedule promises; return the gradient the previous stage needs, none before stage 0")
-        # Split (ZB-H1): the same backward, with every linear layer's weight gradient deferred
-        # (split_backward.py); the graph is freed, and only what W needs is kept.
-        store = context.deferred[key]
-        with weight_grads_deferred(stage, store):  # also for a forward recomputed here
-            torch.autograd.backward(y, grad)
-        saved[key] = (store,)
-        return x.grad if action.stage > 0 else None
+        raise NotImplementedError("lab4: the backward action: backpropagate through the stage from what its forward kept, with the gradient that arrived (on the last stage the loss seeds itself), accumulating into the parameters' .grad; return the gradient the previous stage needs, none before stage 0. What the rank still holds afterwards is the activation memory the schedule promises: a whole backward lets go of this microbatch's entry; a split one (context.split_backward, ZB-H1) runs with every linear layer's weight gradient deferred into context.deferred[key] (split_backward.weight_grads_deferred) and keeps only that store, for its W")
 
     # W: the deferred weight gradients, computed from what B kept (no graph is walked)
     saved.pop(key)

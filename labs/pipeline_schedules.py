@@ -28,9 +28,10 @@ The generators, p ranks, m microbatches:
 * :func:`one_f_one_b`, PipeDream-flush (Narayanan et al. 2021): after a warm-up of
   forwards rank r alternates one forward and one backward. Same bubble as GPipe but at most
   min(p - r, m) microbatches in flight on rank r.
-* :func:`interleaved_one_f_one_b` (Narayanan et al. 2021, "Efficient Large-Scale Language
-  Model Training on GPU Clusters", section 2.2.2): v chunks per rank; the bubble shrinks v
-  times, for v times more point-to-point messages.
+* ``interleaved.interleaved_one_f_one_b`` (Narayanan et al. 2021, "Efficient Large-Scale
+  Language Model Training on GPU Clusters", section 2.2.2): v chunks per rank; the bubble
+  shrinks v times, for v times more point-to-point messages (in a module of its own; importable
+  from here too).
 * :func:`zb_h1` (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): the backward split into
   B and W; W passes are postponed to fill the cool-down, bubble (p-1)(T_F + T_B - T_W)
   instead of (p-1)(T_F + T_B + T_W), with 1F1B's peak activation memory (reached on every
@@ -142,58 +143,6 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     return Schedule("1f1b", p, m, 1, False, tuple(actions))
 
 
-def interleaved_one_f_one_b(p: int, m: int, v: int = 2) -> Schedule:
-    """Interleaved 1F1B with v model chunks per rank (Narayanan et al. 2021, section 2.2.2).
-
-    Stage s (of p*v) runs on rank s % p. Every rank runs its m*v forwards in the same order:
-    groups of p microbatches, each group through chunk 0, then chunk 1, ..., then the next
-    group. The k-th forward of a rank is
-
-        chunk      (k // p) % v
-        microbatch (k // (p*v)) * p + k % p
-
-    and the k-th backward is the same with the chunks reversed (v - 1 first). Rank r warms up
-    with ``(v - 1)*p + 2*(p - r - 1)`` forwards (capped at m*v), then alternates one forward
-    and one backward, then runs the cool-down backwards. The ``(v - 1)*p`` term lets the first
-    group of microbatches reach the last chunk; the factor 2 keeps every link's messages in
-    the order they are sent, which ``(v - 1)*p + (p - r - 1)`` would not for p = 2.
-
-    The group size is p here, as in PyTorch's ``ScheduleInterleaved1F1B``. Megatron-LM names
-    it ``microbatch_group_size_per_vp_stage`` (p by default) and accepts any group size of at
-    least p, with the same warm-up formula in the group size; groups of p keep the schedule
-    simplest, and need m to be a multiple of p.
-
-    With v = 1 this is exactly :func:`one_f_one_b` (Megatron then uses its non-interleaved
-    schedule).
-    """
-    _check_positive(ranks=p, microbatches=m, chunks=v)
-    if m % p:
-        raise ValueError(f"interleaved 1F1B needs the number of microbatches ({m}) to be a "
-                         f"multiple of the pipeline size ({p})")
-    if v == 1:
-        return _renamed(one_f_one_b(p, m), "interleaved")
-    total = m * v  # passes of each kind on every rank
-
-    def virtual(k: int, forward: bool) -> tuple[int, int]:
-        """(microbatch, chunk) of a rank's k-th forward or backward."""
-        chunk = (k // p) % v
-        return (k // (p * v)) * p + k % p, chunk if forward else v - 1 - chunk
-
-    def action(kind: str, k: int, rank: int) -> Action:
-        microbatch, chunk = virtual(k, kind == "F")
-        return Action(kind, microbatch, chunk * p + rank)
-
-    actions = []
-    for rank in range(p):
-        warmup = min((v - 1) * p + 2 * (p - rank - 1), total)
-        ops = [action("F", k, rank) for k in range(warmup)]
-        for k in range(total - warmup):
-            ops += [action("F", warmup + k, rank), action("B", k, rank)]
-        ops += [action("B", k, rank) for k in range(total - warmup, total)]
-        actions.append(tuple(ops))
-    return Schedule("interleaved", p, m, v, False, tuple(actions))
-
-
 def zb_h1(p: int, m: int) -> Schedule:
     """ZB-H1, the handcrafted schedule of Qi et al. 2023, "Zero Bubble Pipeline Parallelism".
 
@@ -228,7 +177,7 @@ SCHEDULES = {
     "naive": naive,
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
-    "interleaved": interleaved_one_f_one_b,
+    "interleaved": lambda p, m, v=2: __getattr__("interleaved_one_f_one_b")(p, m, v),
     "zb-h1": zb_h1,
 }
 
@@ -238,7 +187,7 @@ def build_schedule(name: str, p: int, m: int = 1, v: int = 1) -> Schedule:
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
     if name == "interleaved":
-        return interleaved_one_f_one_b(p, m, v)
+        return SCHEDULES["interleaved"](p, m, v)
     if v != 1:
         raise ValueError(f"schedule {name!r} has one chunk per rank, got v={v}; "
                          f"use 'interleaved' for v > 1")
@@ -279,6 +228,16 @@ def schedule_from_strings(rows: list[str], microbatches: int, chunks: int = 1,
     if split_backward is None:
         split_backward = any(action.kind == "W" for ops in actions for action in ops)
     return Schedule(name, len(rows), microbatches, chunks, split_backward, tuple(actions))
+
+
+def __getattr__(name: str):
+    """``interleaved_one_f_one_b``, importable from here too: it lives in ``interleaved``, which
+    builds on this module (its v = 1 case is :func:`one_f_one_b`), so it is imported when first
+    asked for."""
+    if name == "interleaved_one_f_one_b":
+        from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
+        return interleaved_one_f_one_b
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _renamed(schedule: Schedule, name: str) -> Schedule:

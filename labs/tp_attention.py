@@ -46,10 +46,10 @@ class ParallelSelfAttention(CausalSelfAttention):
             raise ValueError(f"heads {attention.heads} is not divisible by the "
                              f"tensor-parallel size tp = {tp}")
         self.attention = attention.attention  # the same kernel ("explicit" or "sdpa")
-        raise NotImplementedError('lab3: ParallelSelfAttention.__init__: self.heads, the number of heads this rank computes; self.qkv, the fused [q; k; v] projection split so that this rank holds the q, k and v features of the same heads (its output is 3 blocks: each must be split on its own); self.proj, the output projection, whose input features are the concatenated heads, of which this rank already holds its own slice. Same attribute names as CausalSelfAttention, so the parameters pair up; pass the group on')
+        raise NotImplementedError("lab3: ParallelSelfAttention.__init__: this rank computes heads/tp whole heads (self.heads), and owns exactly the weights those heads use: of the fused projection (self.qkv, whose 3h outputs are [q; k; v], heads side by side in each) the q, k and v features of its heads, and of the output projection (self.proj) the input features that its heads' outputs are; the all-reduce belongs after the output projection, once. Lab 2's layers, over the group; same attribute names as CausalSelfAttention, so the parameters pair up")
 
     def forward(self, x):
-        raise NotImplementedError("lab3: ParallelSelfAttention.forward: x is whole on every rank; from this rank's part of the fused projection take q, k and v of its own heads only (model.split_heads knows the [q; k; v] layout), run the single-device kernel self.attention on them (model.attention_core: heads never look at each other), put the heads back side by side (model.merge_heads) and let the output projection sum every rank's heads into the whole output, its bias once")
+        raise NotImplementedError("lab3: ParallelSelfAttention.forward: x is whole on every rank, and so is the output: the whole attention's. This rank computes its own heads only: its part of the fused projection holds the q, then the k, then the v features of its self.heads heads (d = hidden/heads features each), and each head attends with its own q, k and v alone (scale 1/sqrt(d), causal, by the module's kernel self.attention); the heads' outputs side by side are exactly this rank's slice of the output projection's input, whose row-parallel layer sums every rank's partial product and adds the bias once. Not inherited: the single-device forward would read every head")
 
 
 class ParallelBlock(Block):
@@ -61,4 +61,4 @@ class ParallelBlock(Block):
         if hidden % tp:
             raise ValueError(f"hidden size {hidden} is not divisible by the tensor-parallel "
                              f"size tp = {tp}")
-        raise NotImplementedError("lab3: ParallelBlock: model.Block's forward runs unchanged on ln1, attn, ln2 and mlp (same names, so the parameters pair up). The layernorms stay whole and replicated: copies of the block's own (sharing the single-device module's parameters would mix the two models' gradients and steps); attention and MLP become their tensor-parallel versions over the group")
+        raise NotImplementedError("lab3: ParallelBlock: model.Block's forward runs unchanged on ln1, attn, ln2 and mlp (same names, so the parameters pair up). Only the parts with large matrices are split, over the group; the layernorms stay whole on every rank and belong to this module alone: a parameter shared with the single-device block would take both models' gradients and steps")

@@ -72,9 +72,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def forward(self, tokens):
         start, end = _vocab_range(self.weight.shape[0], self.group)
-        elsewhere = (tokens < start) | (tokens >= end)  # another rank holds their rows
-        local = F.embedding((tokens - start).masked_fill(elsewhere, 0), self.weight)
-        return reduce_from_tp(local.masked_fill(elsewhere.unsqueeze(-1), 0.0), self.group)
+        raise NotImplementedError("lab3: VocabParallelEmbedding.forward: every rank gets every token (whole tokens, the same on each rank) and must return every token's whole row (batch, seq, hidden), the same on every rank, while it holds only the rows [start, end) of the (padded) table. Exactly one rank holds each token's row: that rank contributes it, every other rank zeros (an index outside its slice must never be read), and one collective over group adds them up; its backward must leave each rank the gradient of the rows it holds, of every token that looked one up")
 
 
 class ParallelLMHead(ColumnParallelLinear):

@@ -18,6 +18,7 @@ own), so this file grades the executor alone.
 """
 import copy
 import functools
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -144,6 +145,62 @@ def test_run_action_returns_records_and_frees(impl, run_alone):
                                       "gradient; the loss scaled by 1/m", **TOLERANCE)
 
 
+def split_backward_on_two_stages(impl):
+    """ZB-H1's F, B and W of one microbatch through the same two stages, the backward split:
+    what B returns and keeps, the weight gradients after B and after W, and the single-device
+    values computed before the submission runs."""
+    from reference_impl.pipeline.split_backward import DeferredWeightGrads, weight_grads_deferred
+
+    torch.manual_seed(0)
+    first, last = torch.nn.Linear(4, 6), torch.nn.Linear(6, 3)
+    x, target = torch.randn(2, 4), torch.tensor([0, 2])
+    a, b = copy.deepcopy(first), copy.deepcopy(last)
+    hidden = a(x).detach().requires_grad_()
+    F.cross_entropy(b(hidden), target).backward()
+    expected = {"gradient": hidden.grad, "last": [p.grad for p in b.parameters()]}
+
+    executor = impl.module("pipeline_executor")
+    action = impl.module("pipeline_schedules").Action
+    context = executor.StepContext(microbatches=1, last_stage=1, split_backward=True,
+                                   inputs=[hidden.detach()], targets=[target],
+                                   loss_fn=F.cross_entropy)
+    saved, found = {}, {}
+    context.deferred[0, 1] = DeferredWeightGrads()
+    with weight_grads_deferred(last, context.deferred[0, 1]):  # as run_schedule does
+        executor.run_action(action("F", 0, 1), last, hidden.detach(), saved, context)
+    gradient = executor.run_action(action("B", 0, 1), last, None, saved, context)
+    found["B"] = gradient.detach() if isinstance(gradient, torch.Tensor) else None
+    found["after B"] = [p.grad is not None and bool(p.grad.abs().sum() > 0)
+                        for p in last.parameters()]
+    kept = saved.get((0, 1))
+    found["kept"] = ("freed" if kept is None else " and ".join(type(k).__name__ for k in kept))
+    if kept is not None:
+        executor.run_action(action("W", 0, 1), last, None, saved, context)
+    found["after W"] = [None if p.grad is None else p.grad.clone() for p in last.parameters()]
+    return found, expected
+
+
+def test_run_action_splits_the_backward_for_zero_bubble(impl, run_alone):
+    found, expected = run_alone(split_backward_on_two_stages, impl)
+    assert found["B"] is not None, "the split backward (ZB-H1's B) must return the gradient of " \
+                                   "the stage's input, as the whole backward does"
+    assert_close(found["B"], expected["gradient"], "the input gradient of the split backward",
+                 likely_cause="the same backward as the whole one, from the saved output",
+                 **TOLERANCE)
+    assert found["kept"] == "DeferredWeightGrads", (
+        f"after the split backward (ZB-H1's B) the entry holds {found['kept']}: it keeps only "
+        f"its weight gradients' store (context.deferred[key]) for its W, not the graph "
+        f"(freed: W would find nothing)")
+    assert not any(found["after B"]), (
+        "the split backward computed the weight gradients in B: with the backward split (ZB-H1) "
+        "every linear layer's weight gradient is deferred to W (run the backward inside "
+        "split_backward.weight_grads_deferred(stage, context.deferred[key]))")
+    for index, (got, want) in enumerate(zip(found["after W"], expected["last"])):
+        assert got is not None, f"after W the stage's parameter {index} has no gradient"
+        assert_close(got, want, f"the stage's parameter {index} gradient after B and W",
+                     likely_cause="B + W must be one whole backward", **TOLERANCE)
+
+
 # ---------------------------------------------------------------- the executor on ranks
 
 def record_point_to_point(members):
@@ -202,9 +259,83 @@ def record_point_to_point(members):
     return calls, undo
 
 
-def pipelined_and_single_device(impl, data, pipelines):
+class CoalescedRequest:
+    """A test double of NCCL's answer to ``batch_isend_irecv``: one request for the whole batch
+    (gloo gives one per operation). Waiting for it waits for every operation of the batch."""
+
+    def __init__(self, works, log, receives):
+        self.works, self.log, self.number = works, log, len(log)
+        log.append(("posted", self.number, receives))
+
+    def wait(self, *args, **kwargs):
+        self.log.append(("waited", self.number, None))
+        return all(work.wait(*args, **kwargs) is not False for work in self.works)
+
+    def is_completed(self):
+        return all(work.is_completed() for work in self.works)
+
+
+def coalesce_batches(executor):
+    """In this rank, from now on: ``batch_isend_irecv`` answers with one :class:`CoalescedRequest`
+    (as on NCCL), and every ``run_action`` of ``executor`` is logged; returns (the log, undo).
+    The log, in order: ("posted", number, holds a receive) per batch, ("waited", number, None)
+    per wait, ("compute", action, None) per action."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    log, batch, run_action = [], c10d.batch_isend_irecv, executor.run_action
+
+    def one_request(operations):
+        receives = any("recv" in operation.op.__name__ for operation in operations)
+        return [CoalescedRequest(batch(operations), log, receives)]
+
+    def logged(action, *args, **kwargs):
+        log.append(("compute", str(action), None))
+        return run_action(action, *args, **kwargs)
+
+    c10d.batch_isend_irecv = dist.batch_isend_irecv = one_request
+    executor.run_action = logged
+
+    def undo():
+        c10d.batch_isend_irecv = dist.batch_isend_irecv = batch
+        executor.run_action = run_action
+    return log, undo
+
+
+def computed_before_waiting(log):
+    """The first action computed while a posted batch that holds a receive was not yet waited
+    for, or None."""
+    receiving = set()  # batches posted with a receive, not waited for yet
+    for what, number, receives in log:
+        if what == "posted" and receives:
+            receiving.add(number)
+        elif what == "waited":
+            receiving.discard(number)
+        elif what == "compute" and receiving:
+            return number  # the action
+    return None
+
+
+UNTRANSLATED = re.compile(r"(?:[Gg]lobal rank|to global rank) (\d+)")
+
+
+def untranslated_peer(error, members):
+    """The failure of a peer given to torch as a pipeline rank, in words: which rank it names
+    and which global rank was meant."""
+    found = UNTRANSLATED.search(str(error))
+    peer = int(found.group(1)) if found else None
+    meant = (f"; pipeline rank {peer} of this pipeline is global rank {members[peer]}"
+             if peer is not None and peer < len(members) else "")
+    return (f"a peer not translated to a global rank: torch was given peer {peer}, which is "
+            f"not in this pipeline (global ranks {members}){meant}. post_exchange's peers are "
+            f"ranks in the pipeline's group; translate each with dist.get_global_rank(group, "
+            f"peer) (torch said: {error})")
+
+
+def pipelined_and_single_device(impl, data, pipelines, coalesced=False):
     """One step of the student's executor on this rank's pipeline (``pipelines``: lists of
-    global ranks), the single-device step, and what this rank posted."""
+    global ranks), the single-device step, what this rank posted and (``coalesced``: every
+    batch answered with one request, as on NCCL) which requests it waited for before computing."""
     import torch.distributed as dist
 
     world_rank = dist.get_rank()
@@ -222,14 +353,21 @@ def pipelined_and_single_device(impl, data, pipelines):
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     loss.backward()
     expected = {name: p.grad.cpu() for name, p in reference.named_parameters()}
+    executor = impl.module("pipeline_executor")
+    log, undo_coalescing = coalesce_batches(executor) if coalesced else ([], lambda: None)
     calls, undo = record_point_to_point(pipelines[index])
     try:
-        step = impl.module("pipeline_executor").pipeline_train_step(
-            gpt, as_schedule(data), tokens, targets, group=group)
+        step = executor.pipeline_train_step(gpt, as_schedule(data), tokens, targets, group=group)
+    except ValueError as error:
+        if group is None or not UNTRANSLATED.search(str(error)):
+            raise
+        raise ValueError(untranslated_peer(error, pipelines[index])) from None
     finally:
         undo()
+        undo_coalescing()
     return (index, float(step.loss), loss.item(), int(step.run.peak_saved),
-            [(n, g.detach().cpu(), expected[n]) for n, g in step.grads.items()], calls)
+            [(n, g.detach().cpu(), expected[n]) for n, g in step.grads.items()], calls,
+            computed_before_waiting(log))
 
 
 def postings_as_exchanges(schedule, calls, members, rank):
@@ -260,22 +398,29 @@ def postings_as_exchanges(schedule, calls, members, rank):
     return tuple(exchanges)
 
 
-CASES = {  # name: (schedule rows key, pipelines as global ranks)
-    "gpipe, p=4, m=8": (("gpipe", 4, 8), [[0, 1, 2, 3]]),
-    "1f1b, p=4, m=6": (("1f1b", 4, 6), [[0, 1, 2, 3]]),
-    "1f1b, pipelines [0, 2] and [1, 3], m=4": (("1f1b", 2, 4), [[0, 2], [1, 3]]),
+CASES = {  # name: (schedule rows key, pipelines as global ranks, one request per batch)
+    "gpipe, p=4, m=8": (("gpipe", 4, 8), [[0, 1, 2, 3]], False),
+    "1f1b, p=4, m=6": (("1f1b", 4, 6), [[0, 1, 2, 3]], False),
+    "1f1b, pipelines [0, 2] and [1, 3], m=4, one request per batch (NCCL)": (
+        ("1f1b", 2, 4), [[0, 2], [1, 3]], True),
 }
+COMPUTED_BEFORE_WAITING = (
+    "the executor computed {action} before waiting for the request of the batch that brought its "
+    "input. On NCCL batch_isend_irecv returns one request for the whole batch (modelled here on "
+    "gloo): post_exchange must return it among the receive requests, which the executor waits "
+    "for before it computes")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_pipelined_step_trains_like_one_device(impl, run_on_ranks, case):
-    (name, p, m), pipelines = CASES[case]
+    (name, p, m), pipelines, coalesced = CASES[case]
     data = as_data(ROWS[name, p, m], m, name)
     schedule = as_schedule(data)
-    results = run_on_ranks(pipelined_and_single_device, 4, impl, data, pipelines)
-    for world_rank, (index, loss, expected_loss, peak, grads, calls) in enumerate(results):
+    results = run_on_ranks(pipelined_and_single_device, 4, impl, data, pipelines, coalesced)
+    for world_rank, (index, loss, expected_loss, peak, grads, calls, early) in enumerate(results):
         rank = pipelines[index].index(world_rank)
         where = f"{case}, pipeline rank {rank} (global {world_rank})"
+        assert early is None, f"{where}: " + COMPUTED_BEFORE_WAITING.format(action=early)
         plan = postings_as_exchanges(schedule, calls, pipelines[index], rank)
         if rank == 0:  # the whole pipeline's postings, jammed or not with rendezvous sends
             plans = {r: postings_as_exchanges(schedule, results[g][5], pipelines[index], r)
