@@ -119,33 +119,93 @@ LAB4: list[Mistake] = [
 ]
 
 # ---------------------------------------------------------------- lab 5
+ZERO1, ZERO2 = "zero_on_two_groups and zero1", "zero_on_two_groups and zero2"
+DDP = "ddp_from_hooks and few"
 LAB5: list[Mistake] = [
     Mistake("the bucket's sum written back without dividing by the group size", "lab5",
-            "ddp_hooks", "            bucket.flat.div_(self.world_size)\n", "",
-            "ddp_from_hooks and few", "averaging forgotten"),
+            "ddp_hooks", "            bucket.flat.div_(self.world_size)\n", "", DDP,
+            "averaging forgotten"),
     Mistake("the async handles never waited before the step", "lab5", "ddp_hooks",
-            "            bucket.handle.wait()\n", "", "ddp_from_hooks and few",
+            "            bucket.handle.wait()\n", "", DDP,
             "waiting on handles missing before the step"),
     Mistake("a bucket launched at its first gradient instead of its last", "lab5",
-            "ddp_hooks", "if bucket.ready == len(bucket.params):", "if bucket.ready == 1:",
-            "ddp_from_hooks and few", "flushed before all its gradients are ready"),
+            "ddp_hooks", "if bucket.ready == len(bucket.params):", "if bucket.ready == 1:", DDP,
+            "flushed before all its gradients are ready"),
     Mistake("the hooks all-reduce inside no_sync too", "lab5", "ddp_hooks",
-            "        if not self.require_sync:\n            return\n", "",
-            "ddp_from_hooks and few", "all-reducing during no_sync"),
+            "        if not self.require_sync:\n            return\n", "", DDP,
+            "all-reducing during no_sync"),
     Mistake("the all-reduce over the world instead of the data-parallel group", "lab5",
-            "ddp_hooks", "group=self.group, async_op=True", "async_op=True",
-            "ddp_from_hooks and few", "the wrong group"),
-    Mistake("ZeRO-1 updates every rank's shard with the first slice of the gradient", "lab5",
-            "zero", "grad = shard.my_slice(param.grad)",
-            "grad = param.grad.reshape(-1)[:shard.size]", "zero1_matches and 2",
-            "a shard updated with another slice"),
-    Mistake("ZeRO-1 sums the gradients over the group without averaging them", "lab5",
-            "zero", "                param.grad.div_(self.world_size)\n", "",
-            "zero1_matches and 2", "the gradient summed over the group but not averaged"),
+            "ddp_hooks", "group=self.group, async_op=True", "async_op=True", DDP,
+            "the wrong group"),
+    # no_sync after an exception and when nested
+    Mistake("no_sync puts the state back only when its block ends normally", "lab5",
+            "ddp_hooks",
+            "        try:\n            yield\n        finally:\n"
+            "            self.require_sync = previous\n",
+            "        yield\n        self.require_sync = previous\n", DDP,
+            "synchronisation stayed off after the exception"),
+    Mistake("no_sync switches synchronisation on when it ends", "lab5", "ddp_hooks",
+            "            self.require_sync = previous\n", "            self.require_sync = True\n",
+            DDP, "the nested no_sync switched synchronisation on"),
+    # the ready count, named from the counts
+    Mistake("the ready counts not reset after the step", "lab5", "ddp_hooks",
+            "bucket.handle, bucket.flat, bucket.ready = None, None, 0",
+            "bucket.handle, bucket.flat = None, None", DDP,
+            "the count was not reset after the previous step"),
+    Mistake("the hooks count under no_sync", "lab5", "ddp_hooks",
+            "        if not self.require_sync:\n            return\n"
+            "        bucket = self._bucket_of[param]\n        bucket.ready += 1\n",
+            "        bucket = self._bucket_of[param]\n        bucket.ready += 1\n"
+            "        if not self.require_sync:\n            return\n", DDP,
+            "counted during no_sync"),
+    # data_parallel
     Mistake("SageMaker's rule applied to Megatron's layout", "lab5", "data_parallel",
             'if convention == "megatron" or is_tp_distributed(owner, parameter):',
             "if is_tp_distributed(owner, parameter):", "gradient_plan_follows",
             "megatron plan: nothing goes over DP_GROUP"),
+    Mistake("the data shards counted as the world size", "lab5", "data_parallel",
+            "return dist.get_world_size(groups.of_kind(kind))", "return dist.get_world_size()",
+            "sync_gives and megatron", "not by the number of data shards"),
+    # ZeRO: shards of sizes that do not divide
+    Mistake("a shard taken as the rank's chunk, without padding", "lab5", "zero",
+            "return self.padded_flat(tensor)[self.start:self.start + self.size]",
+            "return tensor.detach().reshape(-1).chunk(self.padded // self.size)"
+            "[self.start // self.size]", "shards_are_padded",
+            "padded with zeros to N x"),
+    Mistake("ZeRO-2 reduce-scatters the gradient cut without padding", "lab5", "zero",
+            "list(shard.padded_flat(param.grad).chunk(self.world_size))",
+            "list(param.grad.reshape(-1).chunk(self.world_size))", ZERO2,
+            "a parameter cut without padding"),
+    # ZeRO: the optimizer's group, not the world
+    Mistake("ZeRO-1 updates every rank's shard with the first slice of the gradient", "lab5",
+            "zero", "grad = shard.my_slice(param.grad)",
+            "grad = param.grad.reshape(-1)[:shard.size]", ZERO1,
+            "a shard updated with another slice"),
+    Mistake("ZeRO-1 sums the gradients over the group without averaging them", "lab5",
+            "zero", "                param.grad.div_(self.world_size)\n", "", ZERO1,
+            "the gradient summed over the group but not averaged"),
+    Mistake("ZeRO-1's all-reduce over the world", "lab5", "zero",
+            "dist.all_reduce(param.grad, group=self.group)", "dist.all_reduce(param.grad)",
+            ZERO1, "all-reduced over the world instead of the group"),
+    Mistake("ZeRO-1 averages over the world size", "lab5", "zero",
+            "param.grad.div_(self.world_size)", "param.grad.div_(dist.get_world_size())",
+            ZERO1, "averaged over the world size"),
+    Mistake("ZeRO-2 reduce-scatters over the world", "lab5", "zero",
+            "                            group=self.group)\n", "                            )\n",
+            ZERO2, "reduce-scattered over the world instead of the group"),
+    # ZeRO-2
+    Mistake("ZeRO-2 keeps the whole gradient after reduce-scattering it", "lab5", "zero",
+            "        param.grad = None\n", "", ZERO2, "the full gradient kept"),
+    Mistake("ZeRO-2 replaces the gradient shard at every backward", "lab5", "zero",
+            "shard.grad = output if shard.grad is None else shard.grad.add_(output)",
+            "shard.grad = output", ZERO2, "only the last micro-batch's gradient kept"),
+    Mistake("ZeRO-2 all-reduces the whole gradient and keeps its slice", "lab5", "zero",
+            "        output = torch.empty_like(shard.exp_avg)\n"
+            "        dist.reduce_scatter(output, list(shard.padded_flat(param.grad)"
+            ".chunk(self.world_size)),\n                            group=self.group)\n",
+            "        dist.all_reduce(param.grad, group=self.group)\n"
+            "        output = shard.my_slice(param.grad).clone()\n", ZERO2,
+            "ZeRO-2 all-reduced a whole gradient in the backward"),
 ]
 
 # ---------------------------------------------------------------- lab 6 and lab 7

@@ -119,9 +119,15 @@ def test_zero_shards_are_padded_to_equal_pieces(impl, run_alone):
 
 # ----------------------------------------------------------------- on every rank
 
+class UnequalPieces(RuntimeError):
+    """A collective given pieces of unequal sizes: refused here, before the backend, which
+    may wait for ever on such a call."""
+
+
 class CollectiveLog(CommTracer):
     """Every collective of this rank, as data: its kind, its ranks, the sizes of the pieces
-    it cuts or fills (with the rank's own piece), and the phase of the run (``phase[0]``)."""
+    it cuts or fills (with the rank's own piece), and the phase of the run (``phase[0]``).
+    A call with pieces of unequal sizes is recorded and refused (:class:`UnequalPieces`)."""
 
     def __init__(self, phase: list):
         super().__init__()
@@ -136,13 +142,22 @@ class CollectiveLog(CommTracer):
             tensors = list(bound.values())[:2]  # a collective's list of pieces, its own one
             pieces = next((t for t in tensors if isinstance(t, (list, tuple))), None)
             own = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
-            self.entries.append({
+            entry = {
                 "op": op, "phase": self.phase[0], "ranks": dist.get_process_group_ranks(group),
                 "pieces": [t.numel() for t in pieces] if pieces is not None else [],
-                "own": own.numel() if pieces is not None and own is not None else None})
+                "own": own.numel() if pieces is not None and own is not None else None}
+            self.entries.append(entry)
+            if unequal(entry):
+                raise UnequalPieces(f"{op} given pieces of {entry['pieces']} elements")
             return original(*args, **kwargs)
 
         return logged
+
+
+def unequal(call) -> bool:
+    """Whether a collective's pieces (its own one included) differ in size."""
+    own = [call["own"]] if call["own"] is not None else []
+    return len(set(call["pieces"] + own)) > 1
 
 
 def zero_on_rank(impl, stage: int):
@@ -152,7 +167,8 @@ def zero_on_rank(impl, stage: int):
     phase = ["construction"]
     model = zero_model().to(device)
     result = {"group": group, "member": member, "error": None, "memory": None,
-              "dp_ranks": dist.get_process_group_ranks(groups.rdp), "whole_gradients": None}
+              "dp_ranks": dist.get_process_group_ranks(groups.rdp), "whole_gradients": None,
+              "params": []}  # after each step
     with CollectiveLog(phase) as log:  # recording before the submission runs in this process
         result["error"] = train_zero(impl, stage, model, groups.rdp, (group, member), phase,
                                      result)
@@ -180,7 +196,8 @@ def train_zero(impl, stage, model, dp_group, replica, phase, result):
             phase[0] = f"step {step}, optimizer.step()"
             optimizer.step()
             optimizer.zero_grad()
-        result["params"] = {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+            result["params"].append({name: p.detach().cpu().clone()
+                                     for name, p in model.named_parameters()})
     except Exception as error:  # the test names it, with what the collectives show
         return f"{type(error).__name__}: {error}"
     return None
@@ -200,8 +217,7 @@ def collective_evidence(rank, result, stage):
                     f"group {dp_ranks}: {ACTION.get(call['op'], call['op'])} over {over} (there are two "
                     "data-parallel groups, each with its own batches; pass the optimizer's "
                     "group to every collective)")
-        sizes = call["pieces"] + ([call["own"]] if call["own"] is not None else [])
-        if len(set(sizes)) > 1:
+        if unequal(call):
             return (f"{where} was given pieces of {call['pieces']} elements and this rank's "
                     f"own piece of {call['own']}: a parameter cut without padding. Every "
                     f"piece must have the same size, ceil(numel / N): pad the flattened "
@@ -225,15 +241,16 @@ def replicas_batch(replicas, scale, micros):
     return batch
 
 
-def unsharded_adam(replicas, scale=1.0, micros=tuple(range(MICRO))) -> dict:
-    """torch.optim.Adam on a fresh model, on the gradients averaged over ``replicas``."""
+def unsharded_adam(replicas, steps=STEPS, scale=1.0, micros=tuple(range(MICRO))) -> dict:
+    """torch.optim.Adam on a fresh model, ``steps`` steps on the gradients averaged over
+    ``replicas``."""
     model = zero_model()
     return train_on_averaged_gradients(
-        model, torch.optim.Adam(model.parameters(), lr=LR, eps=EPS), STEPS, len(replicas),
+        model, torch.optim.Adam(model.parameters(), lr=LR, eps=EPS), steps, len(replicas),
         replicas_batch(replicas, scale, micros))
 
 
-def usual_mistakes(group, member, members, stage):
+def usual_mistakes(group, member, members, stage, steps):
     """{what the student did: the parameters it gives}, each trained on one device."""
     own = [(group, m) for m in range(members)]
     world = [(g, m) for g in range(WORLD // members) for m in range(members)]
@@ -249,12 +266,12 @@ def usual_mistakes(group, member, members, stage):
         "the gradient not reduced at all: each rank stepped on its own samples' gradient":
             ([(group, member)], 1.0),
     }
-    found = {description: unsharded_adam(replicas, scale)
+    found = {description: unsharded_adam(replicas, steps, scale)
              for description, (replicas, scale) in mistakes.items()}
     if stage == 2:
         found["only the last micro-batch's gradient kept: a new shard replaced what an earlier "
               "backward left; ZeRO-2 accumulates into the gradient shard until zero_grad"] = \
-            unsharded_adam(own, micros=(MICRO - 1,))
+            unsharded_adam(own, steps, micros=(MICRO - 1,))
     return found
 
 
@@ -264,17 +281,28 @@ def shard_evidence(actual, expected, initial, member, members):
     size = -(-actual.numel() // members)
     wrong = ~torch.isclose(actual, expected, **TOLERANCE)
     shards = sorted({int(i) // size for i in wrong.nonzero().reshape(-1)})
-    stale = torch.allclose(actual[wrong], initial[wrong], **TOLERANCE)
-    if member not in shards and stale:
-        return (f"shards {shards} (of {members}, {size} elements each) still hold their initial "
-                f"values and this rank's own shard {member} is right: the other ranks' updated "
-                "shards never reached this rank's parameter (all-gathered and copied back?)")
-    if shards == [members - 1] and actual.numel() % members:
-        return (f"only the last shard, the one completed with padding (elements "
-                f"{(members - 1) * size}..{actual.numel() - 1}), is wrong: is the flattened "
-                "parameter padded to a multiple of N before it is cut, and cut back after?")
-    return (f"shards {shards} of {members} ({size} elements each) are wrong, this rank owns "
-            f"shard {member}: a shard updated with another slice of the gradient, m or v?")
+    where = f"shards {shards} of {members} ({size} elements each; this rank owns shard {member})"
+    if member not in shards and torch.allclose(actual[wrong], initial[wrong], **TOLERANCE):
+        return (f"{where} still hold their initial values, this rank's own shard is right: the "
+                "other ranks' updated shards never reached this rank's parameter (all-gathered "
+                "and copied back?)")
+    rest = "the others right" if len(shards) < members else "every shard"
+    return (f"{where} are wrong, {rest}: a shard updated with another slice of the gradient, m "
+            "or v, or written back at another place?")
+
+
+def first_wrong(result, group, members):
+    """(steps, name, actual, expected) of the first parameter off after the fewest steps, or
+    None: a mistake shows most plainly at the first step it changes."""
+    own = [(group, m) for m in range(members)]
+    if all(torch.allclose(value.double(), result["params"][-1][name].double(), **TOLERANCE)
+           for name, value in unsharded_adam(own).items()):
+        return None
+    for steps in range(1, STEPS + 1):
+        for name, value in unsharded_adam(own, steps).items():
+            actual = result["params"][steps - 1][name]
+            if not torch.allclose(actual.double(), value.double(), **TOLERANCE):
+                return steps, name, actual, value
 
 
 def expected_bytes(stage, members):
@@ -310,20 +338,16 @@ def test_zero_on_two_groups_matches_unsharded_adam(impl, run_on_ranks, stage):
             f"the backward; the fp32 formula gives {formula} ({psi} parameters, {padded} after "
             f"padding each to a multiple of N = {members}): does each rank keep "
             f"{'m, v and the gradient' if stage == 2 else 'm and v'} for its shard only?")
-        expected = unsharded_adam([(result["group"], m) for m in range(members)])
-        mistakes = None
-        for name, value in expected.items():
-            actual = result["params"][name]
-            if torch.allclose(actual.double(), value.double(), **TOLERANCE):
-                continue
-            mistakes = mistakes or usual_mistakes(result["group"], result["member"], members,
-                                                  stage)
-            cause = next((description for description, params in mistakes.items()
-                          if torch.allclose(actual.double(), params[name].double(),
-                                            **TOLERANCE)),
-                         None) or shard_evidence(actual, value, initial[name].detach(),
-                                                 result["member"], members)
-            assert_close(actual, value, f"ZeRO-{stage} parameter {name} after {STEPS} steps on "
-                         f"the data-parallel group {result['dp_ranks']}", rank=rank,
-                         against="unsharded torch.optim.Adam on the group's averaged gradients",
-                         likely_cause=cause, **TOLERANCE)
+        wrong = first_wrong(result, result["group"], members)
+        if wrong is None:
+            continue
+        steps, name, actual, value = wrong
+        mistakes = usual_mistakes(result["group"], result["member"], members, stage, steps)
+        cause = next((description for description, params in mistakes.items()
+                      if torch.allclose(actual.double(), params[name].double(), **TOLERANCE)),
+                     None) or shard_evidence(actual, value, initial[name].detach(),
+                                             result["member"], members)
+        assert_close(actual, value, f"ZeRO-{stage} parameter {name} after {steps} step(s) on "
+                     f"the data-parallel group {result['dp_ranks']}", rank=rank,
+                     against="unsharded torch.optim.Adam on the group's averaged gradients",
+                     likely_cause=cause, **TOLERANCE)
