@@ -16,6 +16,8 @@ README = (REPO / "README.md").read_text()
 RUN_ELSEWHERE = {
     "python -m reference_impl.course.make_labs": "tests/test_grading.py checks its output",
     "python -m reference_impl.course.build_slides": "tests/test_slides.py builds a deck",
+    "python -m reference_impl.course.check_machine":
+        "tests/test_check_machine.py runs it as printed and reads its report",
 }
 
 

@@ -19,10 +19,11 @@ of a helper), ``--budget`` (the whole run's seconds; once spent, the remaining g
 fail at once, saying so), ``--after-hang`` (once one launch has hung, later ones get this
 limit: a hang costs about one limit, not one per test), ``--output-limit`` (bytes kept of each
 rank's output per launch). ``--grading-log FILE`` appends one JSON line per collected test,
-per test phase and per finding (a graded file that imports the reference module it must
-write), as the run goes: ``python -m reference_impl.course.grade`` builds its results from it,
-also when the run is killed. How graded tests are written: ``reference_impl.course.grading``.
+per test phase, per launch (its world size and backend) and per finding (a graded file that
+imports the reference module it must write), as the run goes: ``python -m
+reference_impl.course.grade`` builds its results from it, also when the run is killed. How graded tests are written: ``reference_impl.course.grading``.
 """
+import collections
 import json
 import re
 import time
@@ -125,6 +126,7 @@ class GradedRun:
                 pytest.fail(f"not run: the graded run's time budget of {self.budget:g} s is "
                             f"spent{self._hang_note()}", pytrace=False)
             limit = min(limit, remaining)
+        self.write(event="launch", nodeid=nodeid, world_size=world_size, backend=backend)
         try:
             return launch(fn, world_size, *args, backend=backend, timeout=limit,
                           results="data", output_limit=self.output_limit,
@@ -286,6 +288,22 @@ def graded_outcomes(stats) -> dict[str, tuple[str, bool]]:
     return outcomes
 
 
+_STUB = re.compile(r"NotImplementedError: (lab\d+):")
+
+
+def _stopped_in_other_labs(stats) -> collections.Counter:
+    """(lab, other lab) -> how many of the lab's failed tests ran into the other lab's stubs
+    (in a handout, a lab builds on the student's own files of the labs not yet released)."""
+    counts = collections.Counter()
+    for report in stats.get("failed", []):
+        lab = _lab_of(report)
+        other = next((found for found in _STUB.findall(report.longreprtext) if found != lab),
+                     None)
+        if lab is not None and other is not None:
+            counts[lab, other] += 1
+    return counts
+
+
 def _lab_of(report):
     keywords = getattr(report, "keywords", None)
     if keywords is not None:  # a test's report
@@ -305,6 +323,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for lab in sorted({lab for lab, _ in outcomes.values()}, key=lambda name: int(name[3:])):
         results = [ok for name, ok in outcomes.values() if name == lab]
         terminalreporter.write_line(f"{lab}: {sum(results)}/{len(results)} passed")
+    for (lab, other), count in sorted(_stopped_in_other_labs(terminalreporter.stats).items()):
+        terminalreporter.write_line(
+            f"{lab}: {count} of its failures stopped in {other}'s unfinished exercises "
+            f"(NotImplementedError: {other}: ...): {lab} builds on your {other} files until "
+            f"{other}'s solutions are released")
     broken = sorted(nodeid for nodeid, (_, ok) in outcomes.items() if "::" not in nodeid and not ok)
     for nodeid in broken:
         terminalreporter.write_line(f"(could not be collected, counted as failed: {nodeid})")
