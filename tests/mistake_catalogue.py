@@ -51,6 +51,11 @@ LAB0_LAB1: list[Mistake] = [
 ]
 
 # ---------------------------------------------------------------- lab 2 and lab 3
+LAYERNORM_COPIES = "self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)"
+ATTENTION_CORE = "heads = attention_core(q, k, v, self.attention)"
+TARGET_LOGIT = ("target_logit = logits.gather(-1, local_targets.unsqueeze(-1)).squeeze(-1) - "
+                "maximum")
+EMBEDDING_SUM = "return reduce_from_tp(local.masked_fill(elsewhere.unsqueeze(-1), 0.0), self.group)"
 LAB2_LAB3: list[Mistake] = [
     Mistake("copy_to_tp's backward passes the gradient on, without the all-reduce", "lab2",
             "tp_collectives", "return _all_reduce(grad, ctx.group), None", "return grad, None",
@@ -77,11 +82,10 @@ LAB2_LAB3: list[Mistake] = [
             "each_rank_computes_its_heads", "every head on every rank"),
     Mistake("the projection's bias added on every rank, before the all-reduce", "lab3",
             "tp_attention",
-            "return self.proj(merge_heads(attention_core(q, k, v, self.attention)))",
+            "return self.proj(merge_heads(heads))",
             "import torch.nn.functional as F\n"
             "        from reference_impl.tp.tp_collectives import reduce_from_tp\n"
-            "        partial = F.linear(merge_heads(attention_core(q, k, v, self.attention)),\n"
-            "                           self.proj.weight, self.proj.bias)\n"
+            "        partial = F.linear(merge_heads(heads), self.proj.weight, self.proj.bias)\n"
             "        return reduce_from_tp(partial, self.proj.group)",
             "each_rank_computes_its_heads", "projection's bias was added on every rank"),
     Mistake("each rank subtracts its local maximum, not the group's", "lab3", "vocab_parallel",
@@ -94,9 +98,61 @@ LAB2_LAB3: list[Mistake] = [
             "F.one_hot(local_targets, softmax.shape[-1]) * mine.unsqueeze(-1)",
             "F.one_hot(local_targets, softmax.shape[-1])", "vocab_parallel_gradient",
             "the one_hot of the target was subtracted on every rank"),
+    # an oracle the submission could share: the module it was built from is checked too
+    Mistake("the block's first layernorm shared with the single-device block", "lab3",
+            "tp_attention", LAYERNORM_COPIES,
+            "self.ln1, self.ln2 = block.ln1, copy.deepcopy(block.ln2)",
+            "block_matches and h16", "shares this parameter with the single-device module"),
+    Mistake("both layernorms shared with the single-device block", "lab3", "tp_attention",
+            LAYERNORM_COPIES, "self.ln1, self.ln2 = block.ln1, block.ln2", "two_groups",
+            "shares this parameter with the single-device module"),
+    # the exercise itself: its forward is not inherited
+    Mistake("ParallelSelfAttention's forward left out, the single-device one inherited", "lab3",
+            "tp_attention", "    def forward(self, x):\n        q, k, v = split_heads",
+            "    def _forward(self, x):\n        q, k, v = split_heads",
+            "tp_attention_matches and h16", "has no forward of its own"),
+    # causes read from the failing values
+    Mistake("the attention scale taken from the rank's width, 1/sqrt(h/tp)", "lab3",
+            "tp_attention", ATTENTION_CORE,
+            "heads = attention_core(q / self.heads ** 0.5, k, v, self.attention)",
+            "tp_attention_matches and h16", "the attention scale is 1/sqrt(h/tp)"),
+    Mistake("the attention scores left unscaled", "lab3", "tp_attention", ATTENTION_CORE,
+            "heads = attention_core(q * q.shape[-1] ** 0.5, k, v, self.attention)",
+            "tp_attention_matches and h16", "the attention scores are not scaled"),
+    Mistake("the maximum not taken off the target's logit", "lab3", "vocab_parallel",
+            TARGET_LOGIT, TARGET_LOGIT.replace(" - maximum", ""),
+            "vocab_parallel_losses", "off by exactly the global maximum logit"),
+    Mistake("the target's logit all-reduced with MAX", "lab3", "vocab_parallel",
+            "        dist.all_reduce(target_logit, group=group)\n",
+            "        dist.all_reduce(target_logit, op=dist.ReduceOp.MAX, group=group)\n",
+            "vocab_parallel_losses", "all-reduced with MAX"),
+    Mistake("a target on the first logit of a slice claimed by no rank", "lab3",
+            "vocab_parallel", "mine = (targets >= start) & (targets < end)",
+            "mine = (targets > start) & (targets < end)", "vocab_parallel_losses",
+            "no rank claimed them"),
+    # groups that are not the world
+    Mistake("the target's logit summed over the world, not the TP group", "lab3",
+            "vocab_parallel", "        dist.all_reduce(target_logit, group=group)\n",
+            "        dist.all_reduce(target_logit)\n", "vocab_parallel_losses",
+            "each reduced over `group`"),
+    Mistake("the embedding's rows summed over the world, not the TP group", "lab3",
+            "vocab_parallel", EMBEDDING_SUM, EMBEDDING_SUM.replace("self.group)", "None)"),
+            "vocab_parallel_embedding", "one all-reduce over `group`"),
+    # sizes that do not divide: the padded vocabulary
+    Mistake("the padded logits counted in the sum of exp", "lab3", "vocab_parallel",
+            "exp = (logits - maximum.unsqueeze(-1)).exp()",
+            "exp = (local_logits.float() - maximum.unsqueeze(-1)).exp()",
+            "vocab_parallel_losses", "the padded logits (past vocab_size) were counted"),
+    Mistake("the embedding reads row 0 of its slice for tokens another rank holds", "lab3",
+            "vocab_parallel", EMBEDDING_SUM, "return reduce_from_tp(local, self.group)",
+            "vocab_parallel_embedding", "the tokens held by another rank were not zeroed"),
 ]
 
 # ---------------------------------------------------------------- lab 4
+PIPELINES = "pipelined_step and pipelines"
+GLOBAL_PEER = "global_peer = peer if group is None else dist.get_global_rank(group, peer)"
+ONE_REQUEST_EACH = ("    if len(works) == len(operations):  # one request per operation (gloo)\n"
+                    "        return works[:len(sends)], works[len(sends):]\n")
 LAB4: list[Mistake] = [
     Mistake("1F1B's warm-up one forward too many", "lab4", "pipeline_schedules",
             "warm_up = min(p - rank - 1, m)", "warm_up = min(p - rank, m)",
@@ -116,6 +172,34 @@ LAB4: list[Mistake] = [
     Mistake("the last stage sends its loss on", "lab4", "pipeline_executor",
             "return None if is_last else y.detach()", "return y.detach()",
             "run_action", "the last stage sends"),
+    # what only NCCL does: one request for a coalesced batch
+    Mistake("the batch's one request (NCCL) returned with the sends", "lab4",
+            "pipeline_executor", "    return [], works  # one coalesced request (NCCL)\n",
+            "    return works, []  # one coalesced request (NCCL)\n", PIPELINES,
+            "before waiting for the request of the batch"),
+    Mistake("the requests split as one per operation, as gloo returns them", "lab4",
+            "pipeline_executor",
+            ONE_REQUEST_EACH + "    return [], works  # one coalesced request (NCCL)\n",
+            "    return works[:len(sends)], works[len(sends):]\n", PIPELINES,
+            "before waiting for the request of the batch"),
+    # a pipeline group that is not the world: torch raises first, the test names it
+    Mistake("the peer left as the pipeline rank", "lab4", "pipeline_executor", GLOBAL_PEER,
+            "global_peer = peer", PIPELINES, "a peer not translated to a global rank"),
+    Mistake("the peer translated the wrong way (global to group)", "lab4",
+            "pipeline_executor", GLOBAL_PEER,
+            "global_peer = peer if group is None else dist.get_group_rank(group, peer)",
+            PIPELINES, "a peer not translated to a global rank"),
+    # the split backward (ZB-H1) is the student's too; sizes that do not divide the pipeline
+    Mistake("the split backward frees its entry in B", "lab4", "pipeline_executor",
+            "            saved[key] = (store,)  # the graph is freed; what W needs is kept\n",
+            "            del saved[key]\n", "splits_the_backward",
+            "keeps only its weight gradients' store"),
+    Mistake("the whole and the split backward swapped", "lab4", "pipeline_executor",
+            "        if context.split_backward:\n", "        if not context.split_backward:\n",
+            "splits_the_backward", "keeps only its weight gradients' store"),
+    Mistake("1F1B's warm-up not capped at m", "lab4", "pipeline_schedules",
+            "warm_up = min(p - rank - 1, m)", "warm_up = p - rank - 1",
+            "valid_for_every_size and one_f_one_b", "warm-up not capped at m"),
 ]
 
 # ---------------------------------------------------------------- lab 5

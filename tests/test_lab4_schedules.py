@@ -35,6 +35,12 @@ def warm_up_note(schedule, generator, p, m):
     if generator != "one_f_one_b":
         return ""
     for rank in range(len(schedule.actions)):
+        beyond = sorted({a.microbatch for a in schedule.actions[rank] if not 0 <= a.microbatch < m})
+        if beyond:
+            return (f"\n1F1B's warm-up not capped at m: rank {rank} runs microbatch(es) {beyond}, "
+                    f"which do not exist for m={m}; with fewer microbatches than the pipeline "
+                    f"needs to fill, rank r runs min(p - r, m) forwards before its first backward")
+    for rank in range(len(schedule.actions)):
         kinds = [action.kind for action in schedule.actions[rank]]
         before = kinds.index("B") if "B" in kinds else len(kinds)
         expected = min(p - rank, m)
