@@ -1,7 +1,7 @@
 """Lab 5, graded: ZeRO (``zero.py``, Rajbhandari et al. 2020): the padded shards, ZeRO-1's
 step and ZeRO-2's reduce-scatter of the gradients.
 
-* **Shards** (one helper process, no communication): for parameters of 5, 10, 12 and 35
+* **Shards** (one process, no communication): for parameters of 5, 10, 12 and 35
   elements over N = 2, 3 and 4 ranks, every rank's ``my_slice`` against the flattened
   parameter padded with zeros to N * ceil(numel / N) and cut in N.
 * **Training on two data-parallel groups at once**: 4 CPU ranks in Megatron's layout with
