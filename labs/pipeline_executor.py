@@ -26,8 +26,10 @@ data). On each rank, for each of its actions in order:
    receives as one batch and hands back the requests, which the step waits for.
 2. **Compute**: :func:`run_action`, the only place that computes.
 
-Lab 4's student writes :func:`post_exchange`, the forward and backward of :func:`run_action`
-(where the backward frees its activations) and, in ``pipeline_schedules``, GPipe and 1F1B.
+Lab 4's student writes :func:`post_exchange` and the step's exchange in :func:`run_schedule`
+(which requests are waited for before computing), the F, B (whole and split) and W of
+:func:`run_action` (where the backward frees its activations) and, in ``pipeline_schedules``,
+GPipe and 1F1B.
 
 State per (microbatch, stage), the activation memory: an F keeps its input (``requires_grad``
 when it is floating point) and its output; the last stage's F also computes the loss, scaled
@@ -172,10 +174,7 @@ def run_action(action: Action, stage: nn.Module, received: torch.Tensor | None,
     if action.kind == "B":
         raise NotImplementedError("lab4: the backward action: backpropagate through the stage from what its forward kept, with the gradient that arrived (on the last stage the loss seeds itself), accumulating into the parameters' .grad; return the gradient the previous stage needs, none before stage 0. What the rank still holds afterwards is the activation memory the schedule promises: a whole backward lets go of this microbatch's entry; a split one (context.split_backward, ZB-H1) runs with every linear layer's weight gradient deferred into context.deferred[key] (split_backward.weight_grads_deferred) and keeps only that store, for its W")
 
-    # W: the deferred weight gradients, computed from what B kept (no graph is walked)
-    saved.pop(key)
-    context.deferred.pop(key).flush()
-    return None
+    raise NotImplementedError('lab4: the weight-gradient action (W, ZB-H1 only): the weight gradients its B deferred (context.deferred[key], DeferredWeightGrads.flush adds them into .grad; no graph is walked), then let go of everything this microbatch held at this stage, in saved and in context.deferred; nothing to send')
 
 
 # ---------------------------------------------------------------- the executor
@@ -286,16 +285,7 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
         planned = exchanges.get(step)
         if planned is None:
             return
-        sends = [(outgoing.contiguous(), message.dst, message.tag) for message in planned.sends]
-        for message in planned.receives:
-            arrived[message] = torch.empty(tuple(boundary_shape), dtype=boundary_dtype,
-                                           device=device)
-        send_works, receive_works = post_exchange(
-            sends, [(arrived[message], message.src, message.tag) for message in planned.receives],
-            group)
-        sending.extend(zip(send_works, sends))
-        for work in receive_works:
-            work.wait()
+        raise NotImplementedError("lab4: the step's exchange: post its planned sends (each message carries the previous action's output, outgoing, to message.dst with message.tag) and receives (each into a fresh buffer of boundary_shape and boundary_dtype on this rank's device, kept in arrived under its message, from message.src) in one post_exchange over group. Before returning, wait for exactly what the next computation reads: the receive requests. Never wait for a send here (the receiver may still be computing): keep each send request with the tensor it reads in sending, waited for at the end of the step (the tensor must stay alive until its send completes)")
 
     if timed:
         dist.barrier(group=group)  # the common origin of every rank's timestamps

@@ -249,9 +249,17 @@ def embedding_tensors(group_index):
     return table, tokens, upstream
 
 
+def head_tensors(group_index):
+    """An LM head of 13 outputs (its weight and bias) and hidden states, for one TP group."""
+    generator = torch.Generator().manual_seed(70 + group_index)
+    return (torch.randn(EMBED_VOCAB, EMBED_HIDDEN, generator=generator),
+            torch.randn(EMBED_VOCAB, generator=generator),
+            torch.randn(BATCH, SEQ, EMBED_HIDDEN, generator=generator))
+
+
 def embedding_lookups(impl):
     """This rank's TP group: the embedding's output, the gradient of this rank's rows, and the
-    forward's collectives."""
+    forward's collectives; the LM head's slice of the logits and its vocabulary."""
     device, rank = current_device(), dist.get_rank()
     groups = [dist.new_group(ranks) for ranks in GROUPS]
     group_index = rank % 2
@@ -259,12 +267,20 @@ def embedding_lookups(impl):
     embedding = torch.nn.Embedding(EMBED_VOCAB, EMBED_HIDDEN).to(device)
     with torch.no_grad():
         embedding.weight.copy_(table)
-    parallel = impl.module("vocab_parallel").VocabParallelEmbedding(embedding, groups[group_index])
+    weight, bias, hidden = head_tensors(group_index)
+    linear = torch.nn.Linear(EMBED_HIDDEN, EMBED_VOCAB).to(device)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        linear.bias.copy_(bias)
+    module = impl.module("vocab_parallel")
+    parallel = module.VocabParallelEmbedding(embedding, groups[group_index])
     with CommTracer() as forward:
         output = parallel(tokens.to(device))
     output.backward(upstream.to(device))
+    head = module.ParallelLMHead(linear, groups[group_index])
     return {"output": output.detach().cpu(), "grad": parallel.weight.grad.cpu(),
-            "forward": forward.summary()}
+            "forward": forward.summary(), "logits": head(hidden.to(device)).detach().cpu(),
+            "head vocabulary": int(head.vocab_size)}
 
 
 def test_vocab_parallel_embedding_on_two_groups(impl, run_on_ranks):
@@ -302,3 +318,16 @@ def test_vocab_parallel_embedding_on_two_groups(impl, run_on_ranks):
             against="the rows' gradient on the whole table", mistakes={},
             otherwise="the gradient of a row is the sum of the upstream gradients of the tokens "
                       "that looked it up; a rank's rows get those of its own tokens only")
+        weight, bias, hidden = head_tensors(group_index)
+        padding = width * TP - EMBED_VOCAB
+        logits = F.linear(hidden, torch.cat([weight, torch.zeros(padding, EMBED_HIDDEN)]),
+                          torch.cat([bias, torch.zeros(padding)]))
+        assert got["head vocabulary"] == EMBED_VOCAB, (
+            f"{where}: ParallelLMHead.vocab_size is {got['head vocabulary']}, the real "
+            f"vocabulary is {EMBED_VOCAB} (the loss ignores the logits past it)")
+        assert_close_naming(
+            got["logits"], logits[..., tp_rank * width:(tp_rank + 1) * width],
+            f"{where}: the LM head's logits on this rank", atol=1e-5,
+            against="this rank's slice of the whole head's logits, padded with zero rows",
+            mistakes={}, otherwise=f"rank r holds rows [r V'/tp, (r+1) V'/tp) of the head "
+                                   f"padded with zero rows to V' = {width * TP}")

@@ -63,13 +63,15 @@ class VocabParallelEmbedding(nn.Module):
 
     def __init__(self, embedding: nn.Embedding, group=None):
         super().__init__()
+        # BEGIN SOLUTION lab3: VocabParallelEmbedding.__init__: self.group, self.vocab_size (the real vocabulary) and self.weight, this rank's rows of the table. The vocabulary need not divide by tp: the table is first padded with zero rows up to the next multiple of tp (padded_vocab_size, _pad_rows), then split by rows, rank r holding the r-th of tp equal pieces, as a parameter lab 2's full_state can gather (sharded_parameter along dim 0)
         self.group, self.vocab_size = group, embedding.num_embeddings
         rows = padded_vocab_size(self.vocab_size, dist.get_world_size(group))
         self.weight = sharded_parameter(_pad_rows(embedding.weight, rows), 0, group)
+        # END SOLUTION
 
     def forward(self, tokens):
+        # BEGIN SOLUTION lab3: VocabParallelEmbedding.forward: every rank gets every token (whole tokens, the same on each rank) and must return every token's whole row (batch, seq, hidden), the same on every rank, while it holds only the rows [start, end) of the (padded) table (_vocab_range). Exactly one rank holds each token's row: that rank contributes it, every other rank zeros (an index outside its slice must never be read), and one collective over group adds them up; its backward must leave each rank the gradient of the rows it holds, of every token that looked one up
         start, end = _vocab_range(self.weight.shape[0], self.group)
-        # BEGIN SOLUTION lab3: VocabParallelEmbedding.forward: every rank gets every token (whole tokens, the same on each rank) and must return every token's whole row (batch, seq, hidden), the same on every rank, while it holds only the rows [start, end) of the (padded) table. Exactly one rank holds each token's row: that rank contributes it, every other rank zeros (an index outside its slice must never be read), and one collective over group adds them up; its backward must leave each rank the gradient of the rows it holds, of every token that looked one up
         elsewhere = (tokens < start) | (tokens >= end)  # another rank holds their rows
         local = F.embedding((tokens - start).masked_fill(elsewhere, 0), self.weight)
         return reduce_from_tp(local.masked_fill(elsewhere.unsqueeze(-1), 0.0), self.group)
@@ -81,6 +83,7 @@ class ParallelLMHead(ColumnParallelLinear):
     for ``vocab_parallel_cross_entropy(logits, targets, group, vocab_size=head.vocab_size)``."""
 
     def __init__(self, linear: nn.Linear, group=None):
+        # BEGIN SOLUTION lab3: ParallelLMHead.__init__: a column-parallel linear (lab 2's ColumnParallelLinear.__init__, via super()) over the vocabulary padded to a multiple of tp: a linear layer of padded_vocab_size rows, on the head's device and dtype, holding the head's weight (and bias, if any) with zero rows appended (_pad_rows), without recording a graph; self.vocab_size, the real vocabulary, for the loss to ignore the padded logits
         rows = padded_vocab_size(linear.out_features, dist.get_world_size(group))
         padded = nn.Linear(linear.in_features, rows, bias=linear.bias is not None,
                            device=linear.weight.device, dtype=linear.weight.dtype)
@@ -89,15 +92,16 @@ class ParallelLMHead(ColumnParallelLinear):
                 parameter.copy_(_pad_rows(getattr(linear, name), rows))
         super().__init__(padded, group)
         self.vocab_size = linear.out_features
+        # END SOLUTION
 
 
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local_logits, targets, vocab_size, group):
+        # BEGIN SOLUTION lab3: vocab-parallel cross-entropy, forward: local_logits holds this rank's slice [start, end) of the padded vocabulary for every token (_vocab_range); work in fp32 (bf16 logits too), with the padded positions (index vocab_size and past) made to count for nothing (-inf: exp gives 0); set losses, every token's log(sum over the WHOLE vocabulary of exp(l_v)) - l_target (shape of targets, the same on every rank), without gathering the logits: three all-reduces over group of one number per token. (1) Subtract the global maximum, the largest logit over every rank's slice, before exp: fp32 exp overflows above ~88, and every rank must subtract the same number for the ranks' sums to add up (it cancels out of the loss). (2) The sum of exp, over every rank's slice. (3) The target's logit: exactly one rank holds it (the one whose [start, end) contains the target), so that rank contributes it and every other rank 0 (an index outside the slice must not be read). Save with ctx.save_for_backward what the backward needs to compute this slice's gradient without any communication: the slice's softmax and where the target is, if here
         start, end = _vocab_range(local_logits.shape[-1], group)
         padding = torch.arange(start, end, device=local_logits.device) >= vocab_size
         logits = local_logits.float().masked_fill(padding, float("-inf"))
-        # BEGIN SOLUTION lab3: vocab-parallel cross-entropy, forward: logits (fp32, padded positions already -inf) holds this rank's slice [start, end) of the vocabulary for every token; set losses, every token's log(sum over the WHOLE vocabulary of exp(l_v)) - l_target (shape of targets, the same on every rank), without gathering the logits: three all-reduces over group of one number per token. (1) Subtract the global maximum, the largest logit over every rank's slice, before exp: fp32 exp overflows above ~88, and every rank must subtract the same number for the ranks' sums to add up (it cancels out of the loss). (2) The sum of exp, over every rank's slice. (3) The target's logit: exactly one rank holds it (the one whose [start, end) contains the target), so that rank contributes it and every other rank 0 (an index outside the slice must not be read). Save with ctx.save_for_backward what the backward needs to compute this slice's gradient without any communication: the slice's softmax and where the target is, if here
         maximum = logits.max(dim=-1).values
         dist.all_reduce(maximum, op=dist.ReduceOp.MAX, group=group)
         exp = (logits - maximum.unsqueeze(-1)).exp()
