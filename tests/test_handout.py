@@ -1,34 +1,23 @@
 """The student handout (``python -m reference_impl.course.handout``): no solution line of a
-withheld lab in it, and in it the graded tests fail on the stubs with the contract messages and
-pass on the reference modules handed in as a submission, also for a lab that builds on a
-withheld one (lab 3 uses lab 2's layers)."""
-import os
+withheld lab in it, released labs keep theirs, and a notebook and its ranks get the student's
+file where the library imports a withheld module. (The graded tests and notebooks in the
+handout, lab by lab: ``tests/test_term.py``.)"""
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from handout_runs import build_handout, handout_python, in_handout
 from reference_impl.course import handout, make_labs
 
 REPO = Path(__file__).resolve().parents[1]
-README_COMMAND = re.search(r"^python -m reference_impl\.course\.handout [^\s#]+",
-                           (REPO / "README.md").read_text(), re.MULTILINE).group(0)
-LAB3_FEW = ["-m", "lab3", "-k", "block_matches_single_device and h16"]  # tp = 1, 2, 4
 
 
 @pytest.fixture(scope="module")
 def start_of_term(tmp_path_factory):
     """The handout the README's command builds, run verbatim."""
-    where = tmp_path_factory.mktemp("instructor")
-    process = subprocess.run(README_COMMAND, shell=True, cwd=where, capture_output=True, text=True,
-                             env={**os.environ, "PATH": f"{Path(sys.executable).parent}"
-                                                        f"{os.pathsep}{os.environ['PATH']}"})
-    assert process.returncode == 0, process.stderr
-    return where / README_COMMAND.split()[-1]
+    return build_handout(tmp_path_factory.mktemp("instructor"))
 
 
 def secret_lines() -> set[str]:
@@ -63,29 +52,6 @@ def test_no_solution_line_is_in_the_handout(start_of_term):
     assert not list(start_of_term.glob("slides/*.ipynb"))
 
 
-def in_handout(folder: Path, *arguments):
-    environment = {**os.environ, "PYTHONPATH": str(folder)}  # the handout's library, not the kit's
-    environment.pop("PYTEST_ADDOPTS", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                           *arguments], cwd=folder, env=environment, capture_output=True,
-                          text=True, timeout=600)
-
-
-def test_in_the_handout_the_stubs_fail_with_the_contract_message(start_of_term):
-    process = in_handout(start_of_term, "--impl", "labs", *LAB3_FEW)
-    assert process.returncode != 0
-    assert "lab3: 0/3 passed" in process.stdout, process.stdout[-2000:]
-    assert "NotImplementedError: lab3:" in process.stdout
-
-
-def test_in_the_handout_the_reference_handed_in_passes(start_of_term, tmp_path):
-    for module in make_labs.modules_with_exercises():
-        shutil.copy(module, tmp_path / module.name)
-    process = in_handout(start_of_term, "--impl", str(tmp_path), *LAB3_FEW)
-    assert process.returncode == 0, process.stdout[-3000:]
-    assert "lab3: 3/3 passed" in process.stdout
-
-
 NOTEBOOK_PROBE = """
 from reference_impl.course.own_files import use_my_files
 use_my_files()  # a student notebook's first line
@@ -100,12 +66,12 @@ print(library_s is mine, launch(probe, 1)[0])
 """
 
 
-def test_in_the_handout_a_notebook_and_its_ranks_use_the_student_s_file(start_of_term):
+def test_in_the_handout_a_notebook_and_its_ranks_use_the_student_s_file(start_of_term,
+                                                                        tmp_path):
     """Lab 2 withheld: where the library or a later lab's notebook imports its module, the
     student's ``labs/tp_layers.py`` is that module, in the notebook and in its ranks."""
-    environment = {**os.environ, "PYTHONPATH": str(start_of_term)}
-    process = subprocess.run([sys.executable, "-c", NOTEBOOK_PROBE], cwd=start_of_term,
-                             env=environment, capture_output=True, text=True, timeout=120)
+    python = handout_python(tmp_path / "python")
+    process = in_handout(python, start_of_term, [str(python), "-c", NOTEBOOK_PROBE], timeout=120)
     assert process.returncode == 0, process.stderr[-3000:]
     mine = str(start_of_term / "labs" / "tp_layers.py")
     assert process.stdout.strip() == f"True (True, '{mine}')", process.stdout
