@@ -293,12 +293,13 @@ _STUB = re.compile(r"NotImplementedError: (lab\d+):")
 
 def _stopped_in_other_labs(stats) -> collections.Counter:
     """(lab, other lab) -> how many of the lab's failed tests ran into the other lab's stubs
-    (in a handout, a lab builds on the student's own files of the labs not yet released)."""
+    in the submission's processes (in a handout, a lab builds on the student's own files of the
+    labs not yet released)."""
     counts = collections.Counter()
     for report in stats.get("failed", []):
-        lab = _lab_of(report)
-        other = next((found for found in _STUB.findall(report.longreprtext) if found != lab),
-                     None)
+        lab, text = _lab_of(report), report.longreprtext
+        other = next((found for found in _STUB.findall(text) if found != lab),
+                     None) if "RankFailure" in text else None
         if lab is not None and other is not None:
             counts[lab, other] += 1
     return counts
