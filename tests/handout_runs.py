@@ -34,9 +34,9 @@ def build_handout(where: Path, *options: str) -> Path:
     return where / BUILD_COMMAND.split()[-1]
 
 
-def with_this_python_first(python: Path | None = None, **variables: str) -> dict[str, str]:
+def with_this_python_first(python: Path | None = None) -> dict[str, str]:
     folder = (python or Path(sys.executable)).parent
-    return {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", **variables}
+    return {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
 
 
 def handout_python(folder: Path) -> Path:
@@ -51,18 +51,17 @@ def handout_python(folder: Path) -> Path:
     return python
 
 
-_ONLY_THE_HANDOUT = ("import pathlib, reference_impl; "
-                     "assert pathlib.Path(reference_impl.__file__).is_relative_to(pathlib.Path.cwd()), "
-                     "reference_impl.__file__")
+_ONLY_THE_HANDOUT = ("import pathlib, reference_impl; assert pathlib.Path(reference_impl.__file__)"
+                     ".is_relative_to(pathlib.Path.cwd()), reference_impl.__file__")
 
 
 def in_handout(python: Path, handout: Path, command: str | list, timeout: float = 900,
                **variables: str) -> subprocess.CompletedProcess:
     """``command`` from the handout's root on ``python`` (first on PATH, so ``pytest`` is its
     own): a string through the shell, as its student types it, or a list of arguments."""
-    environment = with_this_python_first(python, PYTHONPATH=str(handout))
+    environment = with_this_python_first(python)
     environment.pop("PYTEST_ADDOPTS", None)
-    environment.update(variables)
+    environment.update(PYTHONPATH=str(handout), **variables)
     check = subprocess.run([python, "-c", _ONLY_THE_HANDOUT], cwd=handout, env=environment,
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, f"the run would not use the handout's library: {check.stderr}"
