@@ -53,8 +53,10 @@ def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
 
 def _vocab_range(local_size: int, group) -> tuple[int, int]:
     """The [start, end) of the (padded) vocabulary this rank holds."""
+    # BEGIN SOLUTION lab3: _vocab_range: the [start, end) of the padded vocabulary this rank holds, local_size rows or logits of it: the ranks of group hold consecutive, equal pieces in rank order (numbered within group, which need not be the world)
     start = dist.get_rank(group) * local_size
     return start, start + local_size
+    # END SOLUTION
 
 
 class VocabParallelEmbedding(nn.Module):
