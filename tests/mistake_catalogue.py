@@ -146,6 +146,14 @@ LAB2_LAB3: list[Mistake] = [
     Mistake("the embedding reads row 0 of its slice for tokens another rank holds", "lab3",
             "vocab_parallel", EMBEDDING_SUM, "return reduce_from_tp(local, self.group)",
             "vocab_parallel_embedding", "the tokens held by another rank were not zeroed"),
+    Mistake("the padded logits not masked", "lab3", "vocab_parallel",
+            'logits = local_logits.float().masked_fill(padding, float("-inf"))',
+            "logits = local_logits.float()", "vocab_parallel_losses",
+            "the padded logits (past vocab_size) were counted"),
+    Mistake("a rank's range of the vocabulary numbered in the world, not in its group", "lab3",
+            "vocab_parallel", "start = dist.get_rank(group) * local_size",
+            "start = dist.get_rank() * local_size", "vocab_parallel_embedding",
+            "exactly the tokens TP rank 1 holds"),
 ]
 
 # ---------------------------------------------------------------- lab 4
@@ -200,6 +208,10 @@ LAB4: list[Mistake] = [
     Mistake("1F1B's warm-up not capped at m", "lab4", "pipeline_schedules",
             "warm_up = min(p - rank - 1, m)", "warm_up = p - rank - 1",
             "valid_for_every_size and one_f_one_b", "warm-up not capped at m"),
+    Mistake("W frees its entry without adding the deferred weight gradients", "lab4",
+            "pipeline_executor", "    context.deferred.pop(key).flush()\n",
+            "    context.deferred.pop(key)\n", "splits_the_backward",
+            "after W the stage's parameter 0 has no gradient"),
 ]
 
 # ---------------------------------------------------------------- lab 5

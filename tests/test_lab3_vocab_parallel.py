@@ -233,6 +233,10 @@ ROWS_ELSEWHERE_READ = (
     "the tokens held by another rank were not zeroed: each rank also added the row at index 0 of "
     "its own slice for them (an index outside the slice must not be read, and its rows must not "
     "count)")
+ROWS_OF_NO_RANK = (
+    "exactly the tokens TP rank {rank} holds (rows {first} to {last}) are zeros after the "
+    "all-reduce: no rank contributed their rows. A rank's [start, end) comes from its rank in "
+    "`group` (dist.get_rank(group)), not its global rank")
 EMBEDDING_NOT_REDUCED = (
     "the rows were not summed over the group: each rank returned only the rows it holds (zeros "
     "for the others); one all-reduce (reduce_from_tp) over `group` completes every token's row")
@@ -300,12 +304,19 @@ def test_vocab_parallel_embedding_on_two_groups(impl, run_on_ranks):
         where = f"rank {rank} (TP group {GROUPS[group_index]}): the embedding of a vocabulary " \
                 f"of {EMBED_VOCAB} on tp = {TP} (padded to {width * TP})"
         first_rows = (tokens % width == 0).unsqueeze(-1).expand_as(expected)
+        mistakes = {ROWS_ELSEWHERE_READ: read_elsewhere}
+        if got["forward"].get("all_reduce"):  # reduced: a rank's rows missing from the sum
+            mistakes.update((ROWS_OF_NO_RANK.format(rank=r, first=r * width,
+                                                    last=(r + 1) * width - 1),
+                             expected * (holder != r).unsqueeze(-1)) for r in range(TP))
+        else:
+            mistakes[EMBEDDING_NOT_REDUCED] = expected * mine.unsqueeze(-1)
         assert_close_naming(
             got["output"], expected, f"{where}, its output", atol=1e-6,
-            against="F.embedding on the whole table",
-            mistakes={ROWS_ELSEWHERE_READ: read_elsewhere,
-                      EMBEDDING_NOT_REDUCED: expected * mine.unsqueeze(-1)},
-            where={"tokens whose id is the first row of a rank's slice": first_rows},
+            against="F.embedding on the whole table", mistakes=mistakes,
+            where={"tokens whose id is the first row of a rank's slice": first_rows,
+                   **{f"tokens TP rank {r} holds (rows {r * width} to {(r + 1) * width - 1})":
+                      (holder == r).unsqueeze(-1).expand_as(expected) for r in range(TP)}},
             otherwise="every token's row comes from the one rank whose [start, end) holds it; "
                       "the others contribute zeros, and one all-reduce over `group` adds them")
         assert got["forward"] == {"all_reduce": 1}, (
