@@ -173,11 +173,17 @@ def zb_h1(p: int, m: int) -> Schedule:
     return Schedule("zb-h1", p, m, 1, True, tuple(actions))
 
 
+def _interleaved(p: int, m: int, v: int = 2) -> Schedule:
+    # Imported here: interleaved 1F1B builds on this module (its v = 1 case is one_f_one_b).
+    from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
+    return interleaved_one_f_one_b(p, m, v)
+
+
 SCHEDULES = {
     "naive": naive,
     "gpipe": gpipe,
     "1f1b": one_f_one_b,
-    "interleaved": lambda p, m, v=2: __getattr__("interleaved_one_f_one_b")(p, m, v),
+    "interleaved": _interleaved,
     "zb-h1": zb_h1,
 }
 
@@ -228,16 +234,6 @@ def schedule_from_strings(rows: list[str], microbatches: int, chunks: int = 1,
     if split_backward is None:
         split_backward = any(action.kind == "W" for ops in actions for action in ops)
     return Schedule(name, len(rows), microbatches, chunks, split_backward, tuple(actions))
-
-
-def __getattr__(name: str):
-    """``interleaved_one_f_one_b``, importable from here too: it lives in ``interleaved``, which
-    builds on this module (its v = 1 case is :func:`one_f_one_b`), so it is imported when first
-    asked for."""
-    if name == "interleaved_one_f_one_b":
-        from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
-        return interleaved_one_f_one_b
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _renamed(schedule: Schedule, name: str) -> Schedule:

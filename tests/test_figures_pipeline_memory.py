@@ -5,8 +5,8 @@ from matplotlib.patches import Rectangle
 
 from reference_impl.pipeline.pipeline_gantt import (in_flight_over_time, plot_gantt,
                                                     plot_gantt_with_memory)
-from reference_impl.pipeline.pipeline_schedules import (gpipe, interleaved_one_f_one_b,
-                                                        one_f_one_b, zb_h1)
+from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
+from reference_impl.pipeline.pipeline_schedules import gpipe, one_f_one_b, zb_h1
 from reference_impl.pipeline.pipeline_simulator import simulate
 
 

@@ -2,8 +2,9 @@
 per-rank orders derived by hand from the papers' rules, and bad input is refused by number."""
 import pytest
 
+from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
 from reference_impl.pipeline.pipeline_schedules import (
-    SCHEDULES, Action, build_schedule, gpipe, interleaved_one_f_one_b, naive, one_f_one_b,
+    SCHEDULES, Action, build_schedule, gpipe, naive, one_f_one_b,
     schedule_from_strings, zb_h1)
 from reference_impl.pipeline.pipeline_validator import validate
 

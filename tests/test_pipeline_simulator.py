@@ -3,8 +3,9 @@
 and with the activation memory each schedule is known to hold."""
 import pytest
 
+from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
 from reference_impl.pipeline.pipeline_schedules import (
-    Action, build_schedule, gpipe, interleaved_one_f_one_b, naive, one_f_one_b,
+    Action, build_schedule, gpipe, naive, one_f_one_b,
     schedule_from_strings, zb_h1)
 from reference_impl.pipeline.pipeline_simulator import (
     TimedAction, Timeline, bubble_formula, makespan_formula, simulate)

@@ -3,8 +3,9 @@ step and the microbatch; deadlocks name the cycle of waiting ranks; and the mess
 executor must send are derived from the actions."""
 import pytest
 
+from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
 from reference_impl.pipeline.pipeline_schedules import (
-    SCHEDULES, Schedule, build_schedule, interleaved_one_f_one_b, one_f_one_b,
+    SCHEDULES, Schedule, build_schedule, one_f_one_b,
     schedule_from_strings, zb_h1)
 from reference_impl.pipeline.pipeline_validator import (
     ScheduleError, check_rendezvous, exchange_plan, input_message, messages, output_message,

@@ -5,8 +5,9 @@ and traces: ``pipeline_gantt``.
 from reference_impl.lazy_exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "pipeline_schedules": ["Action", "Schedule", "build_schedule", "gpipe",
-        "interleaved_one_f_one_b", "naive", "one_f_one_b", "zb_h1"],
+    "pipeline_schedules": ["Action", "Schedule", "build_schedule", "gpipe", "naive",
+        "one_f_one_b", "zb_h1"],
+    "interleaved": ["interleaved_one_f_one_b"],
     "pipeline_validator": ["ScheduleError", "validate"],
     "pipeline_simulator": ["Timeline", "bubble_formula", "simulate"],
     "pipeline_executor": ["pipeline_train_step", "run_schedule"],
