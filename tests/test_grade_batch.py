@@ -89,6 +89,8 @@ def build_class(root: Path, marker: Path) -> Path:
         "    if dist.get_rank() == 0:\n        dist.all_reduce(torch.ones(1))\n"))
     path = hangs / "alpha_beta.py"
     path.write_text(at_import("while True:\n    pass")(path.read_text()))
+    # One the grader itself cannot handle: a student file that is a link to nowhere.
+    (submission(root / "unreadable") / "zz_notes.py").symlink_to(root / "nowhere.py")
     return root
 
 
@@ -124,11 +126,20 @@ def failures(result) -> str:
 
 
 def test_every_submission_is_graded_and_the_sheet_written(graded):
-    assert graded["process"].returncode == 0, graded["process"].stdout + graded["process"].stderr
     assert set(graded["sheet"]) == set(graded["results"]) == {
-        "correct", "stubs", "mistake", "cheats", "kills_parent", "hangs"}
+        "correct", "stubs", "mistake", "cheats", "kills_parent", "hangs", "unreadable"}
     assert "Most common failures" in (graded["out"] / "report.md").read_text()
-    assert "[1/6]" in graded["process"].stdout  # progress while it runs
+    assert "[1/7]" in graded["process"].stdout  # progress while it runs
+
+
+def test_a_grading_that_raises_is_an_errored_row_and_fails_the_command(graded):
+    """The grader's own failure on one submission neither drops its row nor stops the class."""
+    assert graded["process"].returncode == 1, graded["process"].stdout + graded["process"].stderr
+    row = graded["sheet"]["unreadable"]
+    assert row["notes"].startswith("the grading raised FileNotFoundError"), row
+    assert "Traceback" in graded["results"]["unreadable"]["output"]
+    assert "Grading raised: unreadable." in (graded["out"] / "report.md").read_text()
+    assert graded["sheet"]["correct"]["passed"] == "2"  # the others graded as usual
 
 
 def test_correct_beats_mistake_beats_stubs(graded):

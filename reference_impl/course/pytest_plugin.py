@@ -19,9 +19,10 @@ of a helper), ``--budget`` (the whole run's seconds; once spent, the remaining g
 fail at once, saying so), ``--after-hang`` (once one launch has hung, later ones get this
 limit: a hang costs about one limit, not one per test), ``--output-limit`` (bytes kept of each
 rank's output per launch). ``--grading-log FILE`` appends one JSON line per collected test,
-per test phase, per launch (its world size and backend) and per finding (a graded file that
-imports the reference module it must write), as the run goes: ``python -m
-reference_impl.course.grade`` builds its results from it, also when the run is killed. How graded tests are written: ``reference_impl.course.grading``.
+per test phase, per launch (its world size and backend), per launch that hung and per finding
+(a graded file that imports the reference module it must write), as the run goes: ``python -m
+reference_impl.course.grade`` builds its results from it, also when the run is killed. How
+graded tests are written: ``reference_impl.course.grading``.
 """
 import collections
 import json
@@ -33,8 +34,9 @@ import pytest
 
 from reference_impl.course import syllabus
 from reference_impl.course.grading import Implementation, reference_imports
-from reference_impl.comm.launcher import (
-    BACKENDS, DEFAULT_TIMEOUT, LaunchTimeout, gpu_count, launch)
+from reference_impl.comm.device import BACKENDS, gpu_count
+from reference_impl.comm.launcher import DEFAULT_TIMEOUT, launch
+from reference_impl.comm.rank_failures import LaunchTimeout
 
 # A last line of defence for graders: no single test may run longer than this (pytest-timeout),
 # unless the run sets its own limit.
@@ -132,6 +134,7 @@ class GradedRun:
                           results="data", output_limit=self.output_limit,
                           rank_setup=implementation.enter, **kwargs)
         except LaunchTimeout as error:
+            self.write(event="hang", nodeid=nodeid, world_size=world_size)
             if self.hung_in is not None:
                 pytest.fail(f"{error}{self._hang_note()}", pytrace=False)
             self.hung_in = nodeid

@@ -1,0 +1,103 @@
+"""The command: ``python -m reference_impl.course.grade SUBMISSIONS --labs 2,3 --out RESULTS``
+(the package's docstring says what it writes and how points are given)."""
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from reference_impl.course import grade, syllabus
+from reference_impl.course.grade.points import Points, score
+from reference_impl.course.grade.reports import sheet_rows, write_class, write_submission
+from reference_impl.course.grade.results import Graded, errored
+from reference_impl.course.grade.running import Limits, Reaper, grade_one, gpu_slots
+
+DESCRIPTION = grade.__doc__.splitlines()[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reference_impl.course.grade",
+                                     description=DESCRIPTION)
+    parser.add_argument("submissions", type=Path, help="a folder with one folder per submission")
+    parser.add_argument("--labs", required=True, help="the labs to grade, e.g. 2,3 or lab2,lab3")
+    parser.add_argument("--out", type=Path, required=True, help="where the results go")
+    parser.add_argument("--points", help="points per test or per lab (JSON; see above)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="submissions graded at once (default: as many as the GPUs allow, "
+                             "1 on CPU ranks)")
+    parser.add_argument("--gpus-per-submission", type=int, default=4)
+    parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
+    parser.add_argument("--test-timeout", type=float, default=120.0)
+    parser.add_argument("--launch-timeout", type=float, default=60.0)
+    parser.add_argument("--after-hang", type=float, default=5.0)
+    parser.add_argument("--budget", type=float, default=900.0,
+                        help="seconds one submission may take in all (default 900)")
+    parser.add_argument("-k", default=None, help="only the tests pytest's -k selects")
+    args = parser.parse_args(argv)
+
+    labs = [lab if lab.startswith("lab") else f"lab{lab}" for lab in args.labs.split(",")]
+    unknown = [lab for lab in labs if lab not in syllabus.markers()]
+    if unknown:
+        parser.error(f"--labs: no such lab {', '.join(unknown)}; the labs are "
+                     f"{', '.join(syllabus.markers())}")
+    if not args.submissions.is_dir():
+        parser.error(f"{args.submissions} is not a folder")
+    try:
+        points = Points.load(args.points)
+    except (OSError, ValueError) as error:
+        parser.error(str(error))
+    submissions = sorted(path for path in args.submissions.iterdir() if path.is_dir())
+    if not submissions:
+        parser.error(f"{args.submissions} holds no submission folders")
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    limits = Limits(args.test_timeout, args.launch_timeout, args.after_hang, args.budget,
+                    args.backend, args.k)
+    reaper, slots = Reaper(), gpu_slots(args.jobs, args.gpus_per_submission)
+    free = list(range(len(slots)))
+    condition = threading.Condition()
+    results: dict[str, Graded] = {}
+    print(f"grading {len(submissions)} submission(s), {', '.join(labs)}, {len(slots)} at once "
+          f"({'GPUs ' + str(slots) if slots[0] is not None else 'CPU ranks'})", flush=True)
+
+    def work(index: int, submission: Path) -> None:
+        with condition:
+            condition.wait_for(lambda: free)
+            slot = free.pop(0)
+        started = time.monotonic()
+        try:
+            print(f"[{index}/{len(submissions)}] {submission.name}: grading", flush=True)
+            try:
+                graded = grade_one(submission, labs, limits, slots[slot], reaper)
+            except Exception as error:  # the grader's own failure: an errored row, not a gap
+                graded = errored(submission.name, error, traceback.format_exc(),
+                                 time.monotonic() - started)
+            score(graded, points)
+            write_submission(graded, args.out)
+            results[submission.name] = graded
+            summary = ", ".join(f"{row['lab']} {row['passed']}/{row['total']} "
+                                f"({row['score']:g}/{row['max_score']:g})"
+                                for row in sheet_rows(graded, labs))
+            extra = "".join(f"; {note.splitlines()[0]}" for note in graded.notes)
+            extra += "; flagged" if graded.flags else ""
+            print(f"[{index}/{len(submissions)}] {submission.name}: {summary} in "
+                  f"{graded.seconds:.1f} s{extra}", flush=True)
+        finally:
+            with condition:
+                free.append(slot)
+                condition.notify()
+
+    threads = [threading.Thread(target=work, args=(index, submission))
+               for index, submission in enumerate(submissions, start=1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    ordered = [results[path.name] for path in submissions]
+    write_class(ordered, labs, args.out)
+    print(f"wrote {args.out / 'grades.csv'}, {args.out / 'report.md'} and, per submission, "
+          "results.json and junit.xml", flush=True)
+    return 1 if any(graded.error for graded in ordered) else 0

@@ -1,0 +1,152 @@
+"""A graded run's results, read from the log the kit's pytest plugin writes as the run goes
+(``--grading-log``: one JSON record per collected test, test phase, launch, hang and finding),
+so that a run killed half-way still has results for what it did."""
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+MESSAGE_LIMIT = 4_000  # characters of a failing test's output kept
+
+
+@dataclass
+class TestResult:
+    name: str
+    lab: str
+    passed: bool
+    skipped: bool
+    message: str
+    duration: float
+    score: float = 0.0
+    max_score: float = 0.0
+
+
+@dataclass(frozen=True)
+class Flag:
+    """A submission's file that imports the reference implementation of what it must write."""
+    labs: tuple[str, ...]
+    text: str
+
+    def __str__(self) -> str:
+        return f"{', '.join(self.labs)}: {self.text}"
+
+
+@dataclass
+class Graded:
+    """One submission, graded (or, with ``error``, a grading that raised)."""
+    submission: str
+    tests: list[TestResult]
+    flags: list[Flag]
+    notes: list[str]
+    seconds: float
+    error: str = ""
+
+
+@dataclass
+class RunEnd:
+    """How a graded run's process ended."""
+    returncode: int
+    killed_for_time: bool
+    budget: float
+    kill_grace: float
+    tail: str  # the end of its own output
+
+
+@dataclass
+class _Outcome:
+    lab: str
+    failed: bool = False
+    skipped: bool = False
+    message: str = ""
+    duration: float = 0.0
+
+
+def read_log(log: Path) -> list[dict]:
+    """The log's records; a line cut short by a killed run is left out."""
+    if not log.exists():
+        return []
+    records = []
+    for line in log.read_text(errors="replace").splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            records.append(json.loads(line))
+    return records
+
+
+def the_mistake(message: str) -> str:
+    """The lines of a pytest failure that say what is wrong (its ``E`` lines), capped."""
+    lines = [line[4:] if line.startswith("E   ") else line[1:].strip()
+             for line in message.splitlines() if line.startswith("E ")]
+    text = "\n".join(lines) if lines else message.strip()
+    return text if len(text) <= MESSAGE_LIMIT else text[:MESSAGE_LIMIT] + "\n[... cut]"
+
+
+def _outcomes(records: list[dict]) -> dict[str, _Outcome]:
+    outcomes: dict[str, _Outcome] = {}
+    for record in records:
+        if record.get("event") != "report":
+            continue
+        outcome = outcomes.setdefault(record["nodeid"], _Outcome(record["lab"]))
+        outcome.duration += record.get("duration", 0.0)
+        if record["outcome"] == "failed":
+            outcome.failed = True
+            outcome.message = outcome.message or the_mistake(record.get("message", ""))
+        elif record["outcome"] == "skipped":
+            outcome.skipped = True
+    return outcomes
+
+
+def _notes(records: list[dict], end: RunEnd) -> list[str]:
+    notes = []
+    finished = any(r.get("event") == "finished" for r in records)
+    started = [r["nodeid"] for r in records if r.get("event") == "start"]
+    if end.killed_for_time:
+        notes.append(f"the graded run went past its budget of {end.budget:g} s (+ "
+                     f"{end.kill_grace:g} s) and was killed")
+    elif not finished:
+        how = (f"killed by signal {signal.Signals(-end.returncode).name}" if end.returncode < 0
+               else f"exited with code {end.returncode}")
+        where = f" while running {started[-1]}" if started else ""
+        notes.append(f"the graded run ended before it finished ({how}{where}): the "
+                     "submission's code ended the grader's own process")
+    hangs = [r["nodeid"] for r in records if r.get("event") == "hang"]
+    if hangs:
+        notes.append(f"hung: a launch did not finish within its time limit in {hangs[0]} (a "
+                     "deadlock or an endless loop)")
+    return notes
+
+
+def results_of(name: str, labs: list[str], records: list[dict], end: RunEnd,
+               seconds: float) -> Graded:
+    """A submission's results from its graded run's log records."""
+    collected = next((r["tests"] for r in records if r.get("event") == "collected"), None)
+    flags = [Flag(tuple(r["labs"]), r["text"]) for r in records
+             if r.get("event") == "flag" and set(r["labs"]) & set(labs)]
+    outcomes = _outcomes(records)
+    notes = _notes(records, end)
+    tests = []
+    if collected is None:
+        notes.append("the graded run did not get as far as collecting the tests; its output:\n"
+                     + end.tail[-MESSAGE_LIMIT:])
+    for test in collected or []:
+        outcome = outcomes.get(test["nodeid"])
+        if outcome is None:
+            outcome = _Outcome(test["lab"], failed=True, message="not run: " + (
+                notes[0] if notes else "the graded run ended before it"))
+        tests.append(TestResult(test["nodeid"].split("/")[-1], outcome.lab,
+                                not outcome.failed and not outcome.skipped,
+                                outcome.skipped and not outcome.failed, outcome.message,
+                                outcome.duration))
+    for record in records:  # a test file that could not be imported
+        if record.get("event") == "report" and record.get("phase") == "collect":
+            tests.append(TestResult(record["nodeid"].split("/")[-1], record["lab"], False, False,
+                                    the_mistake(record.get("message", "")), 0.0))
+    return Graded(name, tests, flags, notes, seconds)
+
+
+def errored(name: str, error: BaseException, trace: str, seconds: float) -> Graded:
+    """A submission whose grading raised: a row of its own, saying so, rather than none."""
+    return Graded(name, [], [], [f"the grading raised {type(error).__name__}: {error}"], seconds,
+                  error=trace)

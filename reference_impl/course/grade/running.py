@@ -1,0 +1,161 @@
+"""One submission's graded run: the kit's graded tests (``pytest --impl``) on its files, in a
+process tree of its own (its own session and process group, ended as a whole when it is done;
+this process is the "subreaper" of whatever escapes the group, so that is ended too) and a
+temporary folder of its own, removed afterwards; under limits per test, per launch and per
+submission."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from reference_impl.course.grade.results import Graded, RunEnd, read_log, results_of
+
+REPO = Path(__file__).resolve().parents[3]
+TESTS = REPO / "tests"
+OUTPUT_TAIL = 20_000  # bytes of the graded run's own output kept
+KILL_GRACE = 30.0  # seconds past the budget before the graded run is killed
+PROGRESS_EVERY = 15.0  # seconds between progress lines while a submission runs
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a graded run may take, and how it runs (the command's options)."""
+    test_timeout: float = 120.0  # seconds per test
+    launch_timeout: float = 60.0  # seconds per launch of ranks
+    after_hang: float = 5.0  # seconds per launch once one has hung
+    budget: float = 900.0  # seconds for the whole submission
+    backend: str = "auto"
+    select: str | None = None  # pytest's -k
+
+
+def files_of(submission: Path) -> Path:
+    """The folder holding a submission's student files."""
+    inner = submission / "labs"
+    return inner if inner.is_dir() else submission
+
+
+def graded_run_command(folder: Path, labs: list[str], log: Path, ini: Path,
+                       limits: Limits) -> list[str]:
+    test_files = sorted(str(path) for lab in labs for path in TESTS.glob(f"test_{lab}_*.py"))
+    command = [sys.executable, "-m", "pytest", *test_files, "-c", str(ini), "--rootdir",
+               str(REPO), "-p", "no:cacheprovider", "-q", "--impl", str(folder), "-m",
+               " or ".join(labs), "--grading-log", str(log), "--timeout",
+               str(limits.test_timeout), "--launch-timeout", str(limits.launch_timeout),
+               "--budget", str(limits.budget), "--after-hang", str(limits.after_hang),
+               "--backend", limits.backend]
+    return command + (["-k", limits.select] if limits.select else [])
+
+
+def grade_one(submission: Path, labs: list[str], limits: Limits, gpus: list[int] | None,
+              reaper: "Reaper") -> Graded:
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="grade-"))
+    try:
+        folder = workdir / "labs"
+        folder.mkdir()
+        for path in files_of(submission).glob("*.py"):
+            shutil.copy(path, folder / path.name)
+        ini, log, output = workdir / "pytest.ini", workdir / "log.jsonl", workdir / "output.txt"
+        ini.write_text("[pytest]\n")
+        environment = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        environment.pop("PYTEST_ADDOPTS", None)
+        if gpus is not None:
+            environment["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        with open(output, "wb") as sink:
+            process = reaper.start(graded_run_command(folder, labs, log, ini, limits), workdir,
+                                   environment, sink)
+            progress = threading.Thread(target=_progress, args=(submission.name, log, process),
+                                        daemon=True)
+            progress.start()
+            killed_for_time = False
+            try:
+                process.wait(timeout=limits.budget + KILL_GRACE)
+            except subprocess.TimeoutExpired:
+                killed_for_time = True
+            reaper.end(process)
+        tail = output.read_bytes()[-OUTPUT_TAIL:].decode(errors="replace")
+        end = RunEnd(process.returncode, killed_for_time, limits.budget, KILL_GRACE, tail)
+        return results_of(submission.name, labs, read_log(log), end, time.monotonic() - started)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _progress(name, log, process):
+    while process.poll() is None:
+        time.sleep(PROGRESS_EVERY)
+        if process.poll() is None:
+            done = sum(1 for record in read_log(log) if record.get("event") == "report"
+                       and record.get("phase") == "call")
+            print(f"    ... {name}: {done} tests done", flush=True)
+
+
+class Reaper:
+    """Starts each graded run in its own session and ends it as a whole; as the subreaper of
+    everything below it (Linux), it also ends what escaped a run's process group."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = set()
+        if sys.platform.startswith("linux"):
+            pr_set_child_subreaper = 36
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_child_subreaper, 1)
+
+    def start(self, command, cwd, environment, sink) -> subprocess.Popen:
+        with self.lock:
+            process = subprocess.Popen(command, cwd=cwd, env=environment, stdout=sink,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True)
+            self.running.add(process.pid)
+            return process
+
+    def end(self, process: subprocess.Popen) -> None:
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)  # the session's group: all it started
+        process.wait()
+        with self.lock:
+            self.running.discard(process.pid)
+            self._end_strays()
+
+    def _end_strays(self) -> None:
+        """Kill and reap this process's children that are not a running graded run: what a
+        submission started and moved out of its process group, re-parented here."""
+        for pid in children_of(os.getpid()) - self.running:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, 0)
+
+
+def children_of(parent: int, running_only: bool = False) -> set[int]:
+    """The child processes of ``parent``, read from /proc (zombies too, unless
+    ``running_only``)."""
+    children = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and not (running_only and fields[0] == "Z"):
+            children.add(int(stat.parent.name))
+    return children
+
+
+def gpu_slots(jobs: int | None, per_submission: int) -> list[list[int] | None]:
+    """The GPUs each parallel job sees: disjoint sets of ``per_submission``; or CPU slots."""
+    import torch  # only here: the rest of this module runs without it
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= per_submission:
+        slots = [list(range(start, start + per_submission))
+                 for start in range(0, gpus - per_submission + 1, per_submission)]
+        return slots[:jobs] if jobs else slots
+    return [None] * (jobs or 1)
