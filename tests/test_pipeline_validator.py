@@ -3,6 +3,7 @@ step and the microbatch; deadlocks name the cycle of waiting ranks; and the mess
 executor must send are derived from the actions."""
 import pytest
 
+from reference_impl.pipeline import pipeline_validator
 from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
 from reference_impl.pipeline.pipeline_schedules import (
     SCHEDULES, Schedule, build_schedule, one_f_one_b,
@@ -173,5 +174,13 @@ def test_sends_and_receives_posted_alone_deadlock_1f1b_under_rendezvous():
         check_rendezvous(schedule, exchange_plan(schedule, paired=False))
 
 
-def test_validate_checks_rendezvous_when_asked():
-    validate(interleaved_one_f_one_b(4, 8, 2), in_order=True, rendezvous=True)
+def test_validate_checks_rendezvous_when_asked(monkeypatch):
+    schedule = interleaved_one_f_one_b(4, 8, 2)
+    validate(schedule, in_order=True, rendezvous=True)  # the executor's plan holds up
+    checked = []
+    monkeypatch.setattr(pipeline_validator, "check_rendezvous",
+                        lambda schedule, plan=None: checked.append(schedule.name))
+    validate(schedule, in_order=True)
+    assert checked == [], "validate checked rendezvous sends without being asked"
+    validate(schedule, in_order=True, rendezvous=True)
+    assert checked == [schedule.name], "validate(rendezvous=True) did not check rendezvous sends"
