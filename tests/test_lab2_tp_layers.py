@@ -12,8 +12,9 @@ from torch import nn
 
 from reference_impl.checks import assert_close, assert_close_naming
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.equivalence import assert_equivalent, parallel_pairs, reference_step
-from reference_impl.comm.launcher import current_device
+from reference_impl.equivalence import (assert_equivalent, parallel_pairs, parameters_of,
+                                        reference_step, source_pairs)
+from reference_impl.comm.device import current_device
 from reference_impl.model import MLP
 
 
@@ -222,35 +223,52 @@ BIAS_BEFORE_THE_REDUCE = (
     "it tp times; the whole bias belongs to the sum, added once, after reduce_from_tp")
 
 
+REFUSALS = [("ColumnParallelLinear", (6, 5), {}, "output features 5 is not divisible by the "
+              "tensor-parallel size tp = 2"),
+             ("ColumnParallelLinear", (6, 9), {"blocks": 3}, "output features per block (3 "
+              "blocks) 3 is not divisible"),
+             ("RowParallelLinear", (5, 6), {}, "input features 5 is not divisible by the "
+              "tensor-parallel size tp = 2")]
+
+
+def refused(layers, kind, features, options, group):
+    try:
+        getattr(layers, kind)(nn.Linear(*features), group, **options)
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def layers_on_two_groups(impl):
-    """World of 4, two TP groups of 2 at once. A row-parallel layer whose weight is zero (its
-    output is then the bias alone), and each layer and the MLP against its single-device
-    original, over this rank's group."""
+    """World of 4, two TP groups of 2 at once; features that divide by 2 but not by 4 (6 and 18;
+    the row layer's 5 outputs need not divide). A row-parallel layer whose weight is zero (its
+    output is then the bias alone), each layer and the MLP against its single-device original
+    (and the original itself after the parallel step), and the sizes a layer must refuse."""
     device, rank = current_device(), dist.get_rank()
     groups = [dist.new_group(ranks) for ranks in PAIRS]
     group = groups[rank // 2]
     torch.manual_seed(0)
-    probe = nn.Linear(8, 6).to(device)
+    probe = nn.Linear(6, 5).to(device)
     with torch.no_grad():
         probe.weight.zero_()
-    linear_in, linear_out = nn.Linear(6, 8).to(device), nn.Linear(8, 6).to(device)
-    mlp = MLP(8, 32).to(device)
-    x_in = torch.randn(2, 5, 6, generator=torch.Generator().manual_seed(rank // 2)).to(device)
-    x_out = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(rank // 2)).to(device)
+    modules = {"column": nn.Linear(6, 6).to(device), "row": nn.Linear(6, 5).to(device),
+               "mlp": MLP(6, 18).to(device)}
+    x = torch.randn(3, 7, 6, generator=torch.Generator().manual_seed(rank // 2)).to(device)
     expected_bias = probe.bias.detach().clone()
-    expected = {"column": reference_step(linear_in, x_in), "row": reference_step(linear_out, x_out),
-                "mlp": reference_step(mlp, x_out)}
+    expected = {kind: reference_step(module, x) for kind, module in modules.items()}
+    before = {kind: parameters_of(module) for kind, module in modules.items()}
 
     layers = impl.module("tp_layers")
-    bias_only = layers.RowParallelLinear(probe, group, input_is_parallel=False)(x_out).detach()
-    return {
-        "bias only": (bias_only, expected_bias),
-        "column": parallel_pairs(layers.ColumnParallelLinear(linear_in, group, gather_output=True),
-                                 x_in, expected["column"], group),
-        "row": parallel_pairs(layers.RowParallelLinear(linear_out, group, input_is_parallel=False),
-                              x_out, expected["row"], group),
-        "mlp": parallel_pairs(layers.ParallelMLP(mlp, group), x_out, expected["mlp"], group),
-    }
+    bias_only = layers.RowParallelLinear(probe, group, input_is_parallel=False)(x).detach()
+    parallel = {"column": layers.ColumnParallelLinear(modules["column"], group, gather_output=True),
+                "row": layers.RowParallelLinear(modules["row"], group, input_is_parallel=False),
+                "mlp": layers.ParallelMLP(modules["mlp"], group)}
+    found = {"bias only": (bias_only, expected_bias),
+             "refusals": [refused(layers, *refusal[:3], group) for refusal in REFUSALS]}
+    for kind, layer in parallel.items():
+        found[kind] = (parallel_pairs(layer, x, expected[kind], group)
+                       + source_pairs(modules[kind], before[kind]))
+    return found
 
 
 def test_layers_honour_their_group_with_two_groups_at_once(impl, run_on_ranks):
@@ -262,6 +280,10 @@ def test_layers_honour_their_group_with_two_groups_at_once(impl, run_on_ranks):
             rank=rank, atol=ATOL, against="the layer's bias",
             otherwise="with a zero weight the output is the bias, once",
             mistakes={BIAS_BEFORE_THE_REDUCE: 2 * bias.expand_as(output)})
+        for (kind, features, options, message), error in zip(REFUSALS, checks["refusals"]):
+            assert error is not None and message in error, (
+                f"rank {rank}: {kind}(nn.Linear{features}, a group of 2, {options}) gave "
+                f"{error!r}; it must refuse with a ValueError saying {message!r}")
     for kind in ("column", "row", "mlp"):
         try:
             assert_equivalent([checks[kind] for checks in results], atol=ATOL)

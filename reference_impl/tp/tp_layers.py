@@ -50,21 +50,25 @@ def shard(full: torch.Tensor, dim: int, rank: int, tp: int, blocks: int = 1) -> 
 def unshard(local: torch.Tensor, parameter: nn.Parameter, group=None) -> torch.Tensor:
     """The full tensor (a parameter's value or gradient) from every rank's shard; a replicated
     parameter's tensor is returned as it is. Collective over the TP group."""
+    # BEGIN SOLUTION lab2: unshard, the inverse of shard: for every rank r of the group, shard(unshard(local_r), dim, r, tp, blocks) must give local_r back. A parameter without the mark tp_dim is whole on every rank already (gathered, it would come back tp times as long). Every rank of `group`, and only those, holds a part; all of them call this together; tp is the group's size and `blocks` the parameter's tp_blocks. The gathered parts arrive rank by rank, each rank's part holding its piece of every block, while the full tensor lists block by block, each block holding every rank's piece
     dim = getattr(parameter, "tp_dim", None)
     if dim is None:
         return local
     tp, blocks = dist.get_world_size(group), parameter.tp_blocks
-    gathered = all_gather_along(local, dim, group).chunk(tp, dim=dim)  # one per rank
-    per_rank_blocks = [part.chunk(blocks, dim=dim) for part in gathered]
-    return torch.cat([torch.cat([rank_blocks[b] for rank_blocks in per_rank_blocks], dim=dim)
-                      for b in range(blocks)], dim=dim)
+    pieces = all_gather_along(local, dim, group).chunk(tp * blocks, dim=dim)  # rank-major
+    return torch.cat([pieces[r * blocks + b] for b in range(blocks) for r in range(tp)], dim=dim)
+    # END SOLUTION
 
 
 def sharded_parameter(full: torch.Tensor, dim: int, group, blocks: int = 1) -> nn.Parameter:
+    """This rank's shard of ``full`` as a parameter of its own, marked ``tp_dim`` and
+    ``tp_blocks`` for :func:`unshard`."""
+    # BEGIN SOLUTION lab2: sharded_parameter: the shard this rank trains is its piece of full within `group`, which need not be the world: with two TP groups [0, 1] and [2, 3], world rank 2 is rank 0 of its group and holds what rank 0 holds, and tp is the group's size. The parameter is trained on its own: autograd must not reach back into full, and full's storage must not change with it. It carries tp_dim (dim) and tp_blocks (blocks): unshard and full_state read them to put the shards back together
     tp, rank = dist.get_world_size(group), dist.get_rank(group)
     parameter = nn.Parameter(shard(full.detach(), dim, rank, tp, blocks))
     parameter.tp_dim, parameter.tp_blocks = dim, blocks
     return parameter
+    # END SOLUTION
 
 
 class ColumnParallelLinear(nn.Module):
