@@ -20,7 +20,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from reference_impl.comm.launcher import current_device, wait_for_device
+from reference_impl.comm.device import current_device, wait_for_device
 
 
 def ring_all_reduce_seconds(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:

@@ -76,7 +76,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.memory.activation_memory import SavedActivations
-from reference_impl.comm.launcher import current_device, wait_for_device
+from reference_impl.comm.device import current_device, wait_for_device
 from reference_impl.pipeline.pipeline_partition import gpt_layers, layer_sizes, partition
 from pipeline_schedules import Action, Schedule, build_schedule
 from reference_impl.pipeline.pipeline_simulator import TimedAction, Timeline

@@ -51,7 +51,7 @@ import contextlib
 import torch
 from torch import nn
 
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 
 PRECISIONS = ("fp32", "bf16")
 COMPUTE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

@@ -53,8 +53,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from reference_impl.comm.launcher import (launch, resolve_backend, under_torchrun,
-                                          wait_for_device)
+from reference_impl.comm.device import resolve_backend, wait_for_device
+from reference_impl.comm.launcher import launch, under_torchrun
 from reference_impl.hybrid import checkpoint, parallel_3d
 from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig
 from reference_impl.precision import PRECISIONS

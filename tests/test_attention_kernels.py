@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from reference_impl.checks import assert_close
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.equivalence import assert_equivalent, one_step_pairs
 from reference_impl.memory.activation_memory import SavedActivations, model_activation_bytes
 from reference_impl.model import (ATTENTION_KERNELS, GPT, Block, CausalSelfAttention,

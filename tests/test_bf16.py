@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from reference_impl import train
 from reference_impl.checks import assert_close
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.equivalence import one_step_pairs
 from reference_impl.hybrid import parallel_3d as hybrid
 from reference_impl.hybrid.zero import ZeroOptimizer

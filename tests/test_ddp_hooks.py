@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.checks import assert_close
-from reference_impl.comm.launcher import current_device, launch
+from reference_impl.comm.device import current_device
+from reference_impl.comm.launcher import launch
 from reference_impl.hybrid.ddp_hooks import OverlappingDataParallel
 
 WORLD, SAMPLES, LR = 2, 4, 0.1

@@ -4,7 +4,7 @@ import pytest
 import torch.distributed as dist
 
 from reference_impl.comm.groups import build_rank_layout, main, parse_order
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.comm.process_groups import device_mesh, mesh_dim_names
 
 

@@ -22,7 +22,7 @@ from reference_impl.hybrid import parallel_3d as hybrid
 from reference_impl.checks import assert_close
 from reference_impl.hybrid.data_parallel import all_reduce_mean, gradient_plan, sync_gradients
 from reference_impl.comm.groups import build_rank_layout
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.comm.process_groups import create_process_groups
 from reference_impl.tp.sagemaker_linear import DistributedLinear

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from reference_impl.checks import assert_close, assert_close_naming
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 
 pytestmark = pytest.mark.lab0
 

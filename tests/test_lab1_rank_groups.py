@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from reference_impl.comm.groups_figure import plot_rank_groups
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 
 pytestmark = pytest.mark.lab1
 

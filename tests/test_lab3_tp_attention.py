@@ -19,7 +19,7 @@ import torch
 from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.equivalence import (assert_equivalent, parallel_pairs, parameters_of,
                                         reference_step, source_pairs)
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.model import (Block, CausalSelfAttention, ModelConfig, attention_core,
                                   merge_heads, split_heads)
 

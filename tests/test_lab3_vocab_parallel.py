@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from reference_impl.checks import assert_close_naming
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 
 pytestmark = pytest.mark.lab3
 

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from reference_impl.checks import assert_close
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline.pipeline_validator import (Exchange, ScheduleError, check_rendezvous,
                                                         exchange_plan, messages, normalized)

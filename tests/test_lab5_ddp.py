@@ -40,7 +40,7 @@ from torch import nn
 
 from reference_impl.checks import assert_close
 from reference_impl.comm.groups import build_rank_layout
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.comm.process_groups import create_process_groups
 
 pytestmark = pytest.mark.lab5

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from reference_impl.checks import assert_close
-from reference_impl.comm.launcher import RankFailure, current_device
+from reference_impl.comm.device import current_device
+from reference_impl.comm.rank_failures import RankFailure
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline.pipeline_executor import gpt_loss, pipeline_train_step, run_schedule, \
     split_batch

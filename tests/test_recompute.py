@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from reference_impl.equivalence import assert_equivalent, one_step_pairs
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.model import GPT, Block, ModelConfig
 from reference_impl.memory.activation_memory import (
     SavedActivations,

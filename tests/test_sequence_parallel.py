@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from reference_impl.checks import assert_close
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.model import Block, ModelConfig
 from reference_impl.tp.sequence_parallel import SequenceParallelBlock, sync_sequence_parallel_grads
 from reference_impl.tp.tp_attention import ParallelBlock

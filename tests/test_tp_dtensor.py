@@ -29,7 +29,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 
 from reference_impl.checks import assert_close
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.model import Block, CausalSelfAttention, MLP, ModelConfig
 from reference_impl.tp.tp_attention import ParallelBlock, ParallelSelfAttention
 from reference_impl.tp.tp_dtensor import dtensor_attention, dtensor_block, dtensor_mlp, qkv_rows_by_rank

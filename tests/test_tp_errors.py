@@ -2,7 +2,7 @@
 import pytest
 from torch import nn
 
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.model import Block, CausalSelfAttention, ModelConfig
 from reference_impl.tp.tp_attention import ParallelBlock, ParallelSelfAttention
 from reference_impl.tp.tp_layers import ColumnParallelLinear, RowParallelLinear

@@ -18,7 +18,7 @@ from torch import nn
 
 from reference_impl.checks import assert_close
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.tp.tp_layers import full_state
 from reference_impl.tp.vocab_parallel import (ParallelLMHead, VocabParallelEmbedding,
                                            padded_vocab_size, vocab_parallel_cross_entropy)

@@ -22,7 +22,7 @@ from reference_impl.checks import assert_close
 from reference_impl.equivalence import train_on_averaged_gradients
 from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.groups import build_rank_layout
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.model import MLP, Block, ModelConfig
 from reference_impl.comm.process_groups import create_process_groups
 from reference_impl.tp.tp_layers import ParallelMLP, unshard

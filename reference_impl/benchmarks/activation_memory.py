@@ -31,7 +31,8 @@ import argparse
 import torch
 import torch.distributed as dist
 
-from reference_impl.comm.launcher import current_device, launch
+from reference_impl.comm.device import current_device
+from reference_impl.comm.launcher import launch
 from reference_impl.model import Block, ModelConfig
 from reference_impl.memory.activation_memory import (
     activation_memory_formula,

@@ -20,7 +20,8 @@ import time
 
 import torch.distributed as dist
 
-from reference_impl.comm.launcher import gpu_count, launch
+from reference_impl.comm.device import gpu_count
+from reference_impl.comm.launcher import launch
 
 
 def barrier_only() -> None:

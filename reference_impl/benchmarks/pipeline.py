@@ -59,7 +59,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.comm.launcher import current_device, launch, wait_for_device
+from reference_impl.comm.device import current_device, wait_for_device
+from reference_impl.comm.launcher import launch
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline.pipeline_executor import (
     build_gpt_stages, gpt_loss, measured_timeline, run_schedule, split_batch)

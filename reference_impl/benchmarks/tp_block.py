@@ -42,7 +42,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.debug import CommDebugMode
 
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.comm.launcher import current_device, launch
+from reference_impl.comm.device import current_device
+from reference_impl.comm.launcher import launch
 from reference_impl.model import Block, ModelConfig
 from reference_impl.perf.step_timing import median_step_seconds
 from reference_impl.tp.tp_attention import ParallelBlock

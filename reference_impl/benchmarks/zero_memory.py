@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from reference_impl.comm.launcher import current_device, launch
+from reference_impl.comm.device import current_device
+from reference_impl.comm.launcher import launch
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.hybrid.zero import (ZeroOptimizer, model_state_bytes, padded_numel,
                                  zero_memory_formula)

@@ -1,13 +1,17 @@
 """How ranks start, talk and are grouped.
 
-The launcher (ranks on CPU or GPU, under the kit or torchrun), the ring collectives and the
-alpha-beta cost model (lab 0), a tracer of every collective, rank layouts and their process
-groups (lab 1). Figures: ``collectives_figure``, ``alpha_beta_figure``, ``groups_figure``.
+Where a rank computes (``device``), the launcher (ranks on CPU or GPU, under the kit or
+torchrun; what travels to and from the ranks in ``rank_payloads``, how they fail in
+``rank_failures``), the ring collectives and the alpha-beta cost model (lab 0), a tracer of
+every collective, rank layouts and their process groups (lab 1). Figures:
+``collectives_figure``, ``alpha_beta_figure``, ``groups_figure``.
 """
 from reference_impl.lazy_exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "launcher": ["LaunchTimeout", "RankFailure", "current_device", "launch", "wait_for_device"],
+    "device": ["current_device", "wait_for_device"],
+    "launcher": ["launch"],
+    "rank_failures": ["LaunchTimeout", "RankFailure"],
     "comm_trace": ["CommTracer"],
     "groups": ["RankCoordinates", "RankLayout", "build_rank_layout"],
     "process_groups": ["ParallelGroups", "create_process_groups", "device_mesh"],

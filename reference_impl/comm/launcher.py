@@ -4,7 +4,8 @@
     results = launch(fn, 4, x)      # results[r] is fn(x) as returned on rank r
 
 Inside ``fn`` the default process group is initialised, so ``dist.get_rank()`` and every
-collective just work, and ``current_device()`` is the device this rank computes on.
+collective just work, and ``current_device()`` (:mod:`reference_impl.comm.device`) is the
+device this rank computes on.
 
 How ranks start: from a *rank server*, a clean process started once (at the first launch)
 that imports torch and waits (Python's ``forkserver`` start method). Each launch forks its
@@ -54,6 +55,10 @@ For code that must not be trusted (a student's submission, graded), three option
   uses it to decide where the student's modules come from before a test module is imported);
   :data:`default_rank_setup` is used where none is given (a student notebook sets it in a
   handout, :func:`reference_impl.course.own_files.use_my_files`).
+
+Beside it: :mod:`reference_impl.comm.device` (where a rank computes, which backend),
+:mod:`reference_impl.comm.rank_payloads` (the work, the results and the output on their way)
+and :mod:`reference_impl.comm.rank_failures` (the failures, stuck ranks' stacks, the root cause).
 """
 from __future__ import annotations
 
@@ -61,13 +66,9 @@ import atexit
 import contextlib
 import ctypes
 import faulthandler
-import importlib
-import io
 import multiprocessing
 import multiprocessing.forkserver
 import os
-import pickle
-import re
 import shutil
 import signal
 import sys
@@ -84,9 +85,18 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
+from reference_impl.comm import rank_payloads
+# current_device, wait_for_device and BACKENDS: the device policy, also reachable from here
+from reference_impl.comm.device import (BACKENDS, current_device, gpu_count,  # noqa: F401
+                                        resolve_backend, wait_for_device)
+from reference_impl.comm.rank_failures import (LaunchTimeout, RankFailure, dump_stacks,
+                                               has_died, rank_server_pid, receive, root_cause)
+from reference_impl.comm.rank_payloads import (RESULT_KINDS, CappedOutput, on_cpu,
+                                               pickle_the_work, redirect_output, send,
+                                               unpickle_the_work)
+
 default_rank_setup = None  # the rank_setup of a launch that gives none
 DEFAULT_TIMEOUT = 60.0  # seconds a launch may take, from start to the last rank's return
-BACKENDS = ("auto", "gloo", "nccl")
 START_METHODS = ("forkserver", "spawn", "fork")
 
 # What the rank server imports once, so that a rank forked from it starts in milliseconds.
@@ -98,74 +108,10 @@ _RANK_SERVER_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "cloudpic
 # The process group's own timeout is a backstop only: the parent's deadline comes first,
 # so a hang is always reported the same way, with every stuck rank's stack.
 _PROCESS_GROUP_SLACK = 30.0
-_STACK_DUMP_WAIT = 0.5  # seconds for a stuck rank to write its stack after SIGUSR1
 _FAILURE_GRACE = 0.5  # seconds to hear from other failing ranks before choosing the cause
-# Errors a rank sees *because another rank failed* (its peer's socket closed).
-_KNOCK_ON_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError")
 _FORK_WARNING = r".*use of fork\(\) may lead to deadlocks"
-_KNOCK_ON_MESSAGES = ("Connection closed by peer", "Connection reset by peer")
-RESULT_KINDS = ("any", "data")  # how a rank's return value travels: cloudpickle, or data only
-_OUTPUT_JOIN = 2.0  # seconds to wait for the last of a rank's output after it ended
-
-
-class RankFailure(RuntimeError):
-    """A rank raised, or died, before returning. ``rank`` says which one."""
-
-    def __init__(self, rank: int, summary: str, remote_traceback: str = "", others=()):
-        self.rank = rank
-        self.summary = summary
-        self.remote_traceback = remote_traceback
-        message = f"rank {rank} failed: {summary}"
-        if others:
-            message += "\n(then also: " + "; ".join(f"rank {r}: {s}" for r, s in others) + ")"
-        if remote_traceback:
-            message += f"\n\n--- traceback of rank {rank} ---\n{remote_traceback.rstrip()}"
-        super().__init__(message)
-
-
-class LaunchTimeout(TimeoutError):
-    """Some ranks did not return within the launch's timeout. ``ranks`` says which."""
-
-    def __init__(self, ranks: list[int], timeout: float, stacks: dict[int, str]):
-        self.ranks = ranks
-        self.stacks = stacks
-        message = (
-            f"rank(s) {', '.join(map(str, ranks))} did not finish within {timeout:g} s: "
-            "stuck in a collective or send/recv that no other rank matches, or never returning"
-        )
-        for rank in ranks:
-            message += f"\n\n--- rank {rank} was here ---\n{stacks.get(rank, '(no stack)').rstrip()}"
-        super().__init__(message)
-
-
-def gpu_count() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def resolve_backend(backend: str, world_size: int) -> str:
-    """``auto`` is NCCL when there is a GPU for every rank, gloo on the CPU otherwise."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    gpus = gpu_count()
-    if backend == "auto":
-        return "nccl" if gpus >= world_size else "gloo"
-    if backend == "nccl" and gpus < world_size:
-        raise ValueError(f"backend nccl needs one GPU per rank: {world_size} ranks but {gpus} GPUs")
-    return backend
-
-
-def current_device() -> torch.device:
-    """The device this rank computes on: its GPU under NCCL, else the CPU."""
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def wait_for_device() -> None:
-    """Wait until this rank's GPU has finished its queued work (nothing to wait for on a CPU):
-    call before reading a clock."""
-    if current_device().type == "cuda":
-        torch.cuda.synchronize()
+# Where a rank's own start-up runs: a stuck rank's stack is cut at the first of their frames.
+_START_UP_FILES = (__file__, rank_payloads.__file__)
 
 
 def under_torchrun() -> bool:
@@ -208,7 +154,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
         return _run_as_torchrun_rank(fn, world_size, args, kwargs, backend, timeout)
     backend = resolve_backend(backend, world_size)
     start_method = _check_start_method(start_method or default_start_method())
-    payload = _pickle_the_work(fn, args, kwargs)
+    payload = pickle_the_work(fn, args, kwargs)
     setup = cloudpickle.dumps(rank_setup if rank_setup is not None else default_rank_setup)
     context = _context(start_method)
     workdir = tempfile.mkdtemp(prefix="launch-")
@@ -224,7 +170,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
                 receiver, sender = context.Pipe(duplex=False)
                 output_writer = None
                 if output_limit is not None:
-                    output = _CappedOutput(context, output_limit)
+                    output = CappedOutput(context, output_limit)
                     outputs.append(output)
                     output_writer = output.writer
                 process = context.Process(
@@ -239,11 +185,11 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
                 processes.append(process)
                 connections.append(receiver)
         lifeline.close()
-        server = _rank_server_pid() if start_method == "forkserver" else None
+        server = rank_server_pid() if start_method == "forkserver" else None
         try:
             return _collect(processes, connections, timeout, workdir, results)
         except RankFailure as failure:
-            if server is None or not _has_died(server):
+            if server is None or not has_died(server):
                 raise
             raise RankFailure(failure.rank, failure.summary + " (the rank server, the ranks' "
                               "parent process, was killed during this launch)",
@@ -279,37 +225,6 @@ def _context(start_method: str):
     return context
 
 
-def _pickle_the_work(fn, args, kwargs) -> bytes:
-    """``fn`` and its arguments by value, so that a function defined in a notebook cell or a
-    script's ``__main__`` reaches the ranks; CUDA tensors among the arguments travel on the
-    CPU (each rank moves what it needs to its own device)."""
-    fn = _by_name_if_main_is_a_module(fn)
-    try:
-        return cloudpickle.dumps((fn, _on_cpu(args), _on_cpu(kwargs)))
-    except Exception as error:  # noqa: BLE001 - re-raised with what to do about it
-        name = getattr(fn, "__qualname__", repr(fn))
-        raise TypeError(
-            f"launch cannot send {name} and its arguments to the ranks: {type(error).__name__}: "
-            f"{error}. They travel to every rank by value (pickled), so pass data (tensors, "
-            "numbers, modules) rather than open files, locks, threads or processes.") from error
-
-
-def _by_name_if_main_is_a_module(fn):
-    """Under ``python -m package.module``, a function of that module is sent as
-    ``package.module.<name>`` (imported by name in the rank, like every module's function)
-    rather than by value: the ranks then see the module's globals as they are, whatever
-    they hold."""
-    main = sys.modules["__main__"]
-    module_name = getattr(getattr(main, "__spec__", None), "name", None)
-    if getattr(fn, "__module__", None) != "__main__" or not module_name \
-            or module_name.endswith("__main__"):
-        return fn
-    found = importlib.import_module(module_name)
-    for part in getattr(fn, "__qualname__", "<local>").split("."):
-        found = getattr(found, part, None)
-    return found if callable(found) else fn
-
-
 @contextlib.contextmanager
 def _main_module_hidden():
     """Multiprocessing re-runs the caller's ``__main__`` script in every rank it starts
@@ -322,19 +237,6 @@ def _main_module_hidden():
         yield
     finally:
         sys.modules["__main__"] = main
-
-
-def _on_cpu(value):
-    """``value`` with every tensor in it (also inside lists, tuples and dicts) on the CPU."""
-    if isinstance(value, torch.Tensor):
-        return value if value.device.type == "cpu" else value.detach().cpu()
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-        return type(value)(*(_on_cpu(item) for item in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_on_cpu(item) for item in value)
-    if isinstance(value, dict):
-        return type(value)((key, _on_cpu(item)) for key, item in value.items())
-    return value
 
 
 def _run_as_torchrun_rank(fn, world_size, args, kwargs, backend, timeout):
@@ -351,7 +253,7 @@ def _run_as_torchrun_rank(fn, world_size, args, kwargs, backend, timeout):
         # Whoever initialises the group ends it: left to the interpreter's exit, gloo's
         # threads can be torn down mid-flight and abort the process.
         atexit.register(_destroy_process_group)
-    result = _on_cpu(fn(*args, **kwargs))
+    result = on_cpu(fn(*args, **kwargs))
     results = [None] * world_size
     dist.all_gather_object(results, result)
     return results
@@ -379,7 +281,7 @@ def _run_rank(rank, world_size, backend, workdir, timeout, threads, expected_par
     with contextlib.suppress(OSError):  # its own process group: what it starts ends with it
         os.setsid()
     if output_writer is not None:
-        _redirect_output(output_writer)
+        redirect_output(output_writer)
     threading.Thread(target=_exit_when_caller_exits, args=(lifeline,), daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "w")
@@ -390,22 +292,22 @@ def _run_rank(rank, world_size, backend, workdir, timeout, threads, expected_par
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
         torch.set_num_threads(threads)
         setup, payload = payloads
-        setup = _unpickle_the_work(setup)
+        setup = unpickle_the_work(setup)
         if setup is not None:
             setup()
-        fn, args, kwargs = _unpickle_the_work(payload)
+        fn, args, kwargs = unpickle_the_work(payload)
         _init_process_group(
             backend, rank, init_method="file://" + os.path.join(workdir, "store"), rank=rank,
             world_size=world_size, timeout=timedelta(seconds=timeout + _PROCESS_GROUP_SLACK))
         # Gloo may return from init on one rank while a peer is still completing its side of
         # their connection; a rank that then ran a short fn and exited would break it.
         dist.barrier()
-        _send(sender, ("ok", _on_cpu(fn(*args, **kwargs))), results)
+        send(sender, ("ok", on_cpu(fn(*args, **kwargs))), results)
         # The result is sent; now wait for the peers, so that no rank closes its connections
         # while another may still be reading from them.
         dist.barrier()
     except BaseException as error:  # noqa: BLE001 - everything goes back to the parent
-        _send(sender, ("error", type(error).__name__, str(error), traceback.format_exc()),
+        send(sender, ("error", type(error).__name__, str(error), traceback.format_exc()),
               results)
     finally:
         _destroy_process_group()
@@ -413,114 +315,6 @@ def _run_rank(rank, world_size, backend, workdir, timeout, threads, expected_par
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-
-
-class WorkNotLoadable(RuntimeError):
-    """A rank could not rebuild the launched function or its arguments."""
-
-
-def _unpickle_the_work(payload: bytes):
-    try:
-        return cloudpickle.loads(payload)
-    except Exception as error:  # noqa: BLE001 - re-raised with what to do about it
-        raise WorkNotLoadable(
-            f"the rank could not load the launched function or its arguments: "
-            f"{type(error).__name__}: {error}. Functions and classes defined in a notebook or "
-            "script travel by value, but those of a module are imported by name in every "
-            "rank: that module must be importable there (the rank has the caller's sys.path "
-            "and working directory), so not a file loaded by path or a module that exists "
-            "only in memory.") from error
-
-
-def _send(sender, message, result_kind: str) -> None:
-    # By value (cloudpickle, which plain pickle can read): tensors are copied, not shared
-    # through this process, which may have exited by the time the parent reads the message.
-    # As data: torch.save's format, which the parent reads without running any code.
-    if result_kind == "any":
-        sender.send_bytes(cloudpickle.dumps(message))
-        return
-    buffer = io.BytesIO()
-    try:
-        torch.save(message, buffer, pickle_protocol=2)
-    except Exception as error:  # noqa: BLE001 - reported as this rank's failure
-        buffer = io.BytesIO()
-        torch.save(("error", "ResultNotData", _NOT_DATA.format(f"{type(error).__name__}: "
-                                                               f"{error}"), ""), buffer)
-    sender.send_bytes(buffer.getvalue())
-
-
-_NOT_DATA = ("the rank's result is not data ({}): with results='data' a rank returns tensors, "
-             "numbers, strings, None, and lists, tuples and dicts of them")
-
-
-def _load(data: bytes, result_kind: str):
-    if result_kind == "any":
-        return pickle.loads(data)
-    try:
-        with warnings.catch_warnings():  # torch warns on pickle protocols newer than its own
-            warnings.simplefilter("ignore")
-            message = torch.load(io.BytesIO(data), weights_only=True)
-    except Exception as error:  # noqa: BLE001 - reported as this rank's failure
-        reason = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
-        found = f"it holds a {reason.group(1)}" if reason else type(error).__name__
-        return ("error", "ResultNotData", _NOT_DATA.format(found), "")
-    well_formed = isinstance(message, tuple) and (
-        (len(message) == 2 and message[0] == "ok")
-        or (len(message) == 4 and message[0] == "error"
-            and all(isinstance(part, str) for part in message[1:])))
-    if not well_formed:
-        return ("error", "ResultNotData", "the rank sent a message the launcher did not write",
-                "")
-    return message
-
-
-class _CappedOutput:
-    """A rank's stdout and stderr, through a pipe the caller drains: the first ``limit`` bytes
-    are kept, the rest only counted, so a rank that prints without end costs no memory or
-    disk."""
-
-    def __init__(self, context, limit: int):
-        self.limit = limit
-        self.reader, self.writer = context.Pipe(duplex=False)
-        self.kept, self.total = bytearray(), 0
-        self.thread = threading.Thread(target=self._drain, daemon=True)
-
-    def started(self) -> None:
-        self.writer.close()  # the rank holds the only writing end now
-        self.thread.start()
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                chunk = os.read(self.reader.fileno(), 1 << 16)
-            except OSError:
-                return
-            if not chunk:
-                return
-            self.total += len(chunk)
-            room = self.limit - len(self.kept)
-            if room > 0:
-                self.kept += chunk[:room]
-
-    def report(self, who: str) -> None:
-        """Print what was kept (after the rank and everything it started have ended)."""
-        self.thread.join(timeout=_OUTPUT_JOIN)
-        self.reader.close()
-        if self.total:
-            text = self.kept.decode(errors="replace")
-            cut = (f"\n[... {self.total - len(self.kept)} more bytes of output left out: "
-                   f"the first {self.limit} are kept]" if self.total > len(self.kept) else "")
-            print(f"--- output of {who} ---\n{text.rstrip()}{cut}", flush=True)
-
-
-def _redirect_output(writer) -> None:
-    """This process's file descriptors 1 and 2 (stdout, stderr) become ``writer``'s pipe."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os.dup2(writer.fileno(), 1)
-    os.dup2(writer.fileno(), 2)
-    writer.close()
 
 
 def _die_with_parent(expected_parent: int | None) -> None:
@@ -557,7 +351,9 @@ def _collect(processes, connections, timeout, workdir, result_kind) -> list:
                 break
         elif remaining <= 0:
             ranks = sorted(pending)
-            raise LaunchTimeout(ranks, timeout, _dump_stacks(processes, ranks, workdir))
+            stacks = dump_stacks(processes, ranks, workdir, _START_UP_FILES,
+                                 _exit_when_caller_exits.__name__)
+            raise LaunchTimeout(ranks, timeout, stacks)
         waitables = {}
         for rank in pending:
             waitables[connections[rank]] = rank
@@ -566,7 +362,7 @@ def _collect(processes, connections, timeout, workdir, result_kind) -> list:
             rank = waitables[ready]
             if rank not in pending:
                 continue
-            message = _receive(connections[rank], processes[rank], result_kind)
+            message = receive(connections[rank], processes[rank], result_kind)
             pending.discard(rank)
             if message[0] == "ok":
                 results[rank] = message[1]
@@ -575,88 +371,8 @@ def _collect(processes, connections, timeout, workdir, result_kind) -> list:
                     failures_deadline = time.monotonic() + _FAILURE_GRACE
                 failures.append((rank, *message[1:]))
     if failures:
-        raise _root_cause(failures)
+        raise root_cause(failures)
     return results
-
-
-def _receive(connection, process, result_kind):
-    """The rank's message, or an error message saying how it died without sending one."""
-    if connection.poll():
-        try:
-            return _load(connection.recv_bytes(), result_kind)
-        except EOFError:  # closed with nothing sent: the rank died
-            pass
-    process.join(timeout=1.0)
-    code = process.exitcode
-    if code is not None and code < 0:
-        how = f"killed by signal {signal.Signals(-code).name}"
-    else:
-        how = f"exited with code {code}"
-    return ("error", "ProcessDied", f"{how} before returning a result", "")
-
-
-def _root_cause(failures) -> RankFailure:
-    """Prefer a rank's own error over the connection errors its peers got because of it."""
-    own = [f for f in failures if not _is_knock_on(*f[1:3])]
-    rank, kind, text, remote_traceback = (own or failures)[0]
-    others = [(r, f"{k}: {t}".splitlines()[0]) for r, k, t, _ in failures if r != rank]
-    summary = f"{kind}: {text}" if kind != "ProcessDied" else text
-    return RankFailure(rank, summary, remote_traceback, others)
-
-
-def _is_knock_on(kind: str, text: str) -> bool:
-    return kind in _KNOCK_ON_ERRORS or any(marker in text for marker in _KNOCK_ON_MESSAGES)
-
-
-def _dump_stacks(processes, ranks, workdir) -> dict[int, str]:
-    """Ask each stuck rank for its Python stack (faulthandler on SIGUSR1) and read it."""
-    for rank in ranks:
-        if processes[rank].is_alive():
-            os.kill(processes[rank].pid, signal.SIGUSR1)
-    time.sleep(_STACK_DUMP_WAIT)
-    stacks = {}
-    for rank in ranks:
-        try:
-            with open(os.path.join(workdir, f"rank{rank}.stack")) as handle:
-                stack = handle.read()
-        except OSError:
-            stack = ""
-        stacks[rank] = _the_work_s_frames(stack) or "(the rank did not answer)"
-    return stacks
-
-
-def _the_work_s_frames(stack: str) -> str:
-    """From faulthandler's dump of every thread, the frames of the launched work: the
-    lifeline's thread is left out, and so are the frames below the rank's entry point (the
-    launcher's own start-up)."""
-    threads = re.split(r"\n(?=(?:Current thread|Thread) 0x)", stack.strip())
-    kept = [thread.split(f'  File "{__file__}"')[0] for thread in threads
-            if _exit_when_caller_exits.__name__ not in thread]
-    return "\n".join(part for part in kept if part.strip())
-
-
-def _rank_server_pid() -> int | None:
-    return getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
-
-
-def _has_died(pid: int, grace: float = 1.0) -> bool:
-    """Whether process ``pid`` has ended, or ends within ``grace`` seconds: a process being
-    killed closes its files (its ranks then see it gone) a moment before it is a zombie."""
-    deadline = time.monotonic() + grace
-    while _is_running(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def _is_running(pid: int) -> bool:
-    """Whether process ``pid`` exists and has not exited (a zombie has)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return not sys.platform.startswith("linux")  # elsewhere: assume it runs
 
 
 def _end(processes) -> None:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from reference_impl.comm.groups import GROUP_AXES, RankCoordinates, RankLayout
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from reference_impl.comm.launcher import gpu_count, launch
+from reference_impl.comm.device import gpu_count
+from reference_impl.comm.launcher import launch
 from reference_impl.course import syllabus
 
 REPO = Path(__file__).resolve().parents[2]

@@ -49,7 +49,8 @@ import torch.distributed as dist
 from reference_impl.comm.alpha_beta import fit_alpha_beta, ring_all_reduce_seconds, time_all_reduce
 from reference_impl.perf.step_timing import median_step_seconds
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.comm.launcher import current_device, launch, resolve_backend, wait_for_device
+from reference_impl.comm.device import current_device, resolve_backend, wait_for_device
+from reference_impl.comm.launcher import launch
 from reference_impl.model import ATTENTION_KERNELS, GPT, Block, ModelConfig
 from reference_impl.pipeline.pipeline_executor import pipeline_train_step
 from reference_impl.precision import PRECISIONS, Autocast

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.comm.launcher import current_device, wait_for_device
+from reference_impl.comm.device import current_device, wait_for_device
 
 WARMUP_STEPS = 2
 
