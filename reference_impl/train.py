@@ -16,7 +16,7 @@ GPUs):
     python -m reference_impl.train --dp 2 --tp 2 --pp 1 --steps 5
 
 Both paths run the same code (:func:`train_on_rank`): ``parallel_3d.initialize_parallelism``,
-``parallel_3d.build_3d_gpt`` from a GPT initialised with ``--seed``, ``parallel_3d.train_step`` on the
+``parallelize.parallelize_gpt`` from a GPT initialised with ``--seed``, ``parallel_3d.train_step`` on the
 deterministic ``parallel_3d.make_dataset(seed, steps, batch, seq, vocab)``, so the losses printed
 are the single-device GPT's losses on the same batches (``tests/test_train.py``). Only global
 rank 0 prints: a header, one line per ``--log-every`` steps (step, loss, tokens/s, elapsed)
@@ -34,12 +34,25 @@ to fp32 rounding). ``--attention sdpa`` computes attention with PyTorch's fused 
 weights, gradients, gradient reduction and optimizer state (``precision.py``); ``fp32`` is the
 default.
 
+Composition (``hybrid/parallelize.py``): ``--sp`` adds sequence parallelism to TP,
+``--recompute selective|full`` recomputes each block's attention core or the whole block in the
+backward, ``--dp-kind`` chooses how the replicas reduce gradients (``sync``, the default;
+``ddp_hooks``; ``zero1``/``zero2``/``zero3``, Adam only). They compose with every layout and
+with each other; what cannot work (``--sp`` without ``--tp`` > 1, ``ddp_hooks``/``zero2``/
+``zero3`` with the ``zb-h1`` schedule, ZeRO with ``--optimizer sgd``) is refused before any rank
+starts, with the rule and the numbers:
+
+    python -m reference_impl.train --dp 2 --tp 2 --sp --dp-kind zero1 --recompute selective
+
 Checkpoints (``reference_impl.hybrid.checkpoint``): ``--checkpoint-dir DIR`` writes ``DIR/checkpoint.pt``
 every ``--checkpoint-every`` steps and at the end, in the single-device GPT's names, so it loads
 into any layout or a plain ``model.GPT``. ``--resume`` continues from it (same ``--seed``,
 ``--batch``, ``--seq``, ``--vocab``, model shape and optimizer; any layout) up to ``--steps`` in
 total: the losses are those of a run that never stopped. With ``--resume`` and no checkpoint
 yet, training starts from step 0 (so a requeued SLURM job can always pass ``--resume``).
+Checkpoints work with ``--dp-kind sync`` and ``ddp_hooks``; with ``zero1``-``zero3`` they are
+refused (each replica holds a shard of Adam's state, which the gathered format does not
+collect).
 """
 from __future__ import annotations
 
@@ -55,7 +68,8 @@ import torch.distributed as dist
 
 from reference_impl.comm.device import resolve_backend, wait_for_device
 from reference_impl.comm.launcher import launch, under_torchrun
-from reference_impl.hybrid import checkpoint, parallel_3d
+from reference_impl.hybrid import checkpoint, parallel_3d, parallelize
+from reference_impl.hybrid.parallelize import DP_KINDS, RECOMPUTE_MODES, ZERO_STAGES
 from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig
 from reference_impl.precision import PRECISIONS
 
@@ -79,6 +93,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="model chunks per rank (interleaved schedule)")
     layout.add_argument("--no-vocab-parallel", dest="vocab_parallel", action="store_false",
                         help="replicate embedding and head instead of splitting the vocabulary")
+    layout.add_argument("--sp", action="store_true",
+                        help="sequence parallelism: layernorms, residuals and the activations "
+                             "between pipeline stages split along the sequence over the TP "
+                             "group (needs --tp > 1 and --seq divisible by --tp)")
+    layout.add_argument("--recompute", choices=RECOMPUTE_MODES, default="none",
+                        help="activation recomputation per block: none (the default), "
+                             "selective (the attention core) or full (the whole block)")
+    layout.add_argument("--dp-kind", choices=DP_KINDS, default="sync",
+                        help="how replicas reduce gradients: sync (bucketed all-reduce after "
+                             "the backward, the default), ddp_hooks (all-reduces from hooks "
+                             "during the backward), zero1/zero2/zero3 (ZeRO: Adam's state, + "
+                             "gradients, + parameters sharded over the replicas; --optimizer "
+                             "adam, no checkpoints)")
     model = parser.add_argument_group("model and data")
     model.add_argument("--layers", type=int, default=4)
     model.add_argument("--hidden", type=int, default=64)
@@ -135,6 +162,31 @@ def check_world_size(args, world: int) -> None:
             f"--dp {args.dp} x --tp {args.tp} x --pp {args.pp} = {world_size_of(args)} ranks, "
             f"but WORLD_SIZE is {world} (torchrun's --nnodes x --nproc-per-node): make the "
             f"product of the three degrees equal the number of processes")
+
+
+def parallel_dims(args) -> parallelize.ParallelDims:
+    """The composition the flags ask for (a ValueError names a combination that cannot work)."""
+    return parallelize.ParallelDims(
+        dp=args.dp, tp=args.tp, pp=args.pp, sp=args.sp, recompute=args.recompute,
+        dp_kind=args.dp_kind, schedule=args.schedule, microbatches=args.microbatches,
+        chunks=args.chunks, vocab_parallel=args.vocab_parallel, precision=args.dtype)
+
+
+def check_composition(args) -> parallelize.ParallelDims:
+    """Refuse, before any rank starts, what the layout, model and optimizer cannot do."""
+    dims = parallel_dims(args)
+    dims.check_model(model_config(args), args.batch)
+    if args.dp_kind in ZERO_STAGES:
+        if args.optimizer != "adam":
+            raise ValueError(f"dp_kind {args.dp_kind} shards Adam's state (ZeroOptimizer); got "
+                             f"--optimizer {args.optimizer}: use adam, or --dp-kind sync or "
+                             f"ddp_hooks")
+        if args.checkpoint_dir:
+            raise ValueError(f"checkpoints with --dp-kind {args.dp_kind} are not supported: "
+                             f"ZeRO keeps each replica's shard of Adam's state, which the "
+                             f"gathered checkpoint format does not collect; use --dp-kind sync "
+                             f"or ddp_hooks to checkpoint")
+    return dims
 
 
 def model_config(args) -> ModelConfig:
@@ -207,6 +259,7 @@ def train_on_rank(args) -> dict:
     """The training run, on one rank of an initialised default group of dp*tp*pp ranks.
     Returns {"start_step", "losses" (this run's steps), "seconds"} (the same on every rank)."""
     check_world_size(args, dist.get_world_size())
+    dims = check_composition(args)
     context = parallel_3d.initialize_parallelism(args.dp, args.tp, args.pp, order=args.order)
     torch.manual_seed(args.seed)
     gpt = GPT(model_config(args))
@@ -217,10 +270,8 @@ def train_on_rank(args) -> dict:
         gpt.load_state_dict(saved["model"])
         torch.set_rng_state(saved["rng"])
         start = saved["step"]
-    model = parallel_3d.build_3d_gpt(gpt, context, args.microbatches, args.schedule,
-                                chunks=args.chunks, vocab_parallel=args.vocab_parallel,
-                                precision=args.dtype)
-    optimizer = make_optimizer(args, model.parameters())
+    model = parallelize.parallelize_gpt(gpt, dims, context)
+    optimizer = parallelize.build_optimizer(model, lambda p: make_optimizer(args, p))
     if saved is not None:
         checkpoint.load_optimizer_state(model, optimizer, gpt, saved["optimizer"]["state"])
         _steps_on_parameter_devices(optimizer)
@@ -230,7 +281,8 @@ def train_on_rank(args) -> dict:
     backend = dist.get_backend()
     _say(f"training dp {args.dp} x tp {args.tp} x pp {args.pp} = {dist.get_world_size()} "
          f"ranks ({backend}), {args.schedule} with {args.microbatches} micro-batches, "
-         f"{args.dtype}, "
+         f"{args.dtype}, " + ("sp, " if args.sp else "")
+         + f"dp-kind {args.dp_kind}, recompute {args.recompute}, "
          + (f"steps {start + 1}..{args.steps}" if start < args.steps else "no steps left")
          + (f" (resumed at step {start})" if start else ""))
     tokens_per_step = args.batch * args.seq
@@ -269,6 +321,7 @@ def _run_under_torchrun(args) -> dict:
     """One rank of a torchrun job: init from the environment, train, destroy the group."""
     world = int(os.environ["WORLD_SIZE"])
     check_world_size(args, world)  # before any rendezvous: every rank fails the same way
+    check_composition(args)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = resolve_backend(args.backend, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     if backend == "nccl":
@@ -285,7 +338,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if under_torchrun():
         return _run_under_torchrun(args)
-    # No torchrun: run the dp*tp*pp ranks here (laptop mode).
+    # No torchrun: run the dp*tp*pp ranks here (laptop mode), once the flags compose.
+    check_composition(args)
     results = launch(train_on_rank, world_size_of(args), args, backend=args.backend,
                      timeout=args.timeout)
     return results[0]

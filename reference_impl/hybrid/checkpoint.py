@@ -64,6 +64,9 @@ def gather_optimizer_state(model: parallel_3d.Parallel3DModel,
                            optimizer: torch.optim.Optimizer) -> dict[str, dict]:
     """{GPT parameter name: {state key: full tensor or scalar}}, on every rank. Collective over
     the TP and PP groups, like ``parallel_3d.gather_full_state``."""
+    if not isinstance(optimizer, torch.optim.Optimizer):  # e.g. ZeRO's, over RDP shards
+        raise ValueError(f"cannot checkpoint a {type(optimizer).__name__}: the gathered format "
+                         f"reads torch.optim state only (dp_kind sync or ddp_hooks)")
     groups, vocab = model.context.groups, model.config.vocab_size
     local = {}
     for name, parameter in model.named_gpt_parameters():  # same order on every TP peer

@@ -16,19 +16,23 @@ What each piece does:
   rank order ``"megatron"`` = tp fastest by default, or ``"sagemaker"``) and creates the process
   groups. ``dp`` is the number of model replicas: Megatron's data-parallel degree, the size of
   SageMaker's RDP_GROUP (SageMaker's DP_GROUP would be ``dp * tp``).
-* :func:`build_3d_gpt` cuts ``gpt_layers(gpt)`` (embedding, blocks, head) into ``pp`` stages
-  by parameter count (``pipeline_partition.partition``) and builds this rank's stage from
-  tensor-parallel layers over its TP group, from the single-device weights (shard-from-full):
-  each block a ``ParallelBlock``; the embedding a ``VocabParallelEmbedding`` (position
-  embedding replicated); the head a replicated final layernorm, a ``ParallelLMHead`` and the
-  loss ``vocab_parallel_cross_entropy``, so the logits are never gathered. With
+* :func:`build_3d_gpt` is ``parallelize.parallelize_gpt`` with dp x tp x pp only: it cuts
+  ``gpt_layers(gpt)`` (embedding, blocks, head) into ``pp`` stages by parameter count
+  (``pipeline_partition.partition``) and builds this rank's stage from tensor-parallel layers
+  over its TP group, from the single-device weights (shard-from-full): each block a
+  ``ParallelBlock``; the embedding a ``VocabParallelEmbedding`` (position embedding
+  replicated); the head a replicated final layernorm, a ``ParallelLMHead`` and the loss
+  ``vocab_parallel_cross_entropy``, so the logits are never gathered. With
   ``vocab_parallel=False`` embedding and head are replicated on every TP rank instead.
+  ``parallelize.py`` adds sequence parallelism, recomputation and the other ways of data
+  parallelism (DDP hooks, ZeRO 1-3) to the same model; :func:`train_step` trains either.
 * :func:`train_step` gives replica ``rdp_rank`` its slice of the global batch (the **Megatron
   data layout**: every rank of a TP group sees the same micro-batches, the data is split over
   the RDP group), runs the pipeline schedule over the PP group (``pipeline_executor``), where
   the TP collectives run inside each stage, then synchronises the gradients
   (``data_parallel.sync_gradients``, convention ``"megatron"``: every gradient averaged over
-  RDP_GROUP; see that module for why, and for SageMaker's rule) and steps. It returns the
+  RDP_GROUP; see that module for why, and for SageMaker's rule; or what the model's
+  ``dp_kind`` leaves to do, ``parallelize.finish_gradients``) and steps. It returns the
   loss as a 0-d tensor on the device and never waits for the device itself: the host reads
   the loss when it needs it (a trainer, when it logs), so on a GPU the steps queue up.
 * ``precision="bf16"`` (:func:`build_3d_gpt`) runs every forward under bf16 autocast with fp32
@@ -47,22 +51,19 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
-from reference_impl.hybrid.data_parallel import DEFAULT_BUCKET_BYTES, SyncReport, sync_gradients
 from reference_impl.comm.groups import RankCoordinates, RankLayout, build_rank_layout
 from reference_impl.comm.launcher import current_device
-from reference_impl.model import GPT, Block
-from reference_impl.pipeline.pipeline_executor import Stage, gpt_loss, run_schedule, split_batch
-from reference_impl.pipeline.pipeline_partition import (GPTEmbedding, GPTHead, gpt_layers, layer_sizes,
-                                               partition)
-from reference_impl.pipeline.pipeline_schedules import Schedule, build_schedule
-from reference_impl.precision import autocast, check_precision
 from reference_impl.comm.process_groups import ParallelGroups, create_process_groups
-from reference_impl.tp.tp_attention import ParallelBlock
+from reference_impl.hybrid.data_parallel import DEFAULT_BUCKET_BYTES, SyncReport
+from reference_impl.hybrid.parallelize import (  # noqa: F401 (TPEmbedding, TPHead: exported)
+    Parallel3DModel, ParallelDims, TPEmbedding, TPHead, finish_gradients, parallelize_gpt,
+    tensor_parallel_layer)
+from reference_impl.model import GPT
+from reference_impl.pipeline.pipeline_executor import gpt_loss, run_schedule, split_batch
+from reference_impl.pipeline.pipeline_schedules import Schedule
+from reference_impl.precision import autocast
 from reference_impl.tp.tp_layers import unshard
-from reference_impl.tp.vocab_parallel import (ParallelLMHead, VocabParallelEmbedding,
-                                           vocab_parallel_cross_entropy)
 
 
 # ---------------------------------------------------------------- the context
@@ -108,90 +109,16 @@ def initialize_parallelism(dp: int, tp: int = 1, pp: int = 1,
 
 # ---------------------------------------------------------------- the model
 
-class TPEmbedding(GPTEmbedding):
-    """Token embedding split over the vocabulary (TP group), position embedding replicated."""
-
-    def __init__(self, embedding: GPTEmbedding, group):
-        nn.Module.__init__(self)
-        self.token_embedding = VocabParallelEmbedding(embedding.token_embedding, group)
-        self.position_embedding = copy.deepcopy(embedding.position_embedding)
-
-
-class TPHead(GPTHead):
-    """Replicated final layernorm, LM head split over the vocabulary: this rank's logits."""
-
-    def __init__(self, head: GPTHead, group):
-        nn.Module.__init__(self)
-        self.ln_f = copy.deepcopy(head.ln_f)
-        self.lm_head = ParallelLMHead(head.lm_head, group)
-
-
-def tensor_parallel_layer(layer: nn.Module, group, vocab_parallel: bool = True) -> nn.Module:
-    """The TP version of one of ``gpt_layers``' layers, from its weights."""
-    if isinstance(layer, Block):
-        return ParallelBlock(layer, group)
-    if isinstance(layer, GPTEmbedding):
-        return TPEmbedding(layer, group) if vocab_parallel else copy.deepcopy(layer)
-    if isinstance(layer, GPTHead):
-        return TPHead(layer, group) if vocab_parallel else copy.deepcopy(layer)
-    raise TypeError(f"no tensor-parallel version of {type(layer).__name__}")
-
-
-def _gpt_prefix(layer_index: int, layers: int) -> str:
-    """The GPT's parameter-name prefix of layer ``layer_index`` of ``gpt_layers``: the
-    embedding and the head keep the GPT's attribute names, block i is ``blocks.i.``."""
-    return "" if layer_index in (0, layers - 1) else f"blocks.{layer_index - 1}."
-
-
-class Parallel3DModel(nn.Module):
-    """This rank's pipeline stage(s) of a GPT, made of TP layers, with what a step needs."""
-
-    def __init__(self, gpt: GPT, context: ParallelContext, microbatches: int,
-                 schedule: str | Schedule = "1f1b", chunks: int = 1, vocab_parallel: bool = True,
-                 bucket_bytes: int | None = DEFAULT_BUCKET_BYTES, precision: str = "fp32"):
-        super().__init__()
-        self.context, self.config = context, gpt.config
-        self.precision = check_precision(precision)  # of the forward; weights stay fp32
-        self.vocab_parallel, self.bucket_bytes = vocab_parallel, bucket_bytes
-        self.schedule = (build_schedule(schedule, context.pp, microbatches, chunks)
-                         if isinstance(schedule, str) else schedule)
-        if self.schedule.ranks != context.pp:
-            raise ValueError(f"the schedule is for {self.schedule.ranks} ranks but pp = "
-                             f"{context.pp}")
-        layers = gpt_layers(gpt)  # shares gpt's parameters; every TP layer copies or shards
-        ranges = partition(layer_sizes(layers), self.schedule.stages)
-        device, tp_group = current_device(), context.groups.tp
-        stages, self.names = {}, {}
-        for s in self.schedule.stages_of(context.coordinates.pp_rank):
-            modules = []
-            for i in ranges[s]:
-                module = tensor_parallel_layer(layers[i], tp_group, vocab_parallel).to(device)
-                for name, parameter in module.named_parameters():
-                    self.names[id(parameter)] = _gpt_prefix(i, len(layers)) + name
-                modules.append(module)
-            stages[str(s)] = Stage(*modules)
-        self.stages = nn.ModuleDict(stages)
-
-    def stage_modules(self) -> dict[int, nn.Module]:
-        return {int(s): module for s, module in self.stages.items()}
-
-    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The mean cross-entropy of a micro-batch, from the whole or this rank's vocab slice."""
-        if not self.vocab_parallel:
-            return gpt_loss(logits, targets)
-        return vocab_parallel_cross_entropy(logits, targets, self.context.groups.tp,
-                                            self.config.vocab_size).mean()
-
-    def named_gpt_parameters(self):
-        """(single-device GPT name, this rank's parameter) for every local parameter."""
-        for parameter in self.parameters():
-            yield self.names[id(parameter)], parameter
-
-
 def build_3d_gpt(gpt: GPT, context: ParallelContext, microbatches: int,
-                 schedule: str | Schedule = "1f1b", **options) -> Parallel3DModel:
-    """This rank's part of ``gpt`` under ``context`` (see :class:`Parallel3DModel`)."""
-    return Parallel3DModel(gpt, context, microbatches, schedule, **options)
+                 schedule: str | Schedule = "1f1b", chunks: int = 1, vocab_parallel: bool = True,
+                 bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
+                 precision: str = "fp32") -> Parallel3DModel:
+    """This rank's part of ``gpt`` under ``context``: ``parallelize.parallelize_gpt`` with
+    dp x tp x pp only (no sp, no recomputation, dp_kind sync)."""
+    dims = ParallelDims(context.dp, context.tp, context.pp, schedule=schedule,
+                        microbatches=microbatches, chunks=chunks, vocab_parallel=vocab_parallel,
+                        precision=precision, bucket_bytes=bucket_bytes)
+    return parallelize_gpt(gpt, dims, context)
 
 
 # ---------------------------------------------------------------- training
@@ -205,7 +132,7 @@ def replica_slice(batch: torch.Tensor, context: ParallelContext) -> torch.Tensor
 @dataclass(frozen=True)
 class StepResult:
     loss: torch.Tensor  # 0-d, on the device: the global batch's mean loss, on every rank
-    sync: SyncReport
+    sync: SyncReport | None  # dp_kind sync's report (None for the other kinds)
 
 
 def train_step(model: Parallel3DModel, tokens: torch.Tensor, targets: torch.Tensor,
@@ -215,8 +142,9 @@ def train_step(model: Parallel3DModel, tokens: torch.Tensor, targets: torch.Tens
     global batch's mean loss, a 0-d tensor on this rank's device (``.item()`` reads it, and
     waits for the device: do it only where the value is needed).
 
-    ``convention`` is passed to ``sync_gradients``; this trainer's data layout is Megatron's,
-    so ``"megatron"`` is the right one (``"sagemaker"`` is accepted to show what goes wrong).
+    ``convention`` is passed to ``sync_gradients`` (dp_kind sync only); this trainer's data
+    layout is Megatron's, so ``"megatron"`` is the right one (``"sagemaker"`` is accepted to
+    show what goes wrong).
     """
     context, device = model.context, current_device()
     optimizer.zero_grad(set_to_none=True)
@@ -229,11 +157,10 @@ def train_step(model: Parallel3DModel, tokens: torch.Tensor, targets: torch.Tens
         raise ValueError(f"the replica's batch of {local_tokens.shape[0]} samples is not "
                          f"divisible into {m} microbatches")
     run = run_schedule(model.schedule, model.stage_modules(), local_tokens, local_targets,
-                       model.loss_fn, boundary_shape=(micro_batch, local_tokens.shape[1],
-                                                      model.config.hidden),
+                       model.loss_fn,
+                       boundary_shape=model.boundary_shape(micro_batch, local_tokens.shape[1]),
                        group=context.groups.pp, precision=model.precision, timed=False)
-    report = sync_gradients(list(model.stages.values()), context.groups, convention,
-                            model.bucket_bytes)
+    report = finish_gradients(model, convention)  # dp_kind's reduction, sp's sum over TP
     optimizer.step()
     # The replica's loss is its slice's mean; the global mean averages the dp replicas.
     loss = run.loss
@@ -247,10 +174,10 @@ def train_step(model: Parallel3DModel, tokens: torch.Tensor, targets: torch.Tens
 def gather_full_state(model: Parallel3DModel) -> dict[str, torch.Tensor]:
     """The single-device GPT's parameters by name (CPU tensors), on every rank. Collective over
     the TP and PP groups (every rank must call it)."""
-    groups = model.context.groups
+    groups, values = model.context.groups, model.local_values()
     local = {}
     for name, parameter in model.named_gpt_parameters():  # same order on every TP peer
-        full = unshard(parameter.detach(), parameter, groups.tp).cpu()
+        full = unshard(values[id(parameter)], parameter, groups.tp).cpu()
         if name in ("token_embedding.weight", "lm_head.weight"):
             full = full[:model.config.vocab_size]  # drop the vocabulary's padding rows
         local[name] = full.clone()

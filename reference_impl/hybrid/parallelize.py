@@ -1,0 +1,371 @@
+"""Compose the kit's parallelisms on the course's GPT, one small step each (the API shape of
+torchtitan's ``parallelize_llama``: apply_pp, apply_tp, apply_ac, apply_fsdp / apply_ddp).
+
+    dims = ParallelDims(dp=2, tp=2, sp=True, dp_kind="zero1", recompute="selective")
+    context = parallel_3d.initialize_parallelism(dims.dp, dims.tp, dims.pp)
+    model = parallelize_gpt(gpt, dims, context)             # this rank's part of gpt
+    optimizer = build_optimizer(model, lambda params: torch.optim.Adam(params, lr=3e-3))
+    loss = parallel_3d.train_step(model, tokens, targets, optimizer)
+
+The steps, in the order :func:`parallelize_gpt` runs them:
+
+* :func:`apply_pp` cuts ``gpt_layers(gpt)`` (embedding, blocks, head) into the schedule's
+  stages by parameter count and keeps this rank's layers (references: nothing copied yet).
+* :func:`apply_tp` turns each kept layer into its tensor-parallel version, shard-from-full, on
+  ``current_device()``: ``ParallelBlock`` (``SequenceParallelBlock`` with ``sp``), the
+  vocabulary-parallel embedding and head. With ``sp`` (Korthikanti et al. 2022, "Reducing
+  Activation Recomputation in Large Transformer Models", section 4.2.2) everything between the
+  embedding and the final layernorm is this rank's sequence shard: the embedding's output is
+  split along the sequence (``scatter_to_tp``), the head's input gathered (``gather_from_tp``),
+  so pipeline stages exchange (micro_batch, seq / tp, hidden).
+* :func:`apply_recompute`: ``memory/recompute.py`` on every block, ``selective`` (the attention
+  core) or ``full`` (the whole block; same paper, section 5).
+* :func:`apply_dp`: how the replicas' gradients become the global batch's (``dp_kind``):
+
+      sync       after the backward, a bucketed all-reduce over RDP (``data_parallel``)
+      ddp_hooks  all-reduces launched from gradient hooks during the backward (Li et al.
+                 2020, "PyTorch Distributed"), in the last micro-batch's backward
+      zero1..3   ``ZeroOptimizer`` over RDP (Rajbhandari et al. 2020, "ZeRO"), made by
+                 :func:`build_optimizer`: Adam's state, + gradients, + parameters sharded
+
+  Under every kind the sequence-parallel parameters' gradients (layernorms, row biases) are
+  then summed over the TP group (:func:`finish_gradients`).
+
+What does not compose is refused by :class:`ParallelDims` with the rule and the numbers:
+``sp`` without ``tp > 1``; a sequence, head count or hidden size that ``tp`` does not divide;
+the hook-driven kinds (ddp_hooks, zero2, zero3) with a split-backward schedule (zb-h1: its W
+adds the weight gradients without autograd, so no hook sees them); ZeRO with another optimizer
+than Adam (:func:`build_optimizer`). Everything else composes, zero3 with full recomputation
+included (a layer recomputed in the backward gathers its parameters again, as in its forward).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from reference_impl.comm.launcher import current_device
+from reference_impl.hybrid.data_parallel import (DEFAULT_BUCKET_BYTES, SyncReport,
+                                                 all_reduce_mean, sync_gradients)
+from reference_impl.hybrid.ddp_hooks import OverlappingDataParallel
+from reference_impl.hybrid.zero import ZeroOptimizer
+from reference_impl.memory.recompute import recompute
+from reference_impl.model import Block, ModelConfig
+from reference_impl.pipeline.pipeline_executor import Stage, gpt_loss
+from reference_impl.pipeline.pipeline_partition import (GPTEmbedding, GPTHead, gpt_layers,
+                                                        layer_sizes, partition)
+from reference_impl.pipeline.pipeline_schedules import Schedule, build_schedule
+from reference_impl.precision import check_precision
+from reference_impl.tp.sequence_parallel import SEQ_DIM, SequenceParallelBlock
+from reference_impl.tp.tp_attention import ParallelBlock
+from reference_impl.tp.tp_collectives import gather_from_tp, scatter_to_tp
+from reference_impl.tp.vocab_parallel import (ParallelLMHead, VocabParallelEmbedding,
+                                              vocab_parallel_cross_entropy)
+
+RECOMPUTE_MODES = ("none", "selective", "full")
+DP_KINDS = ("sync", "ddp_hooks", "zero1", "zero2", "zero3")
+ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+HOOK_KINDS = ("ddp_hooks", "zero2", "zero3")  # reduce from post-accumulate-grad hooks
+
+
+# ---------------------------------------------------------------- the dimensions
+
+@dataclass(frozen=True)
+class ParallelDims:
+    """What to compose; the combinations that cannot work are refused when it is made."""
+
+    dp: int = 1  # model replicas (RDP_GROUP size)
+    tp: int = 1
+    pp: int = 1
+    sp: bool = False  # sequence parallelism inside the TP group
+    recompute: str = "none"  # none | selective | full
+    dp_kind: str = "sync"  # sync | ddp_hooks | zero1 | zero2 | zero3
+    schedule: str | Schedule = "1f1b"
+    microbatches: int | None = None  # per replica and step (default: pp)
+    chunks: int = 1  # model chunks per rank (interleaved)
+    vocab_parallel: bool = True
+    precision: str = "fp32"
+    bucket_bytes: int | None = DEFAULT_BUCKET_BYTES
+
+    def __post_init__(self):
+        if isinstance(self.schedule, Schedule):  # a schedule made already says m and v
+            object.__setattr__(self, "microbatches", self.schedule.microbatches)
+            object.__setattr__(self, "chunks", self.schedule.chunks)
+        elif self.microbatches is None:
+            object.__setattr__(self, "microbatches", self.pp)
+        for name in ("dp", "tp", "pp", "microbatches", "chunks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name, choices in (("recompute", RECOMPUTE_MODES), ("dp_kind", DP_KINDS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
+                                 f"{getattr(self, name)!r}")
+        check_precision(self.precision)
+        if self.sp and self.tp == 1:
+            raise ValueError("sequence parallelism needs tp > 1 (got tp = 1): it splits the "
+                             "sequence over the tensor-parallel group")
+        schedule = self.build_schedule()
+        if self.dp_kind in HOOK_KINDS and schedule.split_backward:
+            raise ValueError(
+                f"dp_kind {self.dp_kind} with the {schedule.name} schedule: {self.dp_kind} "
+                f"reduces each gradient from a post-accumulate-grad hook, and a split backward's "
+                f"W adds the linear layers' weight gradients without autograd, so no hook fires; "
+                f"use dp_kind sync or zero1, or a schedule without W (gpipe, 1f1b, interleaved)")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def build_schedule(self) -> Schedule:
+        if isinstance(self.schedule, Schedule):
+            if self.schedule.ranks != self.pp:
+                raise ValueError(f"the schedule is for {self.schedule.ranks} ranks but pp = "
+                                 f"{self.pp}")
+            return self.schedule
+        return build_schedule(self.schedule, self.pp, self.microbatches, self.chunks)
+
+    def check_model(self, config: ModelConfig, batch: int | None = None) -> None:
+        """Refuse a model shape (and global batch) these dimensions cannot split."""
+        for what, size in (("heads", config.heads), ("hidden size", config.hidden)):
+            if size % self.tp:
+                raise ValueError(f"{what} {size} is not divisible by tp = {self.tp}")
+        if self.sp and config.seq_len % self.tp:
+            raise ValueError(f"seq_len {config.seq_len} is not divisible by tp = {self.tp}: "
+                             f"sequence parallelism gives each TP rank seq_len / tp positions")
+        stages = self.pp * self.chunks
+        if config.layers + 2 < stages:
+            raise ValueError(f"{config.layers} blocks + embedding + head = {config.layers + 2} "
+                             f"layers cannot fill pp x chunks = {self.pp} x {self.chunks} = "
+                             f"{stages} pipeline stages")
+        if batch is not None and batch % (self.dp * self.microbatches):
+            raise ValueError(f"the global batch of {batch} samples is not divisible by dp x "
+                             f"microbatches = {self.dp} x {self.microbatches}: every replica "
+                             f"cuts its slice into micro-batches of equal size")
+
+
+# ---------------------------------------------------------------- the layers
+
+class TPEmbedding(GPTEmbedding):
+    """Token embedding split over the vocabulary (TP group), position embedding replicated."""
+
+    def __init__(self, embedding: GPTEmbedding, group):
+        nn.Module.__init__(self)
+        self.token_embedding = VocabParallelEmbedding(embedding.token_embedding, group)
+        self.position_embedding = copy.deepcopy(embedding.position_embedding)
+
+
+class TPHead(GPTHead):
+    """Replicated final layernorm, LM head split over the vocabulary: this rank's logits."""
+
+    def __init__(self, head: GPTHead, group):
+        nn.Module.__init__(self)
+        self.ln_f = copy.deepcopy(head.ln_f)
+        self.lm_head = ParallelLMHead(head.lm_head, group)
+
+
+class SequenceShard(nn.Module):
+    """After the embedding (sp): keep this rank's positions; the backward all-gathers them."""
+
+    def __init__(self, group):
+        super().__init__()
+        self.group = group
+
+    def forward(self, x):
+        return scatter_to_tp(x, SEQ_DIM, self.group)
+
+
+class SequenceWhole(SequenceShard):
+    """Before the head (sp): all-gather the positions; the backward keeps this rank's."""
+
+    def forward(self, x):
+        return gather_from_tp(x, SEQ_DIM, self.group)
+
+
+def tensor_parallel_layer(layer: nn.Module, group, vocab_parallel: bool = True,
+                          sp: bool = False) -> nn.Module:
+    """The TP (with ``sp``: sequence-parallel) version of one of ``gpt_layers``' layers."""
+    if isinstance(layer, Block):
+        return SequenceParallelBlock(layer, group) if sp else ParallelBlock(layer, group)
+    if isinstance(layer, GPTEmbedding):
+        return TPEmbedding(layer, group) if vocab_parallel else copy.deepcopy(layer)
+    if isinstance(layer, GPTHead):
+        return TPHead(layer, group) if vocab_parallel else copy.deepcopy(layer)
+    raise TypeError(f"no tensor-parallel version of {type(layer).__name__}")
+
+
+def _gpt_prefix(layer_index: int, layers: int) -> str:
+    """The GPT's parameter-name prefix of layer ``layer_index`` of ``gpt_layers``: the
+    embedding and the head keep the GPT's attribute names, block i is ``blocks.i.``."""
+    return "" if layer_index in (0, layers - 1) else f"blocks.{layer_index - 1}."
+
+
+# ---------------------------------------------------------------- the model
+
+class Parallel3DModel(nn.Module):
+    """This rank's pipeline stage(s) of a GPT, made of TP layers, with what a step needs.
+    Made empty by :func:`parallelize_gpt`, then filled by its ``apply_*`` steps."""
+
+    def __init__(self, config: ModelConfig, context, dims: ParallelDims, schedule: Schedule):
+        super().__init__()
+        self.context, self.config, self.dims, self.schedule = context, config, dims, schedule
+        self.precision, self.vocab_parallel = dims.precision, dims.vocab_parallel
+        self.bucket_bytes = dims.bucket_bytes
+        self.stages = nn.ModuleDict()
+        self.names: dict[int, str] = {}  # id(parameter) -> the single-device GPT's name
+        self.gradient_hooks: OverlappingDataParallel | None = None  # ddp_hooks
+        self.zero: ZeroOptimizer | None = None  # zero1-3, set by build_optimizer
+
+    def stage_modules(self) -> dict[int, nn.Module]:
+        return {int(s): module for s, module in self.stages.items()}
+
+    def boundary_shape(self, micro_batch: int, seq_len: int) -> tuple[int, int, int]:
+        """The shape of what pipeline stages exchange: a sequence shard under sp."""
+        return (micro_batch, seq_len // self.context.tp if self.dims.sp else seq_len,
+                self.config.hidden)
+
+    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean cross-entropy of a micro-batch, from the whole or this rank's vocab slice."""
+        if not self.vocab_parallel:
+            return gpt_loss(logits, targets)
+        return vocab_parallel_cross_entropy(logits, targets, self.context.groups.tp,
+                                            self.config.vocab_size).mean()
+
+    def named_gpt_parameters(self):
+        """(single-device GPT name, this rank's parameter) for every local parameter."""
+        for parameter in self.parameters():
+            yield self.names[id(parameter)], parameter
+
+    def local_values(self) -> dict[int, torch.Tensor]:
+        """{id(parameter): its value on this rank}; under ZeRO-3 all-gathered over RDP
+        (collective there), since between layers a parameter's storage is empty."""
+        if self.zero is None or self.zero.stage < 3:
+            return {id(p): p.detach() for p in self.parameters()}
+        gathered = self.zero.full_state_dict()
+        return {id(p): gathered[name] for name, p in self.named_parameters()}
+
+
+# ---------------------------------------------------------------- the steps
+
+def apply_pp(gpt: nn.Module, dims: ParallelDims, context) -> tuple[Schedule, dict]:
+    """The schedule and this rank's layers: {stage: [(index in gpt_layers, layer), ...]}."""
+    schedule = dims.build_schedule()
+    layers = gpt_layers(gpt)  # shares gpt's parameters; apply_tp copies or shards
+    ranges = partition(layer_sizes(layers), schedule.stages)
+    return schedule, {s: [(i, layers[i]) for i in ranges[s]]
+                      for s in schedule.stages_of(context.coordinates.pp_rank)}
+
+
+def apply_tp(model: Parallel3DModel, stage_layers: dict, sp: bool = False) -> None:
+    """Each layer to its TP version on ``current_device()``, as ``model``'s stages; with
+    ``sp``, the sequence split after the embedding and gathered before the head."""
+    device, group = current_device(), model.context.groups.tp
+    count = model.config.layers + 2
+    for s, indexed in stage_layers.items():
+        modules = []
+        for i, layer in indexed:
+            module = tensor_parallel_layer(layer, group, model.vocab_parallel, sp).to(device)
+            for name, parameter in module.named_parameters():
+                model.names[id(parameter)] = _gpt_prefix(i, count) + name
+            if sp and isinstance(layer, GPTHead):
+                modules.append(SequenceWhole(group))
+            modules.append(module)
+            if sp and isinstance(layer, GPTEmbedding):
+                modules.append(SequenceShard(group))
+        model.stages[str(s)] = Stage(*modules)
+
+
+def apply_recompute(model: Parallel3DModel, mode: str) -> None:
+    """Activation recomputation on every block of ``model``'s stages (none: nothing)."""
+    if mode not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {mode!r}")
+    if mode == "none":
+        return
+    for stage in model.stages.values():
+        if any(isinstance(module, Block) for module in stage.modules()):
+            recompute(stage, mode)
+
+
+class _AccumulatingDataParallel(OverlappingDataParallel):
+    """DDP hooks for a step of ``microbatches`` backwards: a parameter counts as ready at its
+    last micro-batch's gradient, so the buckets travel during the last backward, with the
+    whole step's gradient (as Megatron-LM overlaps its reduction with a pipeline's last
+    backward; ``no_sync`` for the others)."""
+
+    def __init__(self, module, group, bucket_bytes: int, microbatches: int):
+        super().__init__(module, group, bucket_bytes)
+        self.microbatches, self._arrived = microbatches, {}
+
+    def _gradient_ready(self, param: nn.Parameter) -> None:
+        arrived = self._arrived.get(param, 0) + 1
+        self._arrived[param] = arrived % self.microbatches
+        if arrived == self.microbatches:
+            super()._gradient_ready(param)
+
+
+def apply_dp(model: Parallel3DModel, kind: str) -> None:
+    """Prepare the gradient reduction ``kind`` over the RDP group (ddp_hooks: install the
+    hooks; sync: nothing, :func:`finish_gradients` reduces; zero: :func:`build_optimizer`)."""
+    if kind not in DP_KINDS:
+        raise ValueError(f"dp_kind must be one of {', '.join(DP_KINDS)}, got {kind!r}")
+    if kind == "ddp_hooks":  # kept beside the model, not as a submodule of it
+        object.__setattr__(model, "gradient_hooks", _AccumulatingDataParallel(
+            model.stages, model.context.groups.rdp, model.bucket_bytes or 0,
+            model.schedule.microbatches))
+
+
+def parallelize_gpt(gpt: nn.Module, dims: ParallelDims, context) -> Parallel3DModel:
+    """This rank's part of ``gpt`` under ``dims`` (laid out by ``context``, from
+    ``parallel_3d.initialize_parallelism(dims.dp, dims.tp, dims.pp)``)."""
+    if (context.dp, context.tp, context.pp) != (dims.dp, dims.tp, dims.pp):
+        raise ValueError(f"dims are dp x tp x pp = {dims.dp} x {dims.tp} x {dims.pp}, the "
+                         f"context was laid out for {context.dp} x {context.tp} x {context.pp}")
+    dims.check_model(gpt.config)
+    schedule, stage_layers = apply_pp(gpt, dims, context)
+    model = Parallel3DModel(gpt.config, context, dims, schedule)
+    apply_tp(model, stage_layers, dims.sp)
+    apply_recompute(model, dims.recompute)
+    apply_dp(model, dims.dp_kind)
+    return model
+
+
+# ---------------------------------------------------------------- optimizer and gradients
+
+def build_optimizer(model: Parallel3DModel, make_optimizer):
+    """``make_optimizer(model.parameters())``; for zero1-3 a ``ZeroOptimizer`` over RDP with
+    that Adam's hyperparameters instead (ZeRO shards Adam's state: another one is refused)."""
+    optimizer = make_optimizer(model.parameters())
+    kind = model.dims.dp_kind
+    if kind not in ZERO_STAGES:
+        return optimizer
+    settings = optimizer.defaults
+    if type(optimizer) is not torch.optim.Adam or settings.get("amsgrad"):
+        raise ValueError(f"dp_kind {kind} shards Adam's state (ZeroOptimizer, plain Adam); got "
+                         f"{type(optimizer).__name__}: use Adam, or dp_kind sync or ddp_hooks")
+    model.zero = ZeroOptimizer(model, model.context.groups.rdp, ZERO_STAGES[kind],
+                               lr=settings["lr"], betas=settings["betas"], eps=settings["eps"],
+                               weight_decay=settings["weight_decay"])
+    return model.zero
+
+
+def finish_gradients(model: Parallel3DModel, convention: str = "megatron") -> SyncReport | None:
+    """After the schedule's backwards: make every gradient the global batch's (what is left of
+    ``dp_kind``'s reduction; ZeRO-1 reduces in its step), then sum the sequence-parallel
+    parameters' gradients over TP. ``sync`` returns its report, the others None."""
+    kind, report = model.dims.dp_kind, None
+    if convention != "megatron" and kind != "sync":
+        raise ValueError(f"convention {convention!r} is for dp_kind sync only (got {kind})")
+    if kind == "sync":
+        report = sync_gradients(list(model.stages.values()), model.context.groups,
+                                convention, model.bucket_bytes)
+    elif kind == "ddp_hooks":
+        model.gradient_hooks.finish_gradient_sync()
+    if model.dims.sp:
+        sharded = model.zero is not None and model.zero.stage >= 2  # ZeRO keeps the shard
+        grads = [model.zero.shards[p].grad if sharded else p.grad for p in model.parameters()
+                 if getattr(p, "sequence_parallel", False)]
+        all_reduce_mean([g for g in grads if g is not None], model.context.groups.tp, 1,
+                        model.bucket_bytes)
+    return report
