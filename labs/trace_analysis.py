@@ -4,7 +4,7 @@
 """Where a step's time goes, read from a merged trace: compute, communication, the part of the
 communication that is exposed, and the scaling efficiency of a run.
 
-The trace is the one :mod:`reference_impl.perf.profiling` writes (``merge_traces``): one
+The trace is the one :mod:`reference_impl.perf.traces` writes (``merge_traces``): one
 process (``pid``) per rank, complete events ("X", ``ts`` and ``dur`` in microseconds) for the
 named ranges, "attn forward" or "mlp backward" (compute) and "all_reduce" or
 "batch_isend_irecv wait" (communication), on the thread (``tid``) that opened them.
@@ -29,10 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference_impl.perf.profiling import (difference, overlap, range_events, range_kind, union,
-                                           union_length)
-
-Intervals = list[tuple[float, float]]  # (start, end) in seconds
+from reference_impl.perf.intervals import Intervals, difference, overlap, union, union_length
+from reference_impl.perf.traces import ranges_by_rank  # {rank: {thread: {"compute", "comm"}}}
 
 
 @dataclass(frozen=True)
@@ -44,19 +42,6 @@ class RankTime:
     exposed_comm_s: float  # comm_s - overlapped_s
     idle_s: float          # span_s in neither compute nor communication
     span_s: float          # the first range's start to the last range's end
-
-
-def ranges_by_rank(trace) -> dict[int, dict[int, dict[str, Intervals]]]:
-    """{rank: {thread: {"compute": intervals, "comm": intervals}}} of a trace (a path, a dict
-    or a list of events), in seconds."""
-    found: dict = {}
-    for event in range_events(trace):
-        start = float(event["ts"]) * 1e-6
-        interval = (start, start + float(event.get("dur", 0)) * 1e-6)
-        thread = found.setdefault(event.get("pid", 0), {}).setdefault(
-            event.get("tid", 0), {"compute": [], "comm": []})
-        thread[range_kind(event["name"])].append(interval)
-    return found
 
 
 def rank_time(rank: int, threads: dict[int, dict[str, Intervals]]) -> RankTime:

@@ -4,17 +4,19 @@ the step time; strong and weak scaling efficiency.
 
 Traces built here have known answers (worked out by hand in the comments, times in
 microseconds as the profiler writes them); a real trace of a TP block on 2 ranks is checked
-against the kit's own summary (``perf/profiling.summarize``); a real trace of lab 5's DDP
+against the kit's own summary (``perf/trace_summary.summarize``); a real trace of lab 5's DDP
 (``OverlappingDataParallel``, small buckets: all-reduces in flight during the backward, on the
-"collectives in flight" row) against numbers this file works out from the trace's events with
-the interval helpers of ``perf/profiling``. The student's functions run in a helper process
+"collectives in flight" row) against numbers this file works out from the trace's ranges by
+rank and thread (``perf/traces.ranges_by_rank``) with the interval helpers of
+``perf/intervals``. The student's functions run in a helper process
 and return numbers; tolerance 1e-9 s (sums of a few floats).
 """
 import pytest
 
-from reference_impl.perf.profiling import (difference, merge_traces, overlap, profile_ddp_on_rank,
-                                           profile_tp_block_on_rank, range_events, range_kind,
-                                           summarize, union, union_length)
+from reference_impl.perf.intervals import difference, overlap, union, union_length
+from reference_impl.perf.profiling import profile_ddp_on_rank, profile_tp_block_on_rank
+from reference_impl.perf.trace_summary import summarize
+from reference_impl.perf.traces import merge_traces, range_events, ranges_by_rank
 
 pytestmark = pytest.mark.lab6
 
@@ -154,14 +156,8 @@ ONE_LAYER_PER_BUCKET = (DDP_WIDTH + 1) * DDP_WIDTH * 4  # a layer's weight and b
 def ddp_expected(events):
     """Per rank, from the events: the quantities as HTA defines them, and what the headline
     mistakes would give instead (to name the one a wrong number matches)."""
-    threads = {}
-    for event in events:
-        start = float(event["ts"]) * 1e-6
-        interval = (start, start + float(event.get("dur", 0)) * 1e-6)
-        threads.setdefault(event["pid"], {}).setdefault(
-            event["tid"], {"compute": [], "comm": []})[range_kind(event["name"])].append(interval)
     expected = {}
-    for pid, by_thread in sorted(threads.items()):
+    for pid, by_thread in sorted(ranges_by_rank(events).items()):
         comm = union([i for t in by_thread.values() for i in t["comm"]])
         compute = union([i for t in by_thread.values()
                          for i in difference(union(t["compute"]), union(t["comm"]))])

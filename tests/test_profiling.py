@@ -1,4 +1,4 @@
-"""Profiling (``reference_impl.perf.profiling``): named ranges, per-rank traces, merge, summary.
+"""Profiling (``reference_impl.perf``): named ranges, per-rank traces, merge, summary.
 
 One 2-rank launch profiles a TP block for a few steps (``profile_tp_block_on_rank``) and the
 tests read what it wrote; the rest runs in this process. Times are never asserted.
@@ -12,8 +12,10 @@ from torch.profiler import profile
 
 from reference_impl.comm.launcher import launch
 from reference_impl.model import Block, ModelConfig
-from reference_impl.perf.profiling import (COMM_OPS, load_trace, merge_traces, profile_tp_block_on_rank,
-                                      profiled, range_events, range_kind, summarize)
+from reference_impl.perf.profiling import profile_tp_block_on_rank
+from reference_impl.perf.ranges import COMM_OPS, profiled, range_kind
+from reference_impl.perf.trace_summary import summarize
+from reference_impl.perf.traces import load_trace, merge_traces, range_events
 
 STEPS, TP = 2, 2
 
@@ -157,7 +159,7 @@ def test_the_profilers_clock_is_unix_time_from_the_traces_base(tmp_path):
     a range opened between two time_ns() readings must start between them."""
     import time
     from torch.profiler import record_function
-    from reference_impl.perf.profiling import rank_trace
+    from reference_impl.perf.traces import rank_trace
     marks = []
     with rank_trace(str(tmp_path), rank=0):
         for i in range(20):
@@ -180,7 +182,8 @@ def test_the_profilers_clock_is_unix_time_from_the_traces_base(tmp_path):
 
 
 def test_in_flight_rows_nest():
-    from reference_impl.perf.profiling import IN_FLIGHT_TID, InFlight, in_flight_events
+    from reference_impl.perf.ranges import IN_FLIGHT_TID, InFlight
+    from reference_impl.perf.traces import in_flight_events
     records = [InFlight("all_reduce in flight", start) for start in (1000, 1500, 3000, 9000)]
     for record, end in zip(records, (2000, 4000, 3500, 9500)):
         record.end_ns = end
@@ -197,7 +200,7 @@ def test_in_flight_rows_nest():
 
 
 def _async_all_reduce_inside_compute(out_dir):
-    from reference_impl.perf.profiling import rank_trace
+    from reference_impl.perf.traces import rank_trace
 
     class Overlapping(torch.nn.Module):
         def forward(self, x):
@@ -215,7 +218,7 @@ def _async_all_reduce_inside_compute(out_dir):
 
 
 def test_an_async_collective_gets_its_time_in_flight_on_its_own_row(tmp_path):
-    from reference_impl.perf.profiling import IN_FLIGHT_TID
+    from reference_impl.perf.ranges import IN_FLIGHT_TID
     paths = launch(_async_all_reduce_inside_compute, 2, str(tmp_path), backend="gloo")
     merged = merge_traces(paths)
     for rank in range(2):

@@ -1,4 +1,4 @@
-"""A profiler timeline as a figure: the merged trace of :mod:`reference_impl.perf.profiling`,
+"""A profiler timeline as a figure: the merged trace of :mod:`reference_impl.perf.traces`,
 one row per rank, compute and communication marked.
 
 What Perfetto (https://ui.perfetto.dev) shows of ``merged.json``, reduced to :func:`profiled`'s
@@ -13,7 +13,9 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from reference_impl.perf.profiling import WAIT_SUFFIX, range_events, range_kind, summarize
+from reference_impl.perf.ranges import WAIT_SUFFIX, range_kind
+from reference_impl.perf.trace_summary import summarize
+from reference_impl.perf.traces import range_events
 
 COLOURS = {"forward": "#4e79a7", "backward": "#a0cbe8", "comm": "#f28e2b", "wait": "#e15759"}
 LABELS = {"forward": "compute: forward", "backward": "compute: backward",
