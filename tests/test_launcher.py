@@ -18,7 +18,7 @@ from reference_impl.comm import launcher
 from reference_impl.comm.device import current_device
 from reference_impl.comm.launcher import launch
 from reference_impl.comm.rank_failures import LaunchTimeout, RankFailure
-from reference_impl.course.grade import children_of
+from reference_impl.course.grade.running import children_of
 
 SLACK = 5.0  # seconds allowed beyond a launch's timeout for reporting and cleanup
 REPO = Path(__file__).resolve().parents[1]
