@@ -26,6 +26,8 @@ WORLD_RANK = ("the piece was chosen by the rank in the world, not in the group: 
               "(dist.get_rank(group))")
 WORLD_SIZE = ("the shard has fewer rows than tp = 2 gives: tp was taken as the world's size (4), "
               "not the group's (dist.get_world_size(group))")
+NO_BLOCKS = ("the blocks were not passed on: the fused tensor was cut into tp contiguous pieces, "
+             "not each of its blocks on its own")
 A_VIEW = ("the parameter shares memory with the full tensor (it moved when the full tensor was "
           "changed): a shard is a tensor of its own")
 RANK_MAJOR = ("the gathered parts were joined rank by rank: each rank's part holds its piece of "
@@ -107,7 +109,8 @@ def check_sharded_parameter(results):
             fewer = value.dim() == 2 and value.shape[dim] < expected[rank].shape[dim]
             assert_close_naming(value, expected[rank], what, rank=rank, atol=0,
                                 against="piece r of every block, r the rank in the group",
-                                mistakes={A_VIEW: expected[rank] + MOVED},
+                                mistakes={A_VIEW: expected[rank] + MOVED, NO_BLOCKS: rows(
+                                    numbered(count, dim), dim, rows_of(rank % TP, count, 1, TP))},
                                 otherwise=WORLD_SIZE if fewer else
                                 "rank r of the group keeps piece r of every block")
             marks = (made[rank]["parameter"], made[rank]["leaf"], made[rank]["tp_dim"],
