@@ -72,7 +72,7 @@ class ColumnParallelLinear(nn.Module):
         check_divisible(linear.out_features // blocks, tp,
                          "output features" + (f" per block ({blocks} blocks)" if blocks > 1 else ""))
         self.group, self.gather_output = group, gather_output
-        raise NotImplementedError("lab2: ColumnParallelLinear's shards: rank r computes the complete values of its out/tp output features, so the weight (out x in) and the bias are split along the output features, each of the `blocks` blocks on its own; sharded_parameter(full, dim, group, blocks) makes the shard and marks the dimension for full_state. A layer without bias keeps self.bias = None")
+        raise NotImplementedError("lab2: ColumnParallelLinear's shards: rank r of the group computes the complete values of its out/tp output features, so it holds exactly the rows of the weight (out x in) and the entries of the bias that belong to those features, taken from each of the `blocks` blocks on its own, as parameters of its own marked for full_state. A layer without bias keeps self.bias = None")
 
     def forward(self, x):
         raise NotImplementedError("lab2: ColumnParallelLinear.forward: x is whole on every rank and each rank's shard uses it, so it enters the TP region through f (its backward sums the input gradient over self.group); the local shard gives this rank's slice of the output features; only if self.gather_output, the slices are assembled along the last dimension with the pair whose backward keeps this rank's slice")
@@ -85,7 +85,7 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         check_divisible(linear.in_features, dist.get_world_size(group), "input features")
         self.group, self.input_is_parallel = group, input_is_parallel
-        raise NotImplementedError("lab2: RowParallelLinear's shards: rank r multiplies only its in/tp input features, so the weight (out x in) is split along the input features (sharded_parameter); every output feature is a sum over the ranks, so the bias is not split: a whole copy on every rank, a Parameter of its own (None without bias)")
+        raise NotImplementedError("lab2: RowParallelLinear's shards: rank r of the group multiplies only its in/tp input features, so it holds exactly those columns of the weight (out x in), marked for full_state; every output feature is a sum over the ranks, so the bias is not split: a whole copy on every rank, a Parameter of its own, so that a step on this layer leaves the nn.Linear as it was (None without bias)")
 
     def forward(self, x):
         raise NotImplementedError('lab2: RowParallelLinear.forward: unless self.input_is_parallel, x is whole and this rank keeps only its slice of the last dimension (the pair whose backward all-gathers); its shard gives a partial sum of every output feature, summed over self.group by g; the whole bias belongs to the sum, so it is added once, after g: added on every rank before it, it would count tp times')

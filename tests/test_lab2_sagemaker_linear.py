@@ -142,8 +142,11 @@ def test_distributed_linear_is_a_data_parallel_linear(impl, run_on_ranks, world,
 
 
 def refusal(impl):
+    """The size check, after a layer that it must accept (IN divides by 4, OUT need not)."""
+    layer = impl.module("sagemaker_linear").DistributedLinear
+    layer(nn.Linear(IN, OUT))
     try:
-        impl.module("sagemaker_linear").DistributedLinear(nn.Linear(10, 6))
+        layer(nn.Linear(10, 6))
     except ValueError as error:
         return str(error)
     return None

@@ -84,7 +84,7 @@ class ColumnParallelLinear(nn.Module):
         check_divisible(linear.out_features // blocks, tp,
                          "output features" + (f" per block ({blocks} blocks)" if blocks > 1 else ""))
         self.group, self.gather_output = group, gather_output
-        # BEGIN SOLUTION lab2: ColumnParallelLinear's shards: rank r computes the complete values of its out/tp output features, so the weight (out x in) and the bias are split along the output features, each of the `blocks` blocks on its own; sharded_parameter(full, dim, group, blocks) makes the shard and marks the dimension for full_state. A layer without bias keeps self.bias = None
+        # BEGIN SOLUTION lab2: ColumnParallelLinear's shards: rank r of the group computes the complete values of its out/tp output features, so it holds exactly the rows of the weight (out x in) and the entries of the bias that belong to those features, taken from each of the `blocks` blocks on its own, as parameters of its own marked for full_state. A layer without bias keeps self.bias = None
         self.weight = sharded_parameter(linear.weight, 0, group, blocks)
         self.bias = (sharded_parameter(linear.bias, 0, group, blocks)
                      if linear.bias is not None else None)
@@ -104,7 +104,7 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         check_divisible(linear.in_features, dist.get_world_size(group), "input features")
         self.group, self.input_is_parallel = group, input_is_parallel
-        # BEGIN SOLUTION lab2: RowParallelLinear's shards: rank r multiplies only its in/tp input features, so the weight (out x in) is split along the input features (sharded_parameter); every output feature is a sum over the ranks, so the bias is not split: a whole copy on every rank, a Parameter of its own (None without bias)
+        # BEGIN SOLUTION lab2: RowParallelLinear's shards: rank r of the group multiplies only its in/tp input features, so it holds exactly those columns of the weight (out x in), marked for full_state; every output feature is a sum over the ranks, so the bias is not split: a whole copy on every rank, a Parameter of its own, so that a step on this layer leaves the nn.Linear as it was (None without bias)
         self.weight = sharded_parameter(linear.weight, 1, group)
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
         # END SOLUTION
