@@ -164,7 +164,7 @@ def test_combinations_that_cannot_work_are_refused(fields, message):
     (dict(tp=4), ModelConfig(heads=2, hidden=32), None, "heads 2 is not divisible by tp = 4"),
     (dict(dp=2, microbatches=3), ModelConfig(), 8,
      "the global batch of 8 samples is not divisible by dp x microbatches = 2 x 3"),
-    (dict(pp=4, chunks=2), ModelConfig(layers=2), None,
+    (dict(pp=4, chunks=2, schedule="interleaved"), ModelConfig(layers=2), None,
      "4 layers cannot fill pp x chunks = 4 x 2 = 8 pipeline stages"),
 ])
 def test_model_shapes_the_dimensions_cannot_split_are_refused(fields, config, batch, message):
@@ -183,3 +183,17 @@ def test_model_shapes_the_dimensions_cannot_split_are_refused(fields, config, ba
 def test_the_trainer_refuses_before_starting_ranks(argv, message):
     with pytest.raises(ValueError, match=message):
         train.main([*argv, "--steps", "1"])
+
+
+def test_the_trainer_composes_its_flags_as_single_device_training():
+    argv = ["--dp", "2", "--tp", "2", "--sp", "--dp-kind", "zero1", "--recompute", "selective",
+            "--steps", "3", "--layers", "2", "--hidden", "16", "--heads", "2", "--seq", "8",
+            "--vocab", "32", "--batch", "8", "--adam-eps", "1e-4"]
+    result = train.main(argv)
+    args = train.parse_args(argv)
+    torch.manual_seed(args.seed)
+    gpt = GPT(train.model_config(args))
+    dataset = hybrid.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
+    losses, _ = hybrid.train_single_device(gpt, dataset, lambda p: train.make_optimizer(args, p))
+    assert_close(torch.tensor(result["losses"]), torch.tensor(losses),
+                 "the trainer's losses (dp 2 x tp 2, sp, zero1, selective)", atol=ATOL)
