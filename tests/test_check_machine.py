@@ -1,5 +1,5 @@
 """The instructor's machine check (``python -m reference_impl.course.check_machine``), run as
-the README prints it: on a CPU machine it runs what it can, says what it skipped and why, and
+the documents print it: on a CPU machine it runs what it can, says what it skipped and why, and
 writes its report as Markdown and JSON."""
 import json
 import os
@@ -8,11 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import documents
 from reference_impl.course import syllabus
 
-REPO = Path(__file__).resolve().parents[1]
-COMMAND = re.search(r"^python -m reference_impl\.course\.check_machine.*$",
-                    (REPO / "README.md").read_text(), re.MULTILINE).group(0)
+COMMAND = documents.command(r"python -m reference_impl\.course\.check_machine.*")
 
 
 def test_the_machine_check_runs_as_printed_and_reports(tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import documents
 from reference_impl.course import make_labs, syllabus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,8 +50,9 @@ def graded_run(command: str, tmp_path: Path, cwd: Path = REPO):
 
 
 def documented_commands() -> list[str]:
-    """Every grading command the README, the notebooks and the decks print, as printed."""
-    texts = [(REPO / "README.md").read_text()]
+    """Every grading command the README, the docs, the notebooks and the decks print, as
+    printed."""
+    texts = [documents.text()]
     for folder in ("labs", "solutions", "slides"):
         for path in sorted((REPO / folder).glob("*.ipynb")):
             texts += [cell.source for cell in nbformat.read(path, as_version=4).cells]

@@ -1,6 +1,6 @@
-"""The README's examples run as printed: every Python block, and every command a user is told
-to run on one machine (the cluster commands, torchrun and sbatch, are tested by
-tests/test_train.py with CPU ranks and two local agents)."""
+"""The examples of the README and of ``docs/`` run as printed: every Python block, and every
+command a user is told to run on one machine (the cluster commands, torchrun and sbatch, are
+tested by tests/test_train.py with CPU ranks and two local agents)."""
 import os
 import re
 import shutil
@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+import documents
+
 REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text()
+TEXT = documents.text()
 # Commands the suite runs elsewhere, because they write into the repository itself.
 RUN_ELSEWHERE = {
     "python -m reference_impl.course.make_labs": "tests/test_grading.py checks its output",
@@ -35,7 +37,7 @@ PREPARED = {"python -m reference_impl.course.grade submissions --labs 6,7 --out 
 
 
 def blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", README, re.MULTILINE | re.DOTALL)
+    return re.findall(rf"^```{language}\n(.*?)^```", TEXT, re.MULTILINE | re.DOTALL)
 
 
 def commands() -> list[str]:
@@ -43,7 +45,8 @@ def commands() -> list[str]:
     for block in blocks("bash"):
         for line in block.replace("\\\n", " ").splitlines():
             command = line.split("  #")[0].strip()
-            if command.startswith("python -m reference_impl") and "[" not in command:
+            if command.startswith("python -m reference_impl") and "[" not in command \
+                    and command not in found:
                 found.append(command)
     return found
 

@@ -1,5 +1,5 @@
 """The course's facts live in ``reference_impl/course/syllabus.py``; what states them elsewhere
-agrees with it: the README's course map and GPU list, the notebooks' stated times, the
+agrees with it: the README's course map, the grading page's GPU list, the notebooks' stated times, the
 solution markers of the reference modules. (The GPUs are checked against the world sizes the
 graded tests launch in ``tests/test_term.py``.)"""
 import re
@@ -8,6 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+import documents
 from reference_impl.course import make_labs, syllabus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,10 +35,10 @@ def test_the_course_map_has_every_lab_with_its_topic_files_and_time():
         assert time == f"{lab.minutes} min", f"lab {number}: README {time!r}, syllabus {lab.minutes}"
 
 
-def test_the_readme_lists_the_gpus_of_every_lab():
-    sentence = re.search(r"GPUs each lab's tests need under NCCL[^:]*:(.*?)\.\s", README,
-                         re.DOTALL)
-    assert sentence, "the README's sentence on the GPUs each lab needs is missing"
+def test_the_grading_page_lists_the_gpus_of_every_lab():
+    sentence = re.search(r"GPUs each lab's tests need under NCCL[^:]*:(.*?)\.\s",
+                         documents.text(), re.DOTALL)
+    assert sentence, "the documents' sentence on the GPUs each lab needs is missing"
     stated = {int(n): int(g) for n, g in re.findall(r"lab (\d+): (\d+)", sentence.group(1))}
     assert stated == {lab.number: lab.gpus for lab in syllabus.LABS}
 
