@@ -17,6 +17,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import nested
+
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 # The README's commands, as printed there.
@@ -55,7 +57,7 @@ _ONLY_THE_HANDOUT = ("import pathlib, reference_impl; assert pathlib.Path(refere
                      ".is_relative_to(pathlib.Path.cwd()), reference_impl.__file__")
 
 
-def in_handout(python: Path, handout: Path, command: str | list, timeout: float = 900,
+def in_handout(python: Path, handout: Path, command: str | list, timeout: float = nested.LIMIT,
                **variables: str) -> subprocess.CompletedProcess:
     """``command`` from the handout's root on ``python`` (first on PATH, so ``pytest`` is its
     own): a string through the shell, as its student types it, or a list of arguments."""

@@ -8,8 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import documents
+import nested
 from reference_impl.course import syllabus
+
+pytestmark = pytest.mark.slow
 
 COMMAND = documents.command(r"python -m reference_impl\.course\.check_machine.*")
 
@@ -18,7 +23,7 @@ def test_the_machine_check_runs_as_printed_and_reports(tmp_path):
     environment = {**os.environ,
                    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     process = subprocess.run(COMMAND, shell=True, cwd=tmp_path, env=environment,
-                             capture_output=True, text=True, timeout=1200)
+                             capture_output=True, text=True, timeout=nested.LIMIT)
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
     folder = tmp_path / "machine-check"
     report = json.loads((folder / "machine-check.json").read_text())

@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
+import nested
 from reference_impl.course import make_labs
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 SELECTED = "subgroup or 2-5e-05"  # a test on 4 ranks, then one in a helper process
@@ -110,7 +113,8 @@ def graded(tmp_path_factory):
                "--launch-timeout", str(LAUNCH_TIMEOUT), "--after-hang", str(AFTER_HANG),
                "--budget", str(BUDGET), "--test-timeout", "30"]
     started = time.monotonic()
-    process = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=600)
+    process = subprocess.run(command, cwd=root, capture_output=True, text=True,
+                             timeout=nested.LIMIT)
     seconds = time.monotonic() - started
     time.sleep(0.5)  # SIGKILL is delivered asynchronously
     results = {path.name: json.loads((path / "results.json").read_text())

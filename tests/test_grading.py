@@ -14,6 +14,7 @@ import nbformat
 import pytest
 
 import documents
+import nested
 from reference_impl.course import make_labs, syllabus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +44,7 @@ def graded_run(command: str, tmp_path: Path, cwd: Path = REPO):
                    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                    "PYTEST_ADDOPTS": f"-p no:cacheprovider --junitxml={report}"}
     process = subprocess.run(command, shell=True, cwd=cwd, env=environment,
-                             capture_output=True, text=True, timeout=900)
+                             capture_output=True, text=True, timeout=nested.LIMIT)
     assert report.exists(), f"`{command}` did not run:\n{process.stdout[-3000:]}{process.stderr}"
     cases = ElementTree.parse(report).getroot().iter("testcase")
     return process, {f"{case.get('classname')}.{case.get('name')}": case for case in cases}
@@ -140,9 +141,11 @@ def test_the_documented_commands_are_found():
     assert {lab for command in commands for lab in labs_selected(command)} == set(LABS)
 
 
+@pytest.mark.slow
 # A student's command runs on the stubs (each lab's, as the notebooks print it); a grader's
 # (a submission's path in place of the placeholder) on a copy of the solutions. Every lab's
 # stubs are covered by the students' commands, so the graders' are not run on stubs again.
+@pytest.mark.slow
 @pytest.mark.parametrize("command", STUDENT_COMMANDS)
 def test_documented_command_fails_on_the_stubs_with_the_hint(command, graded_runs):
     process, cases = graded_runs[command]()
@@ -153,6 +156,7 @@ def test_documented_command_fails_on_the_stubs_with_the_hint(command, graded_run
             f"no summary line for {lab}:\n{process.stdout[-2000:]}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", GRADER_COMMANDS)
 def test_documented_grader_command_passes_on_the_solutions(command, graded_runs):
     process, cases = graded_runs[command]()
@@ -166,6 +170,7 @@ REMAINING_LABS = [lab for lab in LABS
                   if lab not in {lab for c in GRADER_COMMANDS for lab in labs_selected(c)}]
 
 
+@pytest.mark.slow
 def test_every_graded_test_passes_on_a_submission_of_the_solutions(graded_runs):
     process, cases = graded_runs["remaining labs"]()
     assert process.returncode == 0, process.stdout[-3000:]
@@ -186,6 +191,7 @@ def test_one():
 """
 
 
+@pytest.mark.slow
 def test_the_summary_survives_a_module_that_cannot_be_imported(tmp_path):
     tests = tmp_path / "graded"
     tests.mkdir()
@@ -198,11 +204,12 @@ def test_the_summary_survives_a_module_that_cannot_be_imported(tmp_path):
     assert "test_lab3_broken.py" in process.stdout
 
 
+@pytest.mark.slow
 def test_a_missing_file_in_a_submission_is_named(tmp_path):
     process = subprocess.run(
         [sys.executable, "-m", "pytest", "tests/test_lab0_collectives.py", "--impl",
          str(tmp_path), "-p", "no:cacheprovider", "-q", "-x"],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        cwd=REPO, capture_output=True, text=True, timeout=nested.LIMIT)
     assert "alpha_beta.py is missing" in process.stdout or "collectives.py is missing" in \
         process.stdout, process.stdout[-2000:]
 
@@ -227,6 +234,7 @@ def test_a_student_file_imports_its_own_lab_s_files_and_the_reference_of_others(
     assert "from reference_impl.tp.tp_layers import" in tp_attention  # lab 2's reference
 
 
+@pytest.mark.slow
 def test_a_graded_submission_s_files_compose(tmp_path):
     """In a graded rank, the submission's ``tp_layers`` runs on the submission's own
     ``tp_collectives`` (one module object), found in the submission's folder."""

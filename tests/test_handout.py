@@ -11,6 +11,8 @@ import pytest
 from handout_runs import build_handout, handout_python, in_handout
 from reference_impl.course import handout, make_labs
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 
 

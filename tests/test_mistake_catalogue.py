@@ -20,8 +20,11 @@ from xml.etree import ElementTree
 
 import pytest
 
+import nested
 from mistake_catalogue import CATALOGUE
 from test_grading import copy_of
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 CORRECT = "correct"
@@ -53,7 +56,7 @@ def graded_run(lab: str, entries, folder: Path) -> dict[str, list]:
                "-p", "no:cacheprovider", "-o", "addopts=", f"--junitxml={report}"]
     for path in submissions.values():
         command += ["--impl", str(path)]
-    process = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600,
+    process = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=nested.LIMIT,
                              env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert report.exists(), f"the graded run of {lab} did not run:\n{process.stdout[-3000:]}"
     outcomes = defaultdict(list)

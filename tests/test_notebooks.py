@@ -16,6 +16,8 @@ from nbclient.exceptions import CellExecutionError
 
 from reference_impl.course.kernel import notebook_client
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 SOLUTIONS = REPO / "solutions"
 LABS = REPO / "labs"

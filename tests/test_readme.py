@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 import documents
+import nested
+
+pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = documents.text()
@@ -55,7 +58,7 @@ def run(arguments, tmp_path, **options):
     environment = {**os.environ, "MPLBACKEND": "Agg",
                    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     return subprocess.run(arguments, cwd=tmp_path, env=environment, capture_output=True,
-                          text=True, timeout=600, **options)
+                          text=True, timeout=nested.LIMIT, **options)
 
 
 def test_the_examples_are_found():

@@ -24,6 +24,8 @@ from reference_impl.course import deck_vendor
 from reference_impl.course.build_slides import DeckError, build_deck, deck_html, slide_count
 from reference_impl.course.kernel import notebook_client
 
+pytestmark = pytest.mark.slow
+
 SLIDES = Path(__file__).resolve().parents[1] / "slides"
 DECKS = sorted(SLIDES.glob("*.ipynb"))
 CHECK_SCRIPT = (Path(__file__).parent / "deck_check.js").read_text()

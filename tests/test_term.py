@@ -27,6 +27,8 @@ import pytest
 from handout_runs import STUDENT_COMMAND, build_handout, handout_python, in_handout, run_notebook
 from reference_impl.course import make_labs, syllabus
 
+pytestmark = pytest.mark.slow
+
 AT_ONCE = 3
 LABS = syllabus.LABS
 RELEASES = [lab for lab in LABS if lab.number > 0]  # --withhold-from lab0 is the start of term

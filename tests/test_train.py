@@ -39,6 +39,8 @@ from reference_impl.checks import assert_close
 from reference_impl.model import GPT
 from reference_impl.pipeline.pipeline_executor import gpt_loss
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 ATOL = 1e-5
 SUBPROCESS_TIMEOUT = 120  # seconds; one torchrun job of 4 CPU ranks takes ~10 s here

@@ -77,6 +77,8 @@ def pytest_configure(config):
     for lab in syllabus.LABS:
         config.addinivalue_line("markers", f"{lab.marker}: graded tests of lab {lab.number} "
                                            f"({lab.topic})")
+    config.addinivalue_line("markers", "slow: runs nested in a test (pytest, notebooks, decks, "
+                                       "documented commands); the fast loop is -m 'not slow'")
     # Where no configuration file applies (a submission outside the repository given as the
     # only path), the kit's per-test limit still holds.
     if config.pluginmanager.hasplugin("timeout") and config.getoption("timeout", None) is None \
@@ -221,6 +223,13 @@ def pytest_ignore_collect(collection_path, config):
     if collection_path.is_file() and not collection_path.name.startswith("test_lab"):
         return True
     return None
+
+
+def pytest_collection_modifyitems(items):
+    """A notebook's cells (nbval re-executes the solved notebooks) are slow."""
+    for item in items:
+        if item.path.suffix == ".ipynb":
+            item.add_marker(pytest.mark.slow)
 
 
 def pytest_collection_finish(session):
