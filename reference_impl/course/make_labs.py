@@ -119,7 +119,8 @@ def student_module(path: Path, solved: bool = False, labs_by_module=None) -> str
     same_lab = [name for name, labs in (labs_by_module or syllabus.labs_of_files()).items()
                 if name != path.stem and its_labs & set(labs)]
     body = student_imports(stubbed_source(path, labs=set() if solved else None), same_lab)
-    header = (f"# Student file for the labs, generated from {path.relative_to(REPO).as_posix()} by\n"
+    source = path.relative_to(REPO).as_posix() if path.is_relative_to(REPO) else path.name
+    header = (f"# Student file for the labs, generated from {source} by\n"
               "# `python -m reference_impl.course.make_labs`: fill in every\n"
               "# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.\n")
     return header + body
