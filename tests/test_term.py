@@ -12,7 +12,8 @@ handout's own library only, nothing of this repository importable).
   README's "stuck on lab 2, you can still do lab 3 once lab 2's solutions are released".
 * Before lab 2 is released, lab 3 runs on the student's own lab 2 files, and its checks say so.
 
-Each step is a handout of its own, so the steps run side by side (:data:`AT_ONCE` at a time).
+Each step is a handout of its own, so the steps of the selected tests run side by side
+(:data:`AT_ONCE` at a time).
 """
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ import pytest
 from handout_runs import STUDENT_COMMAND, build_handout, handout_python, in_handout, run_notebook
 from reference_impl.course import make_labs, syllabus
 
-pytestmark = pytest.mark.slow
+# A test waits for its own step, and while the steps queue, for those before it too: its limit
+# is the term's, each run in a step keeping its own (tests/nested.py).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 AT_ONCE = 3
 LABS = syllabus.LABS
@@ -91,20 +94,31 @@ class Step:
         return {"graded": self.graded(handout, syllabus.lab("lab3"))}
 
 
+def step_of(item) -> tuple:
+    """The step a test of this module reads: ("start", "lab3"), ("release", "lab3") or
+    ("lab3 early",)."""
+    lab = item.callspec.params["lab"].marker if hasattr(item, "callspec") else None
+    return {"test_start_of_term_lab_by_lab": ("start", lab),
+            "test_a_release_lets_a_student_do_a_lab_without_the_earlier_ones": ("release", lab),
+            }.get(item.originalname, ("lab3 early",))
+
+
 @pytest.fixture(scope="module")
-def term(tmp_path_factory):
-    """Every step of the term, started together the first time a test asks for one:
+def term(request, tmp_path_factory):
+    """The steps of the selected tests, started together the first time a test asks for one:
     ``term[key]()`` waits for step ``key`` and returns what it ran."""
     python = handout_python(tmp_path_factory.mktemp("handout-python"))
     solved = {path.name: text for path, text in make_labs.student_files(solved=True).items()}
-    jobs = {("start", lab.marker): ("start_of_term", lab) for lab in LABS}
-    jobs.update({("release", lab.marker): ("release", lab) for lab in RELEASES})
-    jobs[("lab3 early",)] = ("lab3_before_lab2_is_released",)
+    methods = {"start": "start_of_term", "release": "release",
+               "lab3 early": "lab3_before_lab2_is_released"}
+    keys = dict.fromkeys(step_of(item) for item in request.session.items
+                         if item.module.__name__ == __name__)
     pool = ThreadPoolExecutor(AT_ONCE)
     futures = {}
-    for key, (method, *arguments) in jobs.items():
+    for key in keys:
         step = Step(tmp_path_factory.mktemp("-".join(key).replace(" ", "-")), python, solved)
-        futures[key] = pool.submit(getattr(step, method), *arguments)
+        arguments = [syllabus.lab(key[1])] if len(key) > 1 else []
+        futures[key] = pool.submit(getattr(step, methods[key[0]]), *arguments)
     yield {key: future.result for key, future in futures.items()}
     pool.shutdown(cancel_futures=True)
     shutil.rmtree(python.parents[1], ignore_errors=True)

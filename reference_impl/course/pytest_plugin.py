@@ -109,6 +109,7 @@ class GradedRun:
         log = config.getoption("--grading-log")
         self.log = open(log, "a", buffering=1) if log else None
         self.findings = []
+        self.lab_of_test = {}  # nodeid -> its lab marker, once collected
         if self.implementation.folder is not None:
             for name, labs in syllabus.labs_of_files().items():
                 for finding in reference_imports(self.implementation.folder, [name]):
@@ -234,10 +235,11 @@ def pytest_collection_modifyitems(items):
 
 def pytest_collection_finish(session):
     grading = session.config.grading
-    tests = [{"nodeid": item.nodeid, "lab": lab} for item in session.items
-             for lab in [next((m.name for m in item.iter_markers() if _LAB_MARKER.match(m.name)),
-                              None)] if lab]
-    grading.write(event="collected", tests=tests)
+    grading.lab_of_test = {item.nodeid: lab for item in session.items
+                           for lab in [next((m.name for m in item.iter_markers()
+                                             if _LAB_MARKER.match(m.name)), None)] if lab}
+    grading.write(event="collected", tests=[{"nodeid": nodeid, "lab": lab}
+                                            for nodeid, lab in grading.lab_of_test.items()])
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -318,9 +320,11 @@ def _stopped_in_other_labs(stats) -> collections.Counter:
 
 
 def _lab_of(report):
-    keywords = getattr(report, "keywords", None)
-    if keywords is not None:  # a test's report
-        return next((key for key in keywords if _LAB_MARKER.match(key)), None)
+    """The lab whose marker the report's test carries (not a parameter that looks like one),
+    or, for a test module that could not be collected, the lab its file name says."""
+    if isinstance(report, pytest.TestReport):
+        grading = getattr(_config, "grading", None)
+        return getattr(grading, "lab_of_test", {}).get(report.nodeid)
     if getattr(report, "failed", False):  # a collection report: named by its file
         match = re.search(r"test_(lab\d+)_", report.nodeid or "")
         return match.group(1) if match else None
