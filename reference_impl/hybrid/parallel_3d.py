@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 from reference_impl.comm.groups import RankCoordinates, RankLayout, build_rank_layout
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.comm.process_groups import ParallelGroups, create_process_groups
 from reference_impl.hybrid.data_parallel import DEFAULT_BUCKET_BYTES, SyncReport
 from reference_impl.hybrid.parallelize import (  # noqa: F401 (TPEmbedding, TPHead: exported)

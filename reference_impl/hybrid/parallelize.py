@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from reference_impl.comm.launcher import current_device
+from reference_impl.comm.device import current_device
 from reference_impl.hybrid.data_parallel import (DEFAULT_BUCKET_BYTES, SyncReport,
                                                  all_reduce_mean, sync_gradients)
 from reference_impl.hybrid.ddp_hooks import OverlappingDataParallel
