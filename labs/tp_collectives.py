@@ -7,13 +7,13 @@ Each collective in a TP layer has a partner in the backward pass, because the gr
 "copy to every rank" is a "sum over every rank", and the reverse (Shoeybi et al. 2019, the
 f and g operators of Figure 3; Korthikanti et al. 2022 for the sequence-parallel pair):
 
-    function                    forward                 backward                used at
-    copy_to_tp                  identity                all-reduce              input of a column-parallel layer (f)
-    reduce_from_tp              all-reduce              identity                output of a row-parallel layer (g)
-    scatter_to_tp(x, dim)       keep my slice           all-gather              input of a row-parallel layer, when not split yet
-    gather_from_tp(x, dim)      all-gather              keep my slice           output of a column-parallel layer, when gathered
-    reduce_scatter_to_sp(x,dim) reduce-scatter          all-gather              output of a row-parallel layer, with SP (g-bar)
-    gather_from_sp(x, dim)      all-gather              reduce-scatter          input of a column-parallel layer, with SP (f-bar)
+    function                    forward         backward        used at
+    copy_to_tp                  identity        all-reduce      input of a column-parallel layer (f)
+    reduce_from_tp              all-reduce      identity        output of a row-parallel layer (g)
+    scatter_to_tp(x, dim)       keep my slice   all-gather      input of a row-parallel layer, not split yet
+    gather_from_tp(x, dim)      all-gather      keep my slice   output of a column-parallel layer, gathered
+    reduce_scatter_to_sp(x,dim) reduce-scatter  all-gather      output of a row-parallel layer, SP (g-bar)
+    gather_from_sp(x, dim)      all-gather      reduce-scatter  input of a column-parallel layer, SP (f-bar)
 
 On a group of one rank every function is the identity and communicates nothing.
 """

@@ -45,7 +45,8 @@ LAB0_LAB1: list[Mistake] = [
             "groups", 'dp_rank=index_in("DP", rank)', 'dp_rank=position[rank]["rdp"]',
             "group_properties and sagemaker", "the rank's index in its DP_GROUP"),
     Mistake("every rank keeps the last group of each kind, not its own", "lab1",
-            "process_groups", "            if rank in members:\n                mine", "            if True:\n                mine",
+            "process_groups", "            if rank in members:\n                mine",
+            "            if True:\n                mine",
             "real_groups and 2-2-sagemaker",
             "each rank keeps the group of each kind that it belongs to"),
 ]

@@ -63,7 +63,8 @@ def test_first_stage_parameters(impl, run_alone):
     for (tp, pp), value in zip(layouts, found):
         expected = (math.ceil(model.layers / pp) * model.params_per_layer / tp
                     + model.vocab * model.hidden / tp)
-        if pp > 1 and 128 % (tp * pp) == 0:  # the planner's own number, where the first stage is the one it reports
+        # The planner's own number, where the first stage is the one it reports:
+        if pp > 1 and 128 % (tp * pp) == 0:
             memory = evaluate(model, cluster_of("h100", nodes=16, gpus_per_node=8),
                               Layout(tp, pp, 128 // (tp * pp)), 1024).memory
             if memory.stage == "first":

@@ -10,8 +10,9 @@ course states has a measured counterpart, and a test shows that they agree.
     and message latency; sleeping uses no CPU, so 4 ranks on 2 cores still measure the
     schedule), the bubble fraction from the executor's timestamps, idle / (p * makespan), is
     within 10 % (relative) of the simulator's with the same costs, for GPipe, 1F1B,
-    interleaved 1F1B (v = 2) and ZB-H1 (whose stages sleep their W time in W) at p = 4, m = 4. No absolute time is asserted, only this ratio. Interference from other
-    processes can only stretch the timeline, so the check takes the best of 3 launches.
+    interleaved 1F1B (v = 2) and ZB-H1 (whose stages sleep their W time in W) at p = 4, m = 4.
+    No absolute time is asserted, only this ratio. Interference from other processes can only
+    stretch the timeline, so the check takes the best of 3 launches.
 """
 import pytest
 import torch

@@ -1,7 +1,6 @@
 """The cluster the planner prices: end-to-end terms (clock under load, SMs of overlapped
 collectives, framework time), data-parallel traffic that grows with the nodes, legal layouts
 only, and ``cluster_of`` with a GPU given."""
-import json
 
 import pytest
 

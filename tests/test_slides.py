@@ -32,11 +32,15 @@ CHECK_SCRIPT = (Path(__file__).parent / "deck_check.js").read_text()
 MIN_SLIDES = 25
 
 
+def slide_type(cell) -> str:
+    return cell.metadata.get("slideshow", {}).get("slide_type") or "-"
+
+
 def slide_groups(notebook) -> list[list]:
     """The cells of each slide, skipped cells left out."""
     groups = []
     for cell in notebook.cells:
-        kind = cell.metadata.get("slideshow", {}).get("slide_type") or "-"
+        kind = slide_type(cell)
         if kind == "skip":
             continue
         if kind in ("slide", "subslide") or not groups:
@@ -56,11 +60,10 @@ def test_deck_is_a_lecture(deck):
     groups = slide_groups(notebook)
     assert slide_count(notebook) == len(groups)
     assert len(groups) >= MIN_SLIDES, f"{deck.name}: {len(groups)} slides, a lecture needs {MIN_SLIDES}+"
-    kind = lambda cell: cell.metadata.get("slideshow", {}).get("slide_type")
     silent = [number for number, cells in enumerate(groups, start=1)
-              if not any(kind(cell) == "notes" and cell.source.strip() for cell in cells)]
+              if not any(slide_type(cell) == "notes" and cell.source.strip() for cell in cells)]
     assert not silent, f"{deck.name}: slides {silent} have no speaker notes (a 'notes' cell)"
-    assert any(kind(cell) == "fragment" for cell in notebook.cells), f"{deck.name}: no fragments"
+    assert any(slide_type(cell) == "fragment" for cell in notebook.cells), f"{deck.name}: no fragments"
     unexecuted = [index for index, cell in enumerate(notebook.cells) if cell.cell_type == "code"
                   and cell.source.strip() and not cell.execution_count]
     assert not unexecuted, (
@@ -91,7 +94,8 @@ def test_slide_metadata_becomes_fragments_notes_and_hidden_code():
     notebook = cell.new_notebook(cells=[
         cell.new_code_cell("import secrets", metadata={"slideshow": {"slide_type": "skip"}}),
         cell.new_markdown_cell("# Title", metadata={"slideshow": {"slide_type": "slide"}}),
-        cell.new_markdown_cell("Answer: $\\frac{n-1}{n}$", metadata={"slideshow": {"slide_type": "fragment"}}),
+        cell.new_markdown_cell("Answer: $\\frac{n-1}{n}$",
+                               metadata={"slideshow": {"slide_type": "fragment"}}),
         cell.new_markdown_cell("say this at min 3", metadata={"slideshow": {"slide_type": "notes"}}),
         cell.new_code_cell("draw_it()", metadata={"slideshow": {"slide_type": "slide"},
                                                   "tags": ["hide-input"]},

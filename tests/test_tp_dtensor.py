@@ -7,9 +7,10 @@ and compare. Here the DTensor module is compared with *both* the single-device m
 the reference ``ParallelMLP`` / ``ParallelSelfAttention`` built from the same weights: the
 output, the input's gradient, every parameter's gradient (a DTensor gradient gathered with
 ``.full_tensor()``, ours with ``full_state``) and every weight after one SGD step. A last
-test checks the whole TP block as ``benchmarks/tp_block.py`` times it (both use ``tp_dtensor.py``): DTensor's output and
-input gradient match ours, and both run the same collectives (2 all-reduces of b*s*h*4 bytes
-forward, 2 backward: DTensor's counted with ``CommDebugMode``, ours with ``CommTracer``).
+test checks the whole TP block as ``benchmarks/tp_block.py`` times it (both use
+``tp_dtensor.py``): DTensor's output and input gradient match ours, and both run the same
+collectives (2 all-reduces of b*s*h*4 bytes forward, 2 backward: DTensor's counted with
+``CommDebugMode``, ours with ``CommTracer``).
 
 Tolerances (fp32): DTensor against the reference TP layers, atol 1e-6 and rtol 1e-6 (both run
 the same local matmuls on the same shards and sum the same partials; observed: at most

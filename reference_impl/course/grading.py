@@ -38,8 +38,10 @@ Rules (``tests/test_course_rules.py`` checks those that can be checked):
    single-device original: :func:`reference_impl.equivalence.reference_step` first, then
    :func:`~reference_impl.equivalence.parallel_pairs`).
 3. A graded test never imports the reference module of the lab it grades (its student files
-   in :mod:`reference_impl.course.syllabus`): in a student handout that module is a stub. Modules of *other* labs may be used; in a handout
-   where one is withheld, the student's own file stands in for it (:meth:`Implementation.enter`).
+   in :mod:`reference_impl.course.syllabus`): in a student handout that module is a stub.
+   Modules of *other* labs may be used in the ranks; in a handout where one is withheld, the
+   student's own file stands in for it there (:meth:`Implementation.enter`), while in pytest's
+   process it is a stub: expected values computed there use no other lab's exercises either.
 4. Nothing is asserted on time; limits come from the plugin (per launch, per test, and the
    submission's budget: once a submission has hung, later launches get a short limit).
 """

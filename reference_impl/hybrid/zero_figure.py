@@ -4,8 +4,9 @@ One panel per stage, one bar per rank, stacked in bytes per parameter: the param
 gradients and the optimizer states (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward
 Training Trillion Parameter Models", Figure 1 draws the same). A kind that the stage shards is
 drawn 1/N as tall, at the height of the slice the rank owns (rank r: slice r), inside a
-dotted outline of the whole it no longer holds. Each bar's height is :func:`reference_impl.hybrid.zero.zero_memory_formula`
-per parameter, which the panel's title states.
+dotted outline of the whole it no longer holds. Each bar's height is
+:func:`reference_impl.hybrid.zero.zero_memory_formula` per parameter, which the panel's title
+states.
 """
 from __future__ import annotations
 

@@ -124,8 +124,9 @@ def merge_traces(paths: Iterable, out_path: str | None = None) -> dict:
 
 
 def in_flight_events(records, base_ns: int = 0, pid: int = 0) -> list[dict]:
-    """Trace events of completed :class:`~reference_impl.perf.ranges.InFlight` records on the profiler's clock (``ts`` in
-    microseconds from ``base_ns``, the trace's ``baseTimeNanoseconds``): complete events on the
+    """Trace events of completed :class:`~reference_impl.perf.ranges.InFlight` records on the
+    profiler's clock (``ts`` in microseconds from ``base_ns``, the trace's
+    ``baseTimeNanoseconds``): complete events on the
     "collectives in flight" row(s) of process ``pid``, plus the rows' names. A record goes on
     the first row whose last range ended before it started (rows must nest)."""
     rows: list[int] = []  # each row's last end

@@ -1,7 +1,7 @@
 """The math behind a plan, term by term, with the numbers filled in; why the recommended plan
-beats the runner-up; the layouts public recipes use, evaluated beside it (``practice.py``); how the answer moves
-with the global batch and with TP communication overlapped; and how far to trust it (the
-validation table's error on the same GPU)."""
+beats the runner-up; the layouts public recipes use, evaluated beside it (``practice.py``); how
+the answer moves with the global batch and with TP communication overlapped; and how far to
+trust it (the validation table's error on the same GPU)."""
 from __future__ import annotations
 
 from dataclasses import replace

@@ -45,13 +45,13 @@ def gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
 
 
 def narayanan_flops(model: ModelSpec, batch: int) -> float:
-    s, l, h, v = model.seq_len, model.layers, model.hidden, model.vocab
-    return 96 * batch * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    s, layers, h, v = model.seq_len, model.layers, model.hidden, model.vocab
+    return 96 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (16 * layers * h))
 
 
 def korthikanti_flops(model: ModelSpec, batch: int) -> float:
-    s, l, h, v = model.seq_len, model.layers, model.hidden, model.vocab
-    return 72 * batch * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+    s, layers, h, v = model.seq_len, model.layers, model.hidden, model.vocab
+    return 72 * batch * s * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))
 
 
 def six_n_flops(model: ModelSpec, batch: int) -> float:

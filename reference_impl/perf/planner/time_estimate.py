@@ -103,7 +103,8 @@ class TimeEstimate:
                  "TP": m * n * self.tp_exposed_s, "CP": m * n * self.cp_exposed_s,
                  "LM head": m * self.head_s if self.stage_has_head else 0.0}
         terms["bubble"] = self.pipeline_s - m * self.stage_s
-        terms.update({"framework": self.framework_s, "sends": self.sends_s, "DP": self.dp_s, "optimizer": self.optimizer_s})
+        terms.update({"framework": self.framework_s, "sends": self.sends_s, "DP": self.dp_s,
+                      "optimizer": self.optimizer_s})
         return terms
 
 
