@@ -2,9 +2,9 @@
 all-reduce one step per figure, and the node topology."""
 import pytest
 
-from reference_impl.comm.collective_pictures import COLLECTIVES, collective_states, plot_collective
-from reference_impl.comm.ring_step_figure import plot_ring_step
-from reference_impl.comm.topology_figure import plot_node_topology
+from reference_impl.figures.collective_buffers import COLLECTIVES, collective_states, plot_collective
+from reference_impl.figures.ring_all_reduce import plot_ring_step
+from reference_impl.figures.node_topology import plot_node_topology
 
 
 def test_collective_semantics():

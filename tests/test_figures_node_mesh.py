@@ -3,7 +3,7 @@ Megatron's order and across nodes when TP varies slowest, an arrow per pipeline 
 import pytest
 
 from reference_impl.comm.groups import build_rank_layout
-from reference_impl.comm.node_mesh_figure import groups_inside_nodes, plot_node_mesh
+from reference_impl.figures.node_mesh import groups_inside_nodes, plot_node_mesh
 
 
 def drawn(axes, gid):

@@ -3,7 +3,7 @@ peak_in_flight for every schedule; the filling pipeline draws only the passes be
 import pytest
 from matplotlib.patches import Rectangle
 
-from reference_impl.pipeline.pipeline_gantt import (in_flight_over_time, plot_gantt,
+from reference_impl.figures.pipeline_gantt import (in_flight_over_time, plot_gantt,
                                                     plot_gantt_with_memory)
 from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
 from reference_impl.pipeline.pipeline_schedules import gpipe, one_f_one_b, zb_h1

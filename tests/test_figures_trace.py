@@ -2,7 +2,7 @@
 rank's communication share (from summarize) in its label."""
 import pytest
 
-from reference_impl.perf.trace_figure import plot_trace, range_category
+from reference_impl.figures.trace_timeline import plot_trace, range_category
 
 
 def complete(name, pid, ts, dur):

@@ -4,7 +4,7 @@ import pytest
 from matplotlib.patches import Rectangle
 
 from reference_impl.hybrid.zero import zero_memory_formula
-from reference_impl.hybrid.zero_figure import KINDS, partition_bytes, plot_zero_partitions
+from reference_impl.figures.zero_partitions import KINDS, partition_bytes, plot_zero_partitions
 
 
 def held_slices(axes):

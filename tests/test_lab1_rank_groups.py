@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from reference_impl.comm.groups_figure import plot_rank_groups
+from reference_impl.figures.rank_groups import plot_rank_groups
 from reference_impl.comm.device import current_device
 
 pytestmark = pytest.mark.lab1

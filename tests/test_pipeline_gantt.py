@@ -5,7 +5,7 @@ import json
 import pytest
 from matplotlib.patches import Rectangle
 
-from reference_impl.pipeline.pipeline_gantt import chrome_trace, plot_gantt, save_chrome_trace
+from reference_impl.figures.pipeline_gantt import chrome_trace, plot_gantt, save_chrome_trace
 from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
 from reference_impl.pipeline.pipeline_schedules import Action, one_f_one_b, zb_h1
 from reference_impl.pipeline.pipeline_simulator import TimedAction, Timeline, simulate

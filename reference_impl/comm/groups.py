@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(error))
     print(layout.describe())
     if args.plot:
-        from reference_impl.comm.groups_figure import plot_rank_groups
+        from reference_impl.figures.rank_groups import plot_rank_groups
 
         plot_rank_groups(layout).savefig(args.plot, dpi=120, bbox_inches="tight")
         print(f"\nfigure saved to {args.plot}")

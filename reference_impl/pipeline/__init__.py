@@ -1,6 +1,6 @@
 """Pipeline parallelism (lab 4). Schedules are data (per-rank action lists); one validator, one
 simulator and one executor serve every schedule; stages are cut by parameter count. Figures
-and traces: ``pipeline_gantt``.
+and traces: ``reference_impl.figures.pipeline_gantt``.
 """
 from reference_impl.lazy_exports import lazy_exports
 

@@ -1,7 +1,7 @@
 """Tensor parallelism (labs 2 and 3): Megatron's conjugate collectives, column- and row-parallel
 linear layers, TP attention and block, the SageMaker distributed linear, vocabulary and
 sequence parallelism, and the same layers built with PyTorch's DTensor for cross-checks.
-Figures: ``tp_figures``.
+Figures: ``reference_impl.figures.tensor_parallel``.
 """
 from reference_impl.lazy_exports import lazy_exports
 
