@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from reference_impl.checks import assert_close
 from reference_impl.comm.device import current_device
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.pipeline.pipeline_validator import (Exchange, ScheduleError, check_rendezvous,
-                                                        exchange_plan, messages, normalized)
+from reference_impl.pipeline.pipeline_messages import Exchange, exchange_plan, messages, normalized
+from reference_impl.pipeline.pipeline_validator import ScheduleError, check_rendezvous
 
 pytestmark = pytest.mark.lab4
 
@@ -371,7 +371,7 @@ def pipelined_and_single_device(impl, data, pipelines, coalesced=False):
 
 
 def postings_as_exchanges(schedule, calls, members, rank):
-    """A pipeline rank's recorded postings as the validator's exchanges (steps: the kit's plan's)."""
+    """A pipeline rank's recorded postings as the plan's exchanges (steps: the kit's plan's)."""
     by_tag = {transfer.message.tag: transfer.message
               for transfers in messages(schedule) for transfer in transfers}
     step_of = {message: exchange.step for exchange in exchange_plan(schedule)[rank]

@@ -6,14 +6,15 @@ T_F = 1 and T_B = 2, the bubble fraction (p-1)/(m+p-1) and the activations each 
 
 The student's generators run in a helper process and their schedules come back as data
 (each rank's (kind, microbatch, stage) triples); here they are rebuilt with the kit's classes
-(the validator's ``normalized``), then validated and simulated by the kit.
+(``pipeline_messages.normalized``), then validated and simulated by the kit.
 """
 from types import SimpleNamespace
 
 import pytest
 
+from reference_impl.pipeline.pipeline_messages import normalized
 from reference_impl.pipeline.pipeline_simulator import simulate
-from reference_impl.pipeline.pipeline_validator import ScheduleError, normalized, validate
+from reference_impl.pipeline.pipeline_validator import ScheduleError, validate
 
 pytestmark = pytest.mark.lab4
 

@@ -8,9 +8,9 @@ from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
 from reference_impl.pipeline.pipeline_schedules import (
     SCHEDULES, Schedule, build_schedule, one_f_one_b,
     schedule_from_strings, zb_h1)
-from reference_impl.pipeline.pipeline_validator import (
-    ScheduleError, check_rendezvous, exchange_plan, input_message, messages, output_message,
-    validate)
+from reference_impl.pipeline.pipeline_messages import (exchange_plan, input_message, messages,
+                                                       output_message)
+from reference_impl.pipeline.pipeline_validator import ScheduleError, check_rendezvous, validate
 
 
 def rows(*ranks, m=2, chunks=1):

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reference_impl.pipeline.pipeline_messages import normalized
 from reference_impl.pipeline.pipeline_schedules import Action, Schedule
-from reference_impl.pipeline.pipeline_validator import normalized, validate
+from reference_impl.pipeline.pipeline_validator import validate
 
 
 @dataclass(frozen=True)
