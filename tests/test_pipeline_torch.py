@@ -17,7 +17,8 @@ import torch.distributed as dist
 from reference_impl.checks import assert_close
 from reference_impl.comm.device import current_device
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.pipeline.pipeline_executor import build_gpt_stages, gpt_loss, pipeline_train_step
+from reference_impl.pipeline.gpt_stages import build_gpt_stages, gpt_loss
+from reference_impl.pipeline.pipeline_executor import pipeline_train_step
 from reference_impl.pipeline.pipeline_schedules import build_schedule
 
 pipelining = pytest.importorskip("torch.distributed.pipelining")

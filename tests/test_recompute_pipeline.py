@@ -17,7 +17,8 @@ from reference_impl.checks import assert_close
 from reference_impl.comm.device import current_device
 from reference_impl.comm.launcher import launch
 from reference_impl.model import GPT, Block, ModelConfig
-from reference_impl.pipeline.pipeline_executor import build_gpt_stages, gpt_loss, run_schedule, split_batch
+from reference_impl.pipeline.gpt_stages import build_gpt_stages, gpt_loss
+from reference_impl.pipeline.pipeline_executor import run_schedule, split_batch
 from reference_impl.pipeline.pipeline_schedules import one_f_one_b
 from reference_impl.memory.recompute import recompute
 

@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from reference_impl.checks import assert_close
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.pipeline.pipeline_executor import Stage
+from reference_impl.pipeline.gpt_stages import Stage
 from reference_impl.pipeline.pipeline_partition import gpt_layers
 from reference_impl.pipeline.split_backward import DeferredWeightGrads, weight_grads_deferred
 

@@ -63,11 +63,11 @@ from reference_impl.comm.device import current_device, wait_for_device
 from reference_impl.comm.launcher import launch
 from reference_impl.figures.pipeline_gantt import plot_gantt, save_chrome_trace
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.pipeline.pipeline_executor import (
-    build_gpt_stages, gpt_loss, measured_timeline, run_schedule, split_batch)
+from reference_impl.pipeline.gpt_stages import build_gpt_stages, gpt_loss
+from reference_impl.pipeline.pipeline_executor import measured_timeline, run_schedule, split_batch
+from reference_impl.pipeline.pipeline_messages import input_message
 from reference_impl.pipeline.pipeline_schedules import Action, Schedule, build_schedule
 from reference_impl.pipeline.pipeline_simulator import Timeline, bubble_formula, simulate
-from reference_impl.pipeline.pipeline_validator import input_message
 
 P = 4
 MICROBATCHES = (4, 8, 16)

@@ -53,7 +53,7 @@ from reference_impl.hybrid.ddp_hooks import OverlappingDataParallel
 from reference_impl.hybrid.zero import ZeroOptimizer
 from reference_impl.memory.recompute import recompute
 from reference_impl.model import Block, ModelConfig
-from reference_impl.pipeline.pipeline_executor import Stage, gpt_loss
+from reference_impl.pipeline.gpt_stages import Stage, gpt_loss
 from reference_impl.pipeline.pipeline_partition import (GPTEmbedding, GPTHead, gpt_layers,
                                                         layer_sizes, partition)
 from reference_impl.pipeline.pipeline_schedules import Schedule, build_schedule

@@ -9,7 +9,7 @@ data). On each rank, for each of its actions in order:
    this action's input (and any receive the plan posts early), as one ``batch_isend_irecv``,
    and wait for the receives; the sends are waited for at the end of the step, as PyTorch's
    pipelining does, so a rank never idles until its neighbour takes a message. This is
-   ``exchange_plan`` in the validator, checked before a single message moves under the
+   ``exchange_plan`` (``pipeline_messages``), checked before a single message moves under the
    strictest model (a send completes only when its receiver has posted the receive, as on
    NCCL with large tensors; messages matched in order per link; each exchange waited for as a
    whole), so a plan that could jam is refused with its cycle named instead of hanging.
@@ -53,15 +53,14 @@ the step then runs without a single host sync on a GPU. ``precision="bf16"`` run
 ``bubble_fraction`` is the measured counterpart of the simulator's (the course
 measures every formula it states and checks that the two agree).
 
-:func:`pipeline_train_step` does it all for the course's GPT: cut ``gpt_layers(gpt)`` into
-p*v stages (``partition`` by parameter count), build this rank's stages from deep copies of
-the single-device GPT's layers (shard-from-full), run the schedule, and return the loss and
-the gradients by parameter name, to compare with single-device training.
+:func:`pipeline_train_step` does it all for the course's GPT: it builds the schedule and
+splits the batch, and ``gpt_stages`` cuts the GPT into this rank's stages (shard-from-full),
+runs them through :func:`run_schedule` and returns the loss and the gradients by parameter
+name, to compare with single-device training.
 """
 from __future__ import annotations
 
 import contextlib
-import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -69,22 +68,18 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as distributed_c10d
-import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.memory.activation_memory import SavedActivations
 from reference_impl.comm.device import current_device, wait_for_device
-from reference_impl.pipeline.pipeline_partition import gpt_layers, layer_sizes, partition
+from reference_impl.pipeline.gpt_stages import PipelineStepResult, gpt_loss, gpt_pipeline_step
+from reference_impl.pipeline.pipeline_messages import (Message, exchange_plan, input_message,
+                                                       output_message)
 from reference_impl.pipeline.pipeline_schedules import Action, Schedule, build_schedule
 from reference_impl.pipeline.pipeline_simulator import TimedAction, Timeline
-from reference_impl.pipeline.pipeline_validator import (Message, check_rendezvous, exchange_plan,
-                                                        input_message, output_message, validate)
+from reference_impl.pipeline.pipeline_validator import check_rendezvous, validate
 from reference_impl.pipeline.split_backward import DeferredWeightGrads, weight_grads_deferred
 from reference_impl.precision import autocast
-
-
-class Stage(nn.Sequential):
-    """One virtual stage: a contiguous run of the model's layers, applied in order."""
 
 
 def split_batch(batch: torch.Tensor, m: int) -> list[torch.Tensor]:
@@ -97,11 +92,6 @@ def split_batch(batch: torch.Tensor, m: int) -> list[torch.Tensor]:
     return list(batch.split(size // m))
 
 
-def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over every token: the single-device GPT's training loss."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
 # ---------------------------------------------------------------- point-to-point (lab 4)
 
 def post_exchange(sends: Sequence[tuple[torch.Tensor, int, int]],
@@ -111,7 +101,7 @@ def post_exchange(sends: Sequence[tuple[torch.Tensor, int, int]],
 
     ``sends`` are (tensor, peer, tag) and ``receives`` (buffer, peer, tag), at least one in
     all; ``peer`` is a rank *in* ``group`` (the pipeline rank; None: the world) and ``tag`` the
-    message's tag (``pipeline_validator.Message.tag``). Nothing is waited for here: the caller
+    message's tag (``pipeline_messages.Message.tag``). Nothing is waited for here: the caller
     waits for the receives before it computes and for the sends at the end of the step.
 
     Why one batch (``dist.batch_isend_irecv`` of ``dist.P2POp``): on NCCL a large send
@@ -383,29 +373,6 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
 
 # ---------------------------------------------------------------- the course's GPT
 
-def build_gpt_stages(gpt: nn.Module, schedule: Schedule,
-                     rank: int) -> tuple[dict[int, Stage], dict[int, str]]:
-    """This rank's stages of ``gpt`` (deep copies of its layers) and {id(parameter): name}.
-
-    ``gpt_layers`` (embedding, blocks, head) is cut into ``schedule.stages`` stages by
-    parameter count; the names are the single-device GPT's (``blocks.0.attn.qkv.weight``).
-    """
-    replica = copy.deepcopy(gpt)
-    names = {id(parameter): name for name, parameter in replica.named_parameters()}
-    layers = gpt_layers(replica)
-    ranges = partition(layer_sizes(layers), schedule.stages)
-    stages = {s: Stage(*layers[ranges[s].start:ranges[s].stop]).to(current_device())
-              for s in schedule.stages_of(rank)}
-    return stages, names
-
-
-@dataclass(frozen=True)
-class PipelineStepResult:
-    loss: float  # the full-batch mean loss, on every rank
-    grads: dict[str, torch.Tensor]  # this rank's parameters' gradients, by GPT parameter name
-    run: PipelineRun
-
-
 def pipeline_train_step(gpt: nn.Module, schedule: Schedule | str, tokens: torch.Tensor,
                         targets: torch.Tensor, *, microbatches: int | None = None,
                         chunks: int = 1, group=None,
@@ -424,14 +391,5 @@ def pipeline_train_step(gpt: nn.Module, schedule: Schedule | str, tokens: torch.
                                   chunks)
     micro_inputs = split_batch(tokens, schedule.microbatches)
     micro_targets = split_batch(targets, schedule.microbatches)
-    rank = dist.get_rank(group)
-    stages, names = build_gpt_stages(gpt, schedule, rank)
-    device = current_device()
-    shape = (micro_inputs[0].shape[0], micro_inputs[0].shape[1], gpt.config.hidden)
-    run = run_schedule(schedule, stages, [t.to(device) for t in micro_inputs],
-                       [t.to(device) for t in micro_targets], gpt_loss,
-                       boundary_shape=shape, group=group, precision=precision)
-    grads = {names[id(parameter)]: parameter.grad.detach().cpu().clone()
-             for stage in stages.values() for parameter in stage.parameters()
-             if parameter.grad is not None}
-    return PipelineStepResult(float(run.loss), grads, run)
+    return gpt_pipeline_step(run_schedule, gpt, schedule, micro_inputs, micro_targets,
+                             group=group, precision=precision)

@@ -1,0 +1,88 @@
+"""The course's GPT as pipeline stages: its layers cut into stages, its loss, its pipelined step.
+
+The executor (``pipeline_executor``) runs any schedule over any stage modules; what is
+particular to the course's GPT lives here:
+
+* :class:`Stage`: one virtual stage, a contiguous run of the model's layers;
+* :func:`gpt_loss`: the single-device GPT's training loss, the executor's default loss;
+* :func:`build_gpt_stages`: ``gpt_layers(gpt)`` (embedding, blocks, head) cut into p*v stages
+  by parameter count (``partition``), this rank's stages built from deep copies of the
+  single-device GPT's layers (shard-from-full), with every parameter's single-device name;
+* :func:`gpt_pipeline_step`: those stages run through a schedule by the given executor, with
+  the boundary tensors shaped from the GPT's configuration, and the loss and the gradients by
+  parameter name returned, to compare with single-device training. The executor's
+  ``pipeline_train_step`` calls it with its own ``run_schedule``.
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from reference_impl.comm.device import current_device
+from reference_impl.pipeline.pipeline_partition import gpt_layers, layer_sizes, partition
+from reference_impl.pipeline.pipeline_schedules import Schedule
+
+if TYPE_CHECKING:
+    from reference_impl.pipeline.pipeline_executor import PipelineRun
+
+
+class Stage(nn.Sequential):
+    """One virtual stage: a contiguous run of the model's layers, applied in order."""
+
+
+def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every token: the single-device GPT's training loss."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def build_gpt_stages(gpt: nn.Module, schedule: Schedule,
+                     rank: int) -> tuple[dict[int, Stage], dict[int, str]]:
+    """This rank's stages of ``gpt`` (deep copies of its layers) and {id(parameter): name}.
+
+    ``gpt_layers`` (embedding, blocks, head) is cut into ``schedule.stages`` stages by
+    parameter count; the names are the single-device GPT's (``blocks.0.attn.qkv.weight``).
+    """
+    replica = copy.deepcopy(gpt)
+    names = {id(parameter): name for name, parameter in replica.named_parameters()}
+    layers = gpt_layers(replica)
+    ranges = partition(layer_sizes(layers), schedule.stages)
+    stages = {s: Stage(*layers[ranges[s].start:ranges[s].stop]).to(current_device())
+              for s in schedule.stages_of(rank)}
+    return stages, names
+
+
+@dataclass(frozen=True)
+class PipelineStepResult:
+    loss: float  # the full-batch mean loss, on every rank
+    grads: dict[str, torch.Tensor]  # this rank's parameters' gradients, by GPT parameter name
+    run: PipelineRun
+
+
+def gpt_pipeline_step(run_schedule: Callable[..., PipelineRun], gpt: nn.Module,
+                      schedule: Schedule, micro_inputs: Sequence[torch.Tensor],
+                      micro_targets: Sequence[torch.Tensor], *, group=None,
+                      precision: str = "fp32") -> PipelineStepResult:
+    """One forward and backward of ``gpt`` on its microbatches, through ``run_schedule``.
+
+    Run on every rank of the pipeline group; the caller's ``gpt`` is not modified. This rank's
+    stages are built with :func:`build_gpt_stages`, the microbatches moved to this rank's
+    device, and every tensor between stages is (micro_batch, seq, hidden).
+    """
+    rank = dist.get_rank(group)
+    stages, names = build_gpt_stages(gpt, schedule, rank)
+    device = current_device()
+    shape = (micro_inputs[0].shape[0], micro_inputs[0].shape[1], gpt.config.hidden)
+    run = run_schedule(schedule, stages, [t.to(device) for t in micro_inputs],
+                       [t.to(device) for t in micro_targets], gpt_loss,
+                       boundary_shape=shape, group=group, precision=precision)
+    grads = {names[id(parameter)]: parameter.grad.detach().cpu().clone()
+             for stage in stages.values() for parameter in stage.parameters()
+             if parameter.grad is not None}
+    return PipelineStepResult(float(run.loss), grads, run)
