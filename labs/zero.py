@@ -33,13 +33,9 @@ The padding is at most N - 1 elements per parameter; :func:`padded_numel` counts
 memory formula takes it into account exactly.
 
 **Memory.** :func:`model_state_bytes` measures the bytes this rank holds for parameters,
-gradients and optimizer states; :func:`zero_memory_formula` is the course's formula. Per
-parameter, Psi parameters, N ranks:
-
-    mixed precision (the paper):  2 fp16 param + 2 fp16 grad + 12 fp32 optimizer (master, m, v)
-        = 16 bytes;  ZeRO-1  4 + 12/N,  ZeRO-2  2 + 14/N,  ZeRO-3  16/N
-    fp32 (what runs here):        4 param + 4 grad + 8 optimizer (m, v; the fp32 param is its
-        own master) = 16 bytes;   ZeRO-1  8 + 8/N,   ZeRO-2  4 + 12/N,  ZeRO-3  16/N
+gradients and optimizer states; ``zero_memory_formula`` (``memory/model_states.py``, imported
+here) is the course's formula, per parameter per stage: 16 bytes whole (fp32 or mixed
+precision), down to 16/N under stage 3.
 
 With TP x DP, the ZeRO group is the RDP group (the replicas of the same TP shard) and what
 gets ZeRO-sharded is each rank's TP shard: pass the TP module and ``groups.rdp``.
@@ -61,7 +57,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-STAGES = (1, 2, 3)
+from reference_impl.memory.model_states import (  # noqa: F401 (the formulas: exported)
+    BYTES_PER_PARAMETER, STAGES, zero_memory_formula)
 
 
 def shard_size(numel: int, world_size: int) -> int:
@@ -312,35 +309,3 @@ def model_state_bytes(module: nn.Module, optimizer=None) -> dict[str, int]:
     measured = {kind: _storage_bytes(tensors) for kind, tensors in kinds.items()}
     measured["total"] = sum(measured.values())
     return measured
-
-
-# bytes per parameter: (parameter, gradient, optimizer states)
-BYTES_PER_PARAMETER = {True: (2, 2, 12), False: (4, 4, 8)}
-
-
-def zero_memory_formula(num_params: int, world_size: int, stage: int,
-                        mixed_precision: bool = True, padded_num_params: int | None = None):
-    """Model-state bytes per rank under ZeRO ``stage`` (0: plain data parallelism) on N ranks.
-
-    Per parameter (Rajbhandari et al. 2020, section 3):
-
-    * mixed precision (fp16 parameter and gradient, fp32 master copy, m and v: 2 + 2 + 12 =
-      16 bytes): stage 0: 16, ZeRO-1: 4 + 12/N, ZeRO-2: 2 + 14/N, ZeRO-3: 16/N;
-    * fp32, what runs on the CPU here (4 param + 4 grad + 8 for Adam's m and v: the fp32
-      parameter is its own master, 16 bytes): stage 0: 16, ZeRO-1: 8 + 8/N, ZeRO-2: 4 + 12/N,
-      ZeRO-3: 16/N.
-
-    The replicated part counts ``num_params``; the sharded part counts ``padded_num_params``
-    / N (default ``num_params``): pass :func:`padded_numel` to match a measurement exactly.
-    An int when the division is exact, else a float.
-    """
-    if stage not in (0, *STAGES):
-        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
-    param, grad, optimizer = BYTES_PER_PARAMETER[bool(mixed_precision)]
-    sharded_kinds = (0, optimizer, grad + optimizer, param + grad + optimizer)[stage]
-    replicated = param + grad + optimizer - sharded_kinds
-    padded = num_params if padded_num_params is None else padded_num_params
-    sharded_bytes = sharded_kinds * padded
-    if sharded_bytes % world_size == 0:
-        return replicated * num_params + sharded_bytes // world_size
-    return replicated * num_params + sharded_bytes / world_size

@@ -14,8 +14,8 @@ import math
 
 import pytest
 
-from reference_impl.hybrid.zero import zero_memory_formula
 from reference_impl.memory.activation_memory import activation_memory_formula
+from reference_impl.memory.model_states import zero_memory_formula
 from reference_impl.perf.planner import Layout, cluster_of, evaluate, get_model
 from reference_impl.perf.planner.framework_memory import model_state_bytes
 from reference_impl.perf.planner.memory_estimate import in_flight_microbatches

@@ -4,8 +4,8 @@ group, no tensors. Validation against published runs: tests/test_planner_validat
 layer-efficiency model and calibration: tests/test_planner_efficiency.py."""
 import pytest
 
-from reference_impl.hybrid.zero import zero_memory_formula
 from reference_impl.memory.activation_memory import activation_memory_formula
+from reference_impl.memory.model_states import zero_memory_formula
 from reference_impl.perf.planner import Layout, cluster_of, evaluate, get_model, plan, recommend
 from reference_impl.perf.planner.cli import main
 from reference_impl.perf.planner.explain import explain, why

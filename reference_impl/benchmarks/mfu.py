@@ -55,10 +55,10 @@ predicts either.
 
 **Memory against the formulas.** Beside the run it prints the kit's formulas for what one
 step holds: the model states, 16 bytes per parameter (fp32 weights, gradients, Adam's m and v:
-``hybrid/zero.zero_memory_formula`` on one rank), plus in bf16 the 2-byte copy autocast makes
-of each matmul weight (``precision.weight_copy_bytes``); and the activations of one forward
-(``memory/activation_memory.gpt_activation_bytes``: with the explicit kernel its s x s
-softmax, with sdpa one log-sum-exp per row instead). Measured beside them: the bytes autograd
+``memory/model_states.zero_memory_formula`` on one rank), plus in bf16 the 2-byte copy
+autocast makes of each matmul weight (``precision.weight_copy_bytes``); and the activations of
+one forward (``memory/activation_memory.gpt_activation_bytes``: with the explicit kernel its
+s x s softmax, with sdpa one log-sum-exp per row instead). Measured beside them: the bytes autograd
 saves in one forward (saved-tensor hooks, ``SavedActivations``, on either device) against the
 activations and weight copies, and on a GPU the peak allocated during the timed steps
 (``torch.cuda.max_memory_allocated``) against the sum. A CPU has no allocator counter, and the
@@ -73,13 +73,13 @@ import time
 
 import torch
 
-from reference_impl.hybrid.zero import zero_memory_formula
 from reference_impl.memory.activation_memory import SavedActivations, gpt_activation_bytes
+from reference_impl.memory.model_states import zero_memory_formula
 from reference_impl.model import ATTENTION_KERNELS, GPT, Block, ModelConfig
 from reference_impl.perf.planner import GPUS, ModelSpec
 from reference_impl.perf.planner.hardware import peak_tflops
 from reference_impl.perf.step_timing import mean_seconds
-from reference_impl.pipeline.pipeline_executor import gpt_loss
+from reference_impl.pipeline.gpt_stages import gpt_loss
 from reference_impl.precision import PRECISIONS, autocast, weight_copy_bytes
 from reference_impl.train import multi_tensor_options
 

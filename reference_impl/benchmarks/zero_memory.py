@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from reference_impl.comm.device import current_device
 from reference_impl.comm.launcher import launch
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.hybrid.zero import (ZeroOptimizer, model_state_bytes, padded_numel,
-                                 zero_memory_formula)
+from reference_impl.hybrid.zero import ZeroOptimizer, model_state_bytes, padded_numel
+from reference_impl.memory.model_states import zero_memory_formula
 
 WORLD_SIZES = (1, 2, 4, 8)
 STAGES = (0, 1, 2, 3)

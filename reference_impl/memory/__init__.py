@@ -1,5 +1,6 @@
-"""Activation memory: what autograd saves for the backward, measured and counted (Korthikanti
-et al. 2022), and activation recomputation, full and selective.
+"""Memory: what autograd saves for the backward, measured and counted (Korthikanti et al.
+2022), activation recomputation, full and selective, and the model states' bytes per parameter
+under ZeRO (Rajbhandari et al. 2020).
 """
 from reference_impl.lazy_exports import lazy_exports
 
@@ -7,4 +8,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "activation_memory": ["SavedActivations", "activation_memory_formula", "gpt_activation_bytes",
         "model_activation_bytes", "saved_activation_bytes"],
     "recompute": ["recompute"],
+    "model_states": ["BYTES_PER_PARAMETER", "zero_memory_formula"],
 })

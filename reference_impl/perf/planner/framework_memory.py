@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference_impl.hybrid.zero import zero_memory_formula
+from reference_impl.memory.model_states import zero_memory_formula
 
 ACCOUNTINGS = ("zero", "deepspeed", "megatron", "fsdp")
 STAGES = {"zero": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "megatron": (0, 1), "fsdp": (2, 3)}
