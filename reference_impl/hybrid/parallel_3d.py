@@ -60,7 +60,8 @@ from reference_impl.hybrid.parallelize import (  # noqa: F401 (TPEmbedding, TPHe
     Parallel3DModel, ParallelDims, TPEmbedding, TPHead, finish_gradients, parallelize_gpt,
     tensor_parallel_layer)
 from reference_impl.model import GPT
-from reference_impl.pipeline.pipeline_executor import gpt_loss, run_schedule, split_batch
+from reference_impl.pipeline.gpt_stages import gpt_loss
+from reference_impl.pipeline.pipeline_executor import run_schedule, split_batch
 from reference_impl.pipeline.pipeline_schedules import Schedule
 from reference_impl.precision import autocast
 from reference_impl.tp.tp_layers import unshard
