@@ -101,21 +101,21 @@ def plot_scaling(rows: list[tuple[int, float, float]], path: str, title: str,
                  threads: int = 1) -> None:
     """Time per step and efficiency against tp, to a PNG (a matplotlib Figure, no pyplot);
     the tp values whose ranks x threads exceed this machine's cores are shaded."""
-    from matplotlib.figure import Figure
+    from reference_impl.figures.style import GREY_50, GRID_ALPHA, HIGHLIGHT, new_figure
 
     tps = [tp for tp, _, _ in rows]
     milliseconds = [1e3 * seconds for _, seconds, _ in rows]
     efficiencies = [efficiency for _, _, efficiency in rows]
-    figure = Figure(figsize=(9, 3.8), layout="constrained")
+    figure = new_figure(9, 3.8)
     time_axes, efficiency_axes = figure.subplots(1, 2)
     time_axes.plot(tps, milliseconds, "o-", label="measured")
-    time_axes.plot(tps, [milliseconds[0] / tp for tp in tps], "--", color="gray",
+    time_axes.plot(tps, [milliseconds[0] / tp for tp in tps], "--", color=GREY_50,
                    label="ideal  T1 / tp")
     time_axes.set(xlabel="tensor-parallel size tp", ylabel="time per step (ms)",
                   title="forward + backward, one block", xticks=tps)
     time_axes.set_ylim(bottom=0)
     efficiency_axes.plot(tps, efficiencies, "o-", label="measured")
-    efficiency_axes.axhline(1.0, linestyle="--", color="gray", label="ideal")
+    efficiency_axes.axhline(1.0, linestyle="--", color=GREY_50, label="ideal")
     efficiency_axes.set(xlabel="tensor-parallel size tp", ylabel="efficiency  T1 / (tp · Ttp)",
                         title="strong-scaling efficiency", xticks=tps,
                         ylim=(0, max(1.1, max(efficiencies) * 1.1)))
@@ -123,10 +123,10 @@ def plot_scaling(rows: list[tuple[int, float, float]], path: str, title: str,
     oversubscribed = [tp for tp in tps if tp * threads > cores]
     for axes in (time_axes, efficiency_axes):
         if oversubscribed:
-            axes.axvspan(min(oversubscribed) - 0.5, max(tps) + 0.5, color="tab:red", alpha=0.08,
+            axes.axvspan(min(oversubscribed) - 0.5, max(tps) + 0.5, color=HIGHLIGHT, alpha=0.08,
                          label=f"ranks x threads > {cores} cores")
         axes.set_xlim(min(tps) - 0.5, max(tps) + 0.5)
-        axes.grid(alpha=0.3)
+        axes.grid(alpha=GRID_ALPHA)
         axes.legend(loc="best", fontsize="small")
     figure.suptitle(title)
     figure.savefig(path, dpi=120)

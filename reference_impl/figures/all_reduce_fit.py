@@ -4,12 +4,13 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 
 from reference_impl.comm.alpha_beta import ring_all_reduce_seconds
+from reference_impl.figures.style import GRID_ALPHA, new_figure
 
 
 def plot_all_reduce_fit(nbytes: list[float], seconds: list[float], n: int, alpha: float,
                         bandwidth: float) -> Figure:
     """Log-log plot of the measurements and of 2(n-1)*alpha + 2(n-1)/n * S/B."""
-    figure = Figure(figsize=(6, 4), layout="constrained")
+    figure = new_figure(6, 4)
     axes = figure.subplots()
     axes.loglog(nbytes, [s * 1e3 for s in seconds], "o", label="measured (median)")
     model = [ring_all_reduce_seconds(size, n, alpha, bandwidth) * 1e3 for size in nbytes]
@@ -18,6 +19,6 @@ def plot_all_reduce_fit(nbytes: list[float], seconds: list[float], n: int, alpha
     axes.set_xlabel("message size S (bytes)")
     axes.set_ylabel("all_reduce time (ms)")
     axes.set_title(f"all_reduce on {n} ranks: T = 2(n-1)·alpha + 2(n-1)/n · S/B")
-    axes.grid(True, which="both", alpha=0.3)
+    axes.grid(True, which="both", alpha=GRID_ALPHA)
     axes.legend()
     return figure

@@ -7,9 +7,10 @@ these follow): ``plot_collective("all_reduce")`` etc., one figure per collective
 """
 from __future__ import annotations
 
-from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
+
+from reference_impl.figures.style import GREY_20, GREY_27, MATPLOTLIB_CYCLE, SUMMED, hide_spines, new_figure
 
 # Each rank's buffer before and after, as lists of chunk contents: a chunk is a frozenset of
 # the ranks whose data it holds (summed if more than one), None for an empty slot.
@@ -50,8 +51,12 @@ def _label(chunk: frozenset, n: int) -> str:
     return "+".join(str(r) for r in sorted(chunk))
 
 
+def _origin_colour(rank: int) -> str:
+    """The colour of rank ``rank``'s data: "C{rank}", the last one for every rank past ten."""
+    return MATPLOTLIB_CYCLE[min(rank, len(MATPLOTLIB_CYCLE) - 1)]
+
+
 def _draw_buffers(axes, buffers: list[list], n: int, title: str) -> None:
-    colours = colormaps["tab10"]
     for rank, row in enumerate(buffers):
         for column, chunk in enumerate(row):
             if chunk is None:
@@ -59,10 +64,10 @@ def _draw_buffers(axes, buffers: list[list], n: int, title: str) -> None:
             else:
                 origin = next(iter(chunk))
                 origin = origin[0] if isinstance(origin, tuple) else origin
-                face = "#7f7f7f" if len(chunk) > 1 else colours(origin)
+                face = SUMMED if len(chunk) > 1 else _origin_colour(origin)
                 text = _label(chunk, n)
             axes.add_patch(Rectangle((column, rank), 0.94, 0.86, facecolor=face,
-                                     edgecolor="#444444", linewidth=1))
+                                     edgecolor=GREY_27, linewidth=1))
             axes.text(column + 0.47, rank + 0.43, text, ha="center", va="center",
                       fontsize=15, color="white", fontweight="bold")
     axes.set_xlim(-0.05, n)
@@ -71,20 +76,19 @@ def _draw_buffers(axes, buffers: list[list], n: int, title: str) -> None:
     axes.set_xticks([])
     axes.tick_params(length=0)
     axes.set_title(title, fontsize=17)
-    for spine in axes.spines.values():
-        spine.set_visible(False)
+    hide_spines(axes)
 
 
 def plot_collective(name: str, n: int = 4, root: int = 0) -> Figure:
     """Before | arrow | after, for collective ``name`` on ``n`` ranks (one slide's figure)."""
     before, after = collective_states(name, n, root)
-    figure = Figure(figsize=(11, 0.75 * n + 1.4), layout="constrained")
+    figure = new_figure(11, 0.75 * n + 1.4)
     left, middle, right = figure.subplots(1, 3, width_ratios=[n, 1.1, n])
     _draw_buffers(left, before, n, "before")
     _draw_buffers(right, after, n, "after")
     middle.axis("off")
     middle.add_patch(FancyArrowPatch((0.05, 0.5), (0.95, 0.5), arrowstyle="-|>",
-                                     mutation_scale=30, linewidth=3, color="#333333",
+                                     mutation_scale=30, linewidth=3, color=GREY_20,
                                      transform=middle.transAxes))
     middle.text(0.5, 0.62, name, ha="center", va="bottom", fontsize=16, fontweight="bold",
                 transform=middle.transAxes)

@@ -14,10 +14,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
 from reference_impl.comm.groups import RankLayout
+from reference_impl.figures.style import (GOOD, GREY_33, GREY_50, GREY_95, HIGHLIGHT, SLIDE_FONTSIZE,
+                                          STAGE_COLOURS, new_figure)
 
-INSIDE, ACROSS = "#2ca02c", "#d62728"  # a TP group inside one node / across nodes
-_STAGE_COLOURS = ("#4e79a7", "#f28e2b", "#76b7b2", "#e15759", "#59a14f", "#edc948",
-                  "#b07aa1", "#ff9da7")
+INSIDE, ACROSS = GOOD, HIGHLIGHT  # a TP group inside one node / across nodes
 
 
 def node_of(rank: int, gpus_per_node: int) -> int:
@@ -31,20 +31,20 @@ def groups_inside_nodes(layout: RankLayout, kind: str, gpus_per_node: int) -> in
                for group in layout.groups[kind])
 
 
-def plot_node_mesh(layout: RankLayout, gpus_per_node: int, fontsize: float = 12) -> Figure:
+def plot_node_mesh(layout: RankLayout, gpus_per_node: int, fontsize: float = SLIDE_FONTSIZE) -> Figure:
     """Nodes top to bottom, a node's GPUs left to right; TP groups and pipeline links drawn."""
     if gpus_per_node < 1 or layout.world_size % gpus_per_node:
         raise ValueError(f"{layout.world_size} ranks do not fill nodes of {gpus_per_node} GPUs "
                          f"(world size must be a multiple of gpus_per_node)")
     nodes = layout.world_size // gpus_per_node
-    figure = Figure(figsize=(10, min(6.5, 1.1 + 1.25 * nodes)), layout="constrained")
+    figure = new_figure(10, min(6.5, 1.1 + 1.25 * nodes))
     axes = figure.subplots()
     centre = {rank: (rank % gpus_per_node, -1.6 * node_of(rank, gpus_per_node))
               for rank in range(layout.world_size)}
     for node in range(nodes):
         axes.add_patch(FancyBboxPatch((-0.55, -1.6 * node - 0.6), gpus_per_node + 0.1, 1.2,
-                                      boxstyle="round,pad=0.05", facecolor="#f2f2f2",
-                                      edgecolor="grey", zorder=0, gid="node"))
+                                      boxstyle="round,pad=0.05", facecolor=GREY_95,
+                                      edgecolor=GREY_50, zorder=0, gid="node"))
         axes.text(-0.75, -1.6 * node, f"node {node}", ha="right", va="center",
                   fontsize=fontsize)
     for group in layout.groups["TP"]:
@@ -62,13 +62,13 @@ def plot_node_mesh(layout: RankLayout, gpus_per_node: int, fontsize: float = 12)
                 start, end = (x0, y0 - 0.3), (x1, y1 + 0.3)
                 bend = 0.0 if x0 == x1 and abs(y1 - y0) < 2 else 0.25
             axes.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>",
-                                           mutation_scale=12, color="#555555", linewidth=1,
+                                           mutation_scale=12, color=GREY_33, linewidth=1,
                                            connectionstyle=f"arc3,rad={bend}", zorder=3,
                                            gid="pp-link"))
     for coords in layout.ranks:
         x, y = centre[coords.rank]
         axes.add_patch(Rectangle((x - 0.38, y - 0.3), 0.76, 0.6, zorder=2, gid="gpu",
-                                 facecolor=_STAGE_COLOURS[coords.pp_rank % len(_STAGE_COLOURS)]))
+                                 facecolor=STAGE_COLOURS[coords.pp_rank % len(STAGE_COLOURS)]))
         axes.text(x, y + 0.08, f"GPU{coords.rank}", ha="center", va="center", color="white",
                   fontsize=fontsize - 1, fontweight="bold", zorder=4)
         axes.text(x, y - 0.16, f"t{coords.tp_rank} d{coords.rdp_rank}", ha="center",

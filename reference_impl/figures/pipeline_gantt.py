@@ -17,18 +17,18 @@ import json
 from pathlib import Path
 
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import Rectangle
 
+from reference_impl.figures.style import (BLUE_SHADES, GREEN_SHADES, GREY_90, NOTEBOOK_FONTSIZE,
+                                          OPEN_SPINES, ORANGE_SHADES, ROW_SPINES, SLIDE_FONTSIZE,
+                                          cycle_colour, hide_spines, legend_below, new_figure,
+                                          swatch)
 from reference_impl.pipeline.pipeline_schedules import KIND_NAMES
 from reference_impl.pipeline.pipeline_simulator import TimedAction, Timeline
 
 # Per kind, one colour per model chunk, lighter for later chunks; more chunks reuse them.
-_COLOURS = {
-    "F": ("#4e79a7", "#86b0d9", "#c0daf0"),
-    "B": ("#f28e2b", "#f7b46e", "#fbd7ae"),
-    "W": ("#59a14f", "#8cc784", "#c4e4bf"),
-}
-_IDLE = "#e6e6e6"
+_COLOURS = {"F": BLUE_SHADES, "B": ORANGE_SHADES, "W": GREEN_SHADES}
+_IDLE = GREY_90
 
 
 def _colour(event: TimedAction, ranks: int) -> str:
@@ -41,7 +41,7 @@ def _axis_label(unit: str) -> str:
 
 
 def plot_gantt(timeline_or_list: Timeline | list[Timeline],
-               titles: list[str] | None = None, fontsize: float = 8,
+               titles: list[str] | None = None, fontsize: float = NOTEBOOK_FONTSIZE,
                until: float | None = None) -> Figure:
     """One panel per timeline, one row per rank (rank 0 at the top), one box per pass.
 
@@ -56,7 +56,7 @@ def plot_gantt(timeline_or_list: Timeline | list[Timeline],
         raise ValueError(f"got {len(titles)} titles for {len(timelines)} timelines")
     same_unit = len({timeline.unit for timeline in timelines}) == 1
     heights = [timeline.schedule.ranks + 1.2 for timeline in timelines]
-    figure = Figure(figsize=(11, 0.42 * sum(heights) + 0.6), layout="constrained")
+    figure = new_figure(11, 0.42 * sum(heights) + 0.6)
     panels = figure.subplots(len(timelines), 1, sharex=same_unit, squeeze=False,
                              gridspec_kw={"height_ratios": heights})[:, 0]
     longest = max(timeline.makespan for timeline in timelines)
@@ -68,15 +68,13 @@ def plot_gantt(timeline_or_list: Timeline | list[Timeline],
             axes.set_xlabel(_axis_label(timeline.unit), fontsize=fontsize)
     kinds = sorted({event.action.kind for timeline in timelines for event in timeline.events},
                    key="FBW".index)
-    handles = [Patch(facecolor=_COLOURS[kind][0], label=f"{kind}: {KIND_NAMES[kind]}")
-               for kind in kinds]
-    handles.append(Patch(facecolor=_IDLE, label="idle (bubble)"))
-    figure.legend(handles=handles, loc="outside lower center", ncol=len(handles),
-                  fontsize=fontsize, frameon=False)
+    handles = [swatch(_COLOURS[kind][0], f"{kind}: {KIND_NAMES[kind]}") for kind in kinds]
+    handles.append(swatch(_IDLE, "idle (bubble)"))
+    legend_below(figure, handles, fontsize)
     return figure
 
 
-def _draw(axes, timeline: Timeline, title: str | None, fontsize: float = 8,
+def _draw(axes, timeline: Timeline, title: str | None, fontsize: float = NOTEBOOK_FONTSIZE,
           until: float | None = None) -> None:
     schedule = timeline.schedule
     p, start, makespan = schedule.ranks, timeline.start, timeline.makespan
@@ -103,8 +101,7 @@ def _draw(axes, timeline: Timeline, title: str | None, fontsize: float = 8,
     axes.set_yticks(range(p), [f"rank {rank}" for rank in range(p)], fontsize=fontsize)
     axes.tick_params(axis="x", labelsize=fontsize)
     axes.tick_params(axis="y", length=0)
-    for side in ("top", "right", "left"):
-        axes.spines[side].set_visible(False)
+    hide_spines(axes, ROW_SPINES)
     summary = f"{schedule.name}: p={p}, m={schedule.microbatches}"
     if schedule.chunks > 1:
         summary += f", v={schedule.chunks} (lighter: later chunks)"
@@ -139,26 +136,25 @@ def in_flight_over_time(timeline: Timeline, rank: int) -> list[tuple[float, int]
 
 
 def plot_gantt_with_memory(timeline: Timeline, title: str | None = None,
-                           fontsize: float = 12) -> Figure:
+                           fontsize: float = SLIDE_FONTSIZE) -> Figure:
     """The Gantt chart, and under it on the same time axis the activations each rank holds
     (in microbatches; in chunks with v > 1): GPipe's climb to m, 1F1B's plateau at p - r."""
     p = timeline.schedule.ranks
-    figure = Figure(figsize=(10, 5), layout="constrained")
+    figure = new_figure(10, 5)
     gantt, memory = figure.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [1, 1]})
     _draw(gantt, timeline, title, fontsize)
     gantt.set_xlim(0, timeline.makespan)
     for rank in range(p):
         times, held = zip(*in_flight_over_time(timeline, rank))
         memory.step([*times, timeline.makespan], [*held, held[-1]], where="post",
-                    color=f"C{rank}", linewidth=2, label=f"rank {rank}")
+                    color=cycle_colour(rank), linewidth=2, label=f"rank {rank}")
     unit = "chunks" if timeline.schedule.chunks > 1 else "microbatches"
     memory.set_ylabel(f"activations held\n({unit})", fontsize=fontsize)
     memory.set_xlabel(_axis_label(timeline.unit), fontsize=fontsize)
     memory.set_ylim(0, 1.4 * max(timeline.peak_in_flight) + 0.5)  # room for the legend
     memory.tick_params(labelsize=fontsize)
     memory.legend(fontsize=fontsize - 1, ncol=p, loc="upper right", frameon=False)
-    for side in ("top", "right"):
-        memory.spines[side].set_visible(False)
+    hide_spines(memory, OPEN_SPINES)
     return figure
 
 

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 
 from reference_impl.comm.groups import RankLayout
+from reference_impl.figures.style import ROW_SPINES, cycle_colour, hide_spines, new_figure
 
 _KIND_TITLES = {
     "TP": "TP_GROUP: shards of one layer",
@@ -26,14 +27,12 @@ def plot_rank_groups(layout: RankLayout) -> Figure:
     """Return a figure with one panel per group kind (TP, PP, DP, RDP, MP, WORLD)."""
     rows, cols = layout.rdp * layout.tp, layout.pp
     cell = 0.9
-    figure = Figure(figsize=(3 * max(2.2, 1.1 * cols * cell + 0.8), 2 * (0.45 * rows + 1.2)),
-                    layout="constrained")
+    figure = new_figure(3 * max(2.2, 1.1 * cols * cell + 0.8), 2 * (0.45 * rows + 1.2))
     figure.suptitle(f"{layout.world_size} ranks: tp={layout.tp}, pp={layout.pp}, "
                     f"rdp={layout.rdp} (dp={layout.dp}), order {'-'.join(layout.order)}")
-    palette = [f"C{i}" for i in range(10)]
     for axes, (kind, groups) in zip(figure.subplots(2, 3).flat, layout.groups.items()):
-        colour_of = {rank: palette[index % len(palette)]
-                     for index, group in enumerate(groups) for rank in group}
+        colour_of = {rank: cycle_colour(index) for index, group in enumerate(groups)
+                     for rank in group}
         for coords in layout.ranks:
             x = coords.pp_rank
             y = _row(layout, coords.rdp_rank, coords.tp_rank)
@@ -51,8 +50,7 @@ def plot_rank_groups(layout: RankLayout) -> Figure:
         axes.set_title(f"{_KIND_TITLES[kind]}\n{len(groups)} group(s) of {len(groups[0])}",
                        fontsize=8)
         axes.tick_params(length=0)
-        for side in ("top", "right", "left"):
-            axes.spines[side].set_visible(False)
+        hide_spines(axes, ROW_SPINES)
     return figure
 
 

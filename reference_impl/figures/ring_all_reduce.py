@@ -14,6 +14,9 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyArrowPatch, Rectangle
 
+from reference_impl.figures.style import (BLUE, GREY_33, HIGHLIGHT, ORANGE, PALE_BLUE, PARTIAL_SUMS,
+                                          hide_spines, new_figure)
+
 
 def ring_all_reduce_states(n: int) -> list[tuple[str, list[list[frozenset]], set]]:
     """(label, holding, received) before the first step and after each of the 2(n-1) steps.
@@ -46,12 +49,12 @@ def plot_ring_all_reduce(n: int = 4) -> Figure:
     """One panel per step: cell (rank, chunk) lists the ranks summed in (for n > 4: how many),
     Σ when complete; outlined: just received."""
     states = ring_all_reduce_states(n)
-    figure = Figure(figsize=(max(10, 1.75 * len(states)), 0.4 * n + 1.3), layout="constrained")
+    figure = new_figure(max(10, 1.75 * len(states)), 0.4 * n + 1.3)
     figure.suptitle(f"Ring all-reduce on {n} ranks: {n - 1} reduce-scatter steps, then "
                     f"{n - 1} all-gather steps\neach cell: {'the' if n <= 4 else 'how many'} "
                     "ranks summed into that chunk (Σ = all);  red outline: just received from "
                     "the left neighbour", fontsize=12)
-    colours = colormaps["Blues"]
+    colours = colormaps[PARTIAL_SUMS]
     for index, (axes, (label, holding, received)) in enumerate(
             zip(figure.subplots(1, len(states)), states)):
         for rank in range(n):
@@ -60,8 +63,8 @@ def plot_ring_all_reduce(n: int = 4) -> Figure:
                 full, new = len(members) == n, (rank, chunk) in received
                 shade = 0.15 + 0.45 * (len(members) - 1) / max(1, n - 2)
                 axes.add_patch(Rectangle(
-                    (chunk, rank), 1, 1, facecolor="#f28e2b" if full else colours(shade),
-                    edgecolor="#d62728" if new else "white", linewidth=2.5 if new else 1,
+                    (chunk, rank), 1, 1, facecolor=ORANGE if full else colours(shade),
+                    edgecolor=HIGHLIGHT if new else "white", linewidth=2.5 if new else 1,
                     zorder=2 if new else 1))
                 text = "".join(map(str, sorted(members))) if n <= 4 else str(len(members))
                 axes.text(chunk + 0.5, rank + 0.5, "Σ" if full else text,
@@ -77,8 +80,7 @@ def plot_ring_all_reduce(n: int = 4) -> Figure:
         axes.set_yticks([r + 0.5 for r in range(n)],
                         [f"rank {r}" for r in range(n)] if index == 0 else [], fontsize=8)
         axes.tick_params(length=0)
-        for spine in axes.spines.values():
-            spine.set_visible(False)
+        hide_spines(axes)
     return figure
 
 
@@ -89,7 +91,7 @@ def plot_ring_step(n: int = 4, step: int = 0) -> Figure:
     if not 0 <= step < len(states):
         raise ValueError(f"a ring all-reduce on {n} ranks has steps 0..{len(states) - 1}, got {step}")
     label, holding, received = states[step]
-    figure = Figure(figsize=(9, 5.6), layout="constrained")
+    figure = new_figure(9, 5.6)
     axes = figure.subplots()
     axes.set_xlim(-2.9, 2.9)
     axes.set_ylim(-1.95, 1.95)
@@ -105,11 +107,11 @@ def plot_ring_step(n: int = 4, step: int = 0) -> Figure:
             tx, ty = centres[right]
             axes.add_patch(FancyArrowPatch((x, y), (tx, ty), connectionstyle="arc3,rad=-0.25",
                                            arrowstyle="-|>", mutation_scale=22, linewidth=2.5,
-                                           color="#d62728", shrinkA=40, shrinkB=40))
+                                           color=HIGHLIGHT, shrinkA=40, shrinkB=40))
             mx, my = (x + tx) / 2, (y + ty) / 2
             axes.text(mx * 1.45, my * 1.45, f"chunk {sent[right]}", ha="center", va="center",
-                      fontsize=14, color="#d62728")
-        axes.add_patch(Circle((x, y), 0.16, color="#4e79a7"))
+                      fontsize=14, color=HIGHLIGHT)
+        axes.add_patch(Circle((x, y), 0.16, color=BLUE))
         axes.text(x, y, str(rank), ha="center", va="center", fontsize=15, color="white")
         width = 0.34
         for chunk in range(n):
@@ -118,8 +120,8 @@ def plot_ring_step(n: int = 4, step: int = 0) -> Figure:
             left = x - n * width / 2 + chunk * width
             top = y + (0.25 if y >= 0 else -0.25 - width)
             axes.add_patch(Rectangle((left, top), width * 0.92, width * 0.92,
-                                     facecolor="#f28e2b" if full else "#c6dbef",
-                                     edgecolor="#d62728" if new else "#555555",
+                                     facecolor=ORANGE if full else PALE_BLUE,
+                                     edgecolor=HIGHLIGHT if new else GREY_33,
                                      linewidth=2.5 if new else 0.8))
             axes.text(left + width * 0.46, top + width * 0.46, "Σ" if full else str(len(members)),
                       ha="center", va="center", fontsize=13)

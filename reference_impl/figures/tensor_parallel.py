@@ -19,25 +19,25 @@ from __future__ import annotations
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
-_RANK_COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1", "#76b7b2",
-                 "#edc948", "#9c755f"]
-_WHOLE = "#9aa0a6"  # a tensor every rank holds whole
-_FORWARD = "#d62728"  # an all-reduce in the forward pass
-_BACKWARD = "#1f77b4"  # an all-reduce in the backward pass
+from reference_impl.figures.style import (BACKWARD, GOOD, GREY_20, GREY_27, GREY_33, GREY_47,
+                                          GREY_53, HIGHLIGHT, RANK_COLOURS, SLATE, new_figure)
+
+_WHOLE = SLATE  # a tensor every rank holds whole
+_FORWARD = HIGHLIGHT  # an all-reduce in the forward pass
 
 
 def rank_colour(rank: int) -> str:
-    return _RANK_COLOURS[rank % len(_RANK_COLOURS)]
+    return RANK_COLOURS[rank % len(RANK_COLOURS)]
 
 
 def _frame(axes, x, y, width, height):
     """The outline of a whole matrix whose top-left corner is (x, y) (y grows downwards)."""
-    axes.add_patch(Rectangle((x, y), width, height, facecolor="white", edgecolor="#555555",
+    axes.add_patch(Rectangle((x, y), width, height, facecolor="white", edgecolor=GREY_33,
                              linewidth=1.0, zorder=1))
 
 
 def _fill(axes, x, y, width, height, colour, hatch=None, alpha=0.9):
-    axes.add_patch(Rectangle((x, y), width, height, facecolor=colour, edgecolor="#333333",
+    axes.add_patch(Rectangle((x, y), width, height, facecolor=colour, edgecolor=GREY_20,
                              linewidth=0.8, hatch=hatch, alpha=alpha, zorder=2))
 
 
@@ -60,13 +60,13 @@ def plot_linear_split(kind: str = "column", tp: int = 2) -> Figure:
     rank, and the collective that completes the output."""
     if kind not in ("column", "row"):
         raise ValueError(f"kind must be 'column' or 'row', got {kind!r}")
-    if not 1 <= tp <= len(_RANK_COLOURS):
-        raise ValueError(f"tp must be between 1 and {len(_RANK_COLOURS)}, got {tp}")
+    if not 1 <= tp <= len(RANK_COLOURS):
+        raise ValueError(f"tp must be between 1 and {len(RANK_COLOURS)}, got {tp}")
     tokens, inner, out = 1.0, 1.6, 2.0  # drawn sizes of the three dimensions
     row_height, top = inner + 0.7, 0.9
     x_at, w_at, y_at = 1.3, 3.5, 6.2  # left edges of x, Wᵀ and y
     width, height = 11.6, top + row_height * tp + tokens + 0.3
-    figure = Figure(figsize=(width * 0.8, height * 0.8))
+    figure = new_figure(width * 0.8, height * 0.8, constrained=False)
     axes = _blank_axes(figure, width, height)
     if kind == "column":
         title = (f"Column-parallel linear, tp = {tp}: W split by output features "
@@ -110,7 +110,7 @@ def plot_linear_split(kind: str = "column", tp: int = 2) -> Figure:
             _fill(axes, y_at, xy, out, tokens, colour, hatch="//", alpha=0.45)
             y_text, note = f"partial y_{rank}", "a partial sum\nof every output"
         _label(axes, y_at + out / 2, xy - 0.2, y_text, size=9)
-        _label(axes, y_at + out + 0.3, middle, note, size=9, ha="left", color="#333333")
+        _label(axes, y_at + out + 0.3, middle, note, size=9, ha="left", color=GREY_20)
     # the collective that completes y
     xy = top + tp * row_height
     _frame(axes, y_at, xy, out, tokens)
@@ -120,7 +120,7 @@ def plot_linear_split(kind: str = "column", tp: int = 2) -> Figure:
         left = "if the next layer needs all of y: all-gather along the last dim"
         right = "y = [y_0 | y_1 | …]"
     else:
-        _fill(axes, y_at, xy, out, tokens, "#555555", alpha=0.8)
+        _fill(axes, y_at, xy, out, tokens, GREY_33, alpha=0.8)
         left = "all-reduce (sum) over the TP group, then + b once"
         right = "y = Σ_r x_r W_rᵀ + b"
     _label(axes, y_at - 0.3, xy + tokens / 2, left, size=10, ha="right", color=_FORWARD)
@@ -139,7 +139,7 @@ def plot_distributed_linear(tp: int = 2) -> Figure:
     row_height, top = max(gathered, inner) + 0.9, 1.0
     at = {"x": 1.2, "X": 4.2, "W": 6.6, "P": 9.0, "y": 12.2}
     width, height = 14.2, top + row_height * tp
-    figure = Figure(figsize=(width * 0.75, height * 0.75))
+    figure = new_figure(width * 0.75, height * 0.75, constrained=False)
     axes = _blank_axes(figure, width, height)
     _label(axes, width / 2, 0.25, f"SageMaker's distributed linear, tp = {tp}: "
            "every rank brings its own samples", size=12, fontweight="bold")
@@ -209,7 +209,7 @@ def plot_qkv_split(heads: int = 4, tp: int = 2) -> Figure:
         raise ValueError(f"heads {heads} is not divisible by tp = {tp}")
     cell, left = 0.8, 2.6
     width = left + 3 * heads * cell + 0.3
-    figure = Figure(figsize=(width * 0.85, 4.2 * 0.85))
+    figure = new_figure(width * 0.85, 4.2 * 0.85, constrained=False)
     axes = _blank_axes(figure, width, 4.2)
     _label(axes, width / 2, 0.3, f"Fused qkv weight ([q; k; v] rows, {heads} heads), "
            f"split over tp = {tp}: colour = the rank that gets those rows", size=12,
@@ -226,7 +226,7 @@ def plot_qkv_split(heads: int = 4, tp: int = 2) -> Figure:
             _fill(axes, left + index * cell, y, cell, cell, rank_colour(owner))
             _label(axes, left + (index + 0.5) * cell, y + cell / 2, f"{part}{head}", size=10,
                    color="white", fontweight="bold")
-        mark, colour = ("✗", _FORWARD) if blocks == 1 else ("✓", "#2ca02c")
+        mark, colour = ("✗", _FORWARD) if blocks == 1 else ("✓", GOOD)
         _label(axes, left, y + cell + 0.3, f"{mark} {verdict}", size=10, ha="left",
                color=colour)
     return figure
@@ -247,7 +247,7 @@ def plot_block_collectives() -> Figure:
     width = 0.3 + len(rows[0]) * (box + gap)
     row_height, first_axis = 3.0, 2.0
     height = first_axis + row_height * len(rows) - 0.6
-    figure = Figure(figsize=(width * 0.8, height * 0.8))
+    figure = new_figure(width * 0.8, height * 0.8, constrained=False)
     axes = _blank_axes(figure, width, height)
     _label(axes, width / 2, 0.3, "A tensor-parallel block: 2 all-reduces forward (g), "
            "2 backward (f), each of the activation b·s·h", size=12, fontweight="bold")
@@ -260,14 +260,14 @@ def plot_block_collectives() -> Figure:
                 start = centre[index - 1] + (0.42 if steps[index - 1][1] != "tensor" else 0.25)
                 axes.add_patch(FancyArrowPatch((start, axis_y), (centre[index] - 0.42, axis_y),
                                                arrowstyle="-|>", mutation_scale=10,
-                                               color="#333333", zorder=1))
+                                               color=GREY_20, zorder=1))
         # the residual connection, over the top
         over, xs, xe = axis_y - 1.0, centre[0], centre[7]
-        axes.plot([xs, xs, xe], [axis_y - 0.25, over, over], color="#888888", linewidth=1,
+        axes.plot([xs, xs, xe], [axis_y - 0.25, over, over], color=GREY_53, linewidth=1,
                   zorder=1)
         axes.add_patch(FancyArrowPatch((xe, over), (xe, axis_y - 0.25), arrowstyle="-|>",
-                                       mutation_scale=10, color="#888888", zorder=1))
-        _label(axes, (xs + xe) / 2, over - 0.15, "residual", size=9, color="#777777")
+                                       mutation_scale=10, color=GREY_53, zorder=1))
+        _label(axes, (xs + xe) / 2, over - 0.15, "residual", size=9, color=GREY_47)
         # the split region
         x0, x1 = centre[3] - box / 2 - 0.1, centre[5] + box / 2 + 0.1
         axes.add_patch(Rectangle((x0, axis_y - 0.6), x1 - x0, 1.2, facecolor=rank_colour(0),
@@ -275,9 +275,9 @@ def plot_block_collectives() -> Figure:
                                  zorder=0))
         _label(axes, (x0 + x1) / 2, axis_y + 0.85, region, size=10, color=rank_colour(0))
     _label(axes, width / 2, height - 0.55, "grey: whole on every rank    blue: this rank's "
-           "shard only    f, g: Megatron's conjugate operators", size=10, color="#444444")
+           "shard only    f, g: Megatron's conjugate operators", size=10, color=GREY_27)
     _label(axes, width / 2, height - 0.2, "g forward: sum the row-parallel partial outputs    "
-           "f backward: sum the parts of the input gradient", size=10, color="#444444")
+           "f backward: sum the parts of the input gradient", size=10, color=GREY_27)
     return figure
 
 
@@ -285,13 +285,13 @@ def _block_step(axes, x, axis_y, text, kind, box):
     if kind in ("f", "g"):
         axes.add_patch(FancyBboxPatch((x - 0.32, axis_y - 0.32), 0.64, 0.64,
                                       boxstyle="circle,pad=0.02", facecolor="white",
-                                      edgecolor="#333333", linewidth=1.6, zorder=3))
+                                      edgecolor=GREY_20, linewidth=1.6, zorder=3))
         _label(axes, x, axis_y, text, size=14, fontweight="bold", fontstyle="italic")
         forward, backward = ("identity", "all-reduce") if kind == "f" else ("all-reduce", "identity")
         _label(axes, x, axis_y + 0.62, f"fwd: {forward}", size=9,
-               color=_FORWARD if forward == "all-reduce" else "#555555")
+               color=_FORWARD if forward == "all-reduce" else GREY_33)
         _label(axes, x, axis_y + 0.92, f"bwd: {backward}", size=9,
-               color=_BACKWARD if backward == "all-reduce" else "#555555")
+               color=BACKWARD if backward == "all-reduce" else GREY_33)
     elif kind == "+":
         _label(axes, x, axis_y, "⊕", size=20)
     elif kind == "tensor":
@@ -301,6 +301,6 @@ def _block_step(axes, x, axis_y, text, kind, box):
         axes.add_patch(FancyBboxPatch((x - box / 2, axis_y - 0.42), box, 0.84,
                                       boxstyle="round,pad=0.03",
                                       facecolor=rank_colour(0) if split else _WHOLE,
-                                      alpha=0.85 if split else 0.6, edgecolor="#333333",
+                                      alpha=0.85 if split else 0.6, edgecolor=GREY_20,
                                       zorder=2))
         _label(axes, x, axis_y, text, size=10, color="white" if split else "black")

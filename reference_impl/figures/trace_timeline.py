@@ -11,13 +11,15 @@ the rank's communication share from :func:`summarize`, computed from the same ra
 from __future__ import annotations
 
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import Rectangle
 
+from reference_impl.figures.style import (BLUE, LIGHT_BLUE, ORANGE, RED, ROW_SPINES, SLIDE_FONTSIZE,
+                                          hide_spines, legend_below, new_figure, swatch)
 from reference_impl.perf.ranges import WAIT_SUFFIX, range_kind
 from reference_impl.perf.trace_summary import summarize
 from reference_impl.perf.traces import range_events
 
-COLOURS = {"forward": "#4e79a7", "backward": "#a0cbe8", "comm": "#f28e2b", "wait": "#e15759"}
+COLOURS = {"forward": BLUE, "backward": LIGHT_BLUE, "comm": ORANGE, "wait": RED}
 LABELS = {"forward": "compute: forward", "backward": "compute: backward",
           "comm": "communication", "wait": "waiting for a message"}
 
@@ -33,7 +35,7 @@ def range_category(name: str) -> str:
                      f"collective, send or receive")
 
 
-def plot_trace(trace, title: str | None = None, fontsize: float = 12) -> Figure:
+def plot_trace(trace, title: str | None = None, fontsize: float = SLIDE_FONTSIZE) -> Figure:
     """One row per rank (process) of ``trace`` (merged or one rank's: a path, dict or events),
     time in ms from the first range; compute below, communication and waits drawn over it."""
     events = range_events(trace)
@@ -44,7 +46,7 @@ def plot_trace(trace, title: str | None = None, fontsize: float = 12) -> Figure:
     table = summarize(trace)
     start = min(float(event["ts"]) for event in events)
     end = max(float(event["ts"]) + float(event.get("dur", 0)) for event in events)
-    figure = Figure(figsize=(10, min(5.0, 1.6 + 1.0 * len(pids))), layout="constrained")
+    figure = new_figure(10, min(5.0, 1.6 + 1.0 * len(pids)))
     axes = figure.subplots()
     layer = {"forward": 1, "backward": 1, "comm": 2, "wait": 3}
     for event in events:
@@ -63,12 +65,9 @@ def plot_trace(trace, title: str | None = None, fontsize: float = 12) -> Figure:
     axes.set_xlabel("time (ms)", fontsize=fontsize)
     axes.tick_params(axis="x", labelsize=fontsize - 1)
     axes.tick_params(axis="y", length=0)
-    for side in ("top", "right", "left"):
-        axes.spines[side].set_visible(False)
+    hide_spines(axes, ROW_SPINES)
     if title:
         axes.set_title(title, fontsize=fontsize + 1, loc="left")
     shown = sorted({range_category(event["name"]) for event in events}, key=list(COLOURS).index)
-    figure.legend(handles=[Patch(facecolor=COLOURS[c], label=LABELS[c]) for c in shown],
-                  loc="outside lower center", ncol=len(shown), fontsize=fontsize - 1,
-                  frameon=False)
+    legend_below(figure, [swatch(COLOURS[c], LABELS[c]) for c in shown], fontsize - 1)
     return figure

@@ -11,14 +11,16 @@ states.
 from __future__ import annotations
 
 from matplotlib.figure import Figure
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.patches import Rectangle
 
+from reference_impl.figures.style import (BLUE, GREEN, GREY_50, OPEN_SPINES, ORANGE, SLIDE_FONTSIZE,
+                                          hide_spines, legend_below, new_figure, swatch)
 from reference_impl.hybrid.zero import BYTES_PER_PARAMETER, STAGES, zero_memory_formula
 
 KINDS = ("parameters", "gradients", "optimizer")
 # The kinds each stage shards (ZeRO section 5: P_os, P_os+g, P_os+g+p).
 SHARDED = {0: (), 1: ("optimizer",), 2: ("gradients", "optimizer"), 3: KINDS}
-_COLOURS = {"parameters": "#4e79a7", "gradients": "#f28e2b", "optimizer": "#59a14f"}
+_COLOURS = {"parameters": BLUE, "gradients": ORANGE, "optimizer": GREEN}
 _STAGE_NAMES = {0: "DP (no sharding)", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}
 _FORMULAS = {True: ("16", "4 + 12/N", "2 + 14/N", "16/N"),
              False: ("16", "8 + 8/N", "4 + 12/N", "16/N")}
@@ -36,9 +38,9 @@ def partition_bytes(world_size: int, stage: int, mixed_precision: bool = True) -
 
 
 def plot_zero_partitions(world_size: int = 4, mixed_precision: bool = True,
-                         fontsize: float = 12) -> Figure:
+                         fontsize: float = SLIDE_FONTSIZE) -> Figure:
     """Four panels (stages 0-3), one stacked bar per rank, heights in bytes per parameter."""
-    figure = Figure(figsize=(10, 5), layout="constrained")
+    figure = new_figure(10, 5)
     panels = figure.subplots(1, 4, sharey=True)
     precision = "mixed precision (2 + 2 + 12)" if mixed_precision else "fp32 (4 + 4 + 8)"
     figure.suptitle(f"Model-state bytes per parameter on each of N = {world_size} ranks, "
@@ -70,12 +72,10 @@ def plot_zero_partitions(world_size: int = 4, mixed_precision: bool = True,
                         fontsize=fontsize - 2)
         axes.set_xlabel("rank", fontsize=fontsize)
         axes.tick_params(axis="y", labelsize=fontsize - 2)
-        for side in ("top", "right"):
-            axes.spines[side].set_visible(False)
+        hide_spines(axes, OPEN_SPINES)
     panels[0].set_ylabel("bytes per parameter", fontsize=fontsize)
-    handles = [Patch(facecolor=_COLOURS[kind], label=kind) for kind in KINDS]
-    handles.append(Patch(facecolor="none", edgecolor="grey", linestyle=":",
-                         label="sharded: the rest is on other ranks"))
-    figure.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=fontsize - 1,
-                  frameon=False)
+    handles = [swatch(_COLOURS[kind], kind) for kind in KINDS]
+    handles.append(swatch("none", "sharded: the rest is on other ranks", edgecolor=GREY_50,
+                          linestyle=":"))
+    legend_below(figure, handles, fontsize - 1)
     return figure

@@ -255,9 +255,9 @@ def format_table(rows: list[ScalingRow]) -> str:
 def plot(rows: list[ScalingRow], title: str = ""):
     """Efficiency against N (strong and weak, TP and DP) and the measured vs predicted
     communication: a matplotlib Figure (no pyplot)."""
-    from matplotlib.figure import Figure
+    from reference_impl.figures.style import GREY_50, GRID_ALPHA, new_figure
 
-    figure = Figure(figsize=(10, 3.8), layout="constrained")
+    figure = new_figure(10, 3.8)
     efficiency, comm = figure.subplots(1, 2)
     for method, marker in (("TP", "o"), ("DP", "s"), ("PP", "^")):
         mine = [r for r in rows if r.method == method]
@@ -269,13 +269,13 @@ def plot(rows: list[ScalingRow], title: str = ""):
                   label=f"{method} measured")
         comm.plot([r.n for r in predicted], [1e3 * r.predicted_s for r in predicted],
                   marker + ":", label=f"{method} alpha-beta")
-    efficiency.axhline(1.0, color="gray", linestyle="--", linewidth=1)
+    efficiency.axhline(1.0, color=GREY_50, linestyle="--", linewidth=1)
     efficiency.set(xlabel="ranks N", ylabel="efficiency", title="scaling efficiency",
                    xticks=sorted({r.n for r in rows}), ylim=(0, None))
     comm.set(xlabel="ranks N", ylabel="all-reduce time per step (ms)",
              title="communication: measured vs predicted", xticks=sorted({r.n for r in rows}))
     for axes in (efficiency, comm):
-        axes.grid(alpha=0.3)
+        axes.grid(alpha=GRID_ALPHA)
         axes.legend(fontsize="small")
     if title:
         figure.suptitle(title)
