@@ -5,8 +5,8 @@ gradients and the optimizer states (Rajbhandari et al. 2020, "ZeRO: Memory Optim
 Training Trillion Parameter Models", Figure 1 draws the same). A kind that the stage shards is
 drawn 1/N as tall, at the height of the slice the rank owns (rank r: slice r), inside a
 dotted outline of the whole it no longer holds. Each bar's height is
-:func:`reference_impl.hybrid.zero.zero_memory_formula` per parameter, which the panel's title
-states.
+:func:`reference_impl.memory.model_states.zero_memory_formula` per parameter, which the panel's
+title states.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from matplotlib.patches import Rectangle
 
 from reference_impl.figures.style import (BLUE, GREEN, GREY_50, OPEN_SPINES, ORANGE, SLIDE_FONTSIZE,
                                           hide_spines, legend_below, new_figure, swatch)
-from reference_impl.hybrid.zero import BYTES_PER_PARAMETER, STAGES, zero_memory_formula
+from reference_impl.memory.model_states import BYTES_PER_PARAMETER, STAGES, zero_memory_formula
 
 KINDS = ("parameters", "gradients", "optimizer")
 # The kinds each stage shards (ZeRO section 5: P_os, P_os+g, P_os+g+p).
