@@ -27,6 +27,11 @@ BUILD_COMMAND = re.search(r"^python -m reference_impl\.course\.handout [^\s#]+",
 STUDENT_COMMAND = re.search(r"^pytest --impl labs -m lab0$", README, re.MULTILINE).group(0)
 
 
+def student_command(lab) -> str:
+    """The README's student command for ``lab`` (a syllabus lab), as its notebook prints it."""
+    return STUDENT_COMMAND.replace("lab0", lab.marker)
+
+
 def build_handout(where: Path, *options: str) -> Path:
     """The handout the README's command builds (with ``options``), run from ``where``."""
     command = f"{BUILD_COMMAND} {' '.join(options)}".strip()

@@ -7,7 +7,6 @@ import re
 import shutil
 import subprocess
 import sys
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 import nbformat
@@ -15,6 +14,8 @@ import pytest
 
 import documents
 import nested
+from graded_cases import assert_every_case_passes, cases_of
+from handout_runs import student_command
 from reference_impl.course import make_labs, syllabus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,8 +47,7 @@ def graded_run(command: str, tmp_path: Path, cwd: Path = REPO):
     process = subprocess.run(command, shell=True, cwd=cwd, env=environment,
                              capture_output=True, text=True, timeout=nested.LIMIT)
     assert report.exists(), f"`{command}` did not run:\n{process.stdout[-3000:]}{process.stderr}"
-    cases = ElementTree.parse(report).getroot().iter("testcase")
-    return process, {f"{case.get('classname')}.{case.get('name')}": case for case in cases}
+    return process, cases_of(report)
 
 
 def documented_commands() -> list[str]:
@@ -87,9 +87,9 @@ AT_ONCE = 3  # graded runs at a time: each is mostly waiting on its ranks' start
 def graded_runs(tmp_path_factory):
     """Every graded run of this module, started together (:data:`AT_ONCE` at a time) the first
     time a test asks for one: ``graded_runs[key]()`` waits for run ``key`` and returns
-    ``graded_run``'s (process, cases). Keys: a student command; a grader command (on a copy
-    of the solutions); "remaining labs" (the labs no grader command covers, on a copy)."""
-    runs = {command: (command, tmp_path_factory.mktemp("stubs")) for command in STUDENT_COMMANDS}
+    ``graded_run``'s (process, cases). Keys: a grader command (on a copy of the solutions);
+    "remaining labs" (the labs no grader command covers, on a copy)."""
+    runs = {}
     for command in GRADER_COMMANDS:
         where = tmp_path_factory.mktemp("grader")
         submission = copy_of("solutions", where / "elsewhere" / "labs")
@@ -107,30 +107,6 @@ def labs_selected(command: str) -> list[str]:
     return [lab for lab in LABS if re.search(rf"\b{lab}\b", command)]
 
 
-def assert_every_case_fails_with_the_hint(process, cases):
-    assert cases, process.stdout + process.stderr
-    for name, case in cases.items():
-        if case.find("skipped") is not None and "GPUs" in (case.find("skipped").get("message") or ""):
-            continue  # --backend nccl on a machine with too few GPUs: skipped, saying why
-        problems = case.findall("failure") + case.findall("error")
-        assert problems, f"{name} passed on the unmodified stubs: it cannot catch a missing solution"
-        text = " ".join((p.get("message") or "") + (p.text or "") for p in problems)
-        assert "NotImplementedError" in text, f"{name} failed on the stubs, but not with the hint"
-
-
-def assert_every_case_passes(process, cases, labs):
-    assert cases, process.stdout + process.stderr
-    for name, case in cases.items():
-        skipped = case.find("skipped")
-        if skipped is not None:
-            assert "GPUs" in (skipped.get("message") or ""), f"{name} skipped: {skipped.get('message')}"
-            continue
-        assert not case.findall("failure") + case.findall("error"), f"{name} failed:\n" + \
-            process.stdout[-3000:]
-    summary = [line for line in process.stdout.splitlines() if re.match(r"lab\d+: ", line)]
-    assert [line.split(":")[0] for line in summary] == labs, process.stdout[-3000:]
-
-
 def test_the_documented_commands_are_found():
     commands = documented_commands()
     assert "pytest --impl labs -m lab0" in commands
@@ -141,21 +117,16 @@ def test_the_documented_commands_are_found():
     assert {lab for command in commands for lab in labs_selected(command)} == set(LABS)
 
 
-@pytest.mark.slow
-# A student's command runs on the stubs (each lab's, as the notebooks print it); a grader's
-# (a submission's path in place of the placeholder) on a copy of the solutions. Every lab's
-# stubs are covered by the students' commands, so the graders' are not run on stubs again.
-@pytest.mark.slow
-@pytest.mark.parametrize("command", STUDENT_COMMANDS)
-def test_documented_command_fails_on_the_stubs_with_the_hint(command, graded_runs):
-    process, cases = graded_runs[command]()
-    assert process.returncode != 0
-    assert_every_case_fails_with_the_hint(process, cases)
-    for lab in labs_selected(command):
-        assert re.search(rf"^{lab}: \d+/\d+ passed$", process.stdout, re.MULTILINE), \
-            f"no summary line for {lab}:\n{process.stdout[-2000:]}"
+def test_every_student_command_is_one_the_term_runs_on_the_stubs():
+    """A student's command (each lab's, as the notebooks print it) is run verbatim, on the stubs
+    and on the solved files, in the student handout by ``tests/test_term.py``: every graded
+    case of the lab must fail there with the not-implemented hint, then pass."""
+    assert sorted(STUDENT_COMMANDS) == sorted(student_command(lab) for lab in syllabus.LABS), (
+        f"the documents print student commands the term does not run: {STUDENT_COMMANDS}")
 
 
+# A grader's command (a submission's path in place of the placeholder) runs on a copy of the
+# solutions; every lab's stubs are covered by the students' commands in the term.
 @pytest.mark.slow
 @pytest.mark.parametrize("command", GRADER_COMMANDS)
 def test_documented_grader_command_passes_on_the_solutions(command, graded_runs):
@@ -164,8 +135,8 @@ def test_documented_grader_command_passes_on_the_solutions(command, graded_runs)
     assert_every_case_passes(process, cases, labs_selected(command))
 
 
-# The stubs of every lab are run by the notebooks' commands above, and labs 0 and 1 on the
-# solutions by the README's grader command: here the remaining labs, in the same form.
+# Labs 0 and 1 run on the solutions by the README's grader command: here the remaining labs,
+# in the same form.
 REMAINING_LABS = [lab for lab in LABS
                   if lab not in {lab for c in GRADER_COMMANDS for lab in labs_selected(c)}]
 

@@ -2,11 +2,11 @@
 handout's own library only, nothing of this repository importable).
 
 * **Start of term** (the README's handout command: every lab withheld). Lab by lab in course
-  order, the student hands in that lab's files (modules and notebook, every exercise done, as
-  ``make_labs`` writes them solved), on top of every earlier lab's: the README's student
-  command for that lab passes every graded test, the lab's notebook runs top to bottom, the
-  next lab's graded tests still fail on its stubs with their hints, and the world sizes its
-  tests launched are the GPUs the syllabus says it needs.
+  order, every earlier lab's files handed in: the README's student command for the lab fails
+  every graded test on its stubs, each with the not-implemented hint; then the student hands in
+  that lab's files (modules and notebook, every exercise done, as ``make_labs`` writes them
+  solved), the same command passes every graded test, the lab's notebook runs top to bottom,
+  and the world sizes its tests launched are the GPUs the syllabus says it needs.
 * **Releases** (``--withhold-from labN``: labs before N released). A student who hands in lab
   N alone, the earlier labs' files left unfinished, passes lab N, notebook included: the
   README's "stuck on lab 2, you can still do lab 3 once lab 2's solutions are released".
@@ -25,20 +25,17 @@ from pathlib import Path
 
 import pytest
 
-from handout_runs import STUDENT_COMMAND, build_handout, handout_python, in_handout, run_notebook
+from graded_cases import assert_every_case_fails_with_the_hint, cases_of
+from handout_runs import build_handout, handout_python, in_handout, run_notebook, student_command
 from reference_impl.course import make_labs, syllabus
 
 # A test waits for its own step, and while the steps queue, for those before it too: its limit
 # is the term's, each run in a step keeping its own (tests/nested.py).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-AT_ONCE = 3
+AT_ONCE = 4  # steps at a time: each is mostly waiting on ranks and kernels starting
 LABS = syllabus.LABS
 RELEASES = [lab for lab in LABS if lab.number > 0]  # --withhold-from lab0 is the start of term
-
-
-def student_command(lab) -> str:
-    return STUDENT_COMMAND.replace("lab0", lab.marker)
 
 
 def hand_in(handout: Path, solved: dict[str, str], labs) -> None:
@@ -63,22 +60,23 @@ class Step:
     def __init__(self, folder: Path, python: Path, solved: dict[str, str]):
         self.folder, self.python, self.solved = folder, python, solved
 
-    def graded(self, handout: Path, lab, log: Path | None = None):
-        variables = {"PYTEST_ADDOPTS": f"-p no:cacheprovider --grading-log={log}"} if log else {
-            "PYTEST_ADDOPTS": "-p no:cacheprovider"}
-        return in_handout(self.python, handout, student_command(lab), **variables)
+    def graded(self, handout: Path, lab, *options: str):
+        """The student's command for ``lab``, run as typed; ``options`` reach pytest through
+        PYTEST_ADDOPTS, which leaves the command as it is printed."""
+        addopts = " ".join(("-p no:cacheprovider", *options))
+        return in_handout(self.python, handout, student_command(lab), PYTEST_ADDOPTS=addopts)
 
     def start_of_term(self, lab) -> dict:
         handout = build_handout(self.folder)
-        hand_in(handout, self.solved, [each for each in LABS if each.number <= lab.number])
-        log = self.folder / "grading.jsonl"
-        result = {"graded": self.graded(handout, lab, log),
+        hand_in(handout, self.solved, [each for each in LABS if each.number < lab.number])
+        report, log = self.folder / "stubs.xml", self.folder / "grading.jsonl"
+        stubs = self.graded(handout, lab, f"--junitxml={report}")
+        hand_in(handout, self.solved, [lab])
+        result = {"stubs": (stubs, cases_of(report) if report.exists() else {}),
+                  "graded": self.graded(handout, lab, f"--grading-log={log}"),
                   "notebook": run_notebook(self.python, handout,
                                            handout / "labs" / f"{lab.notebook}.ipynb")}
         result["gpus"] = launched_gpus(log) if log.exists() else None
-        later = [each for each in LABS if each.number == lab.number + 1]
-        if later:
-            result["next stubs"] = self.graded(handout, later[0])
         return result
 
     def release(self, lab) -> dict:
@@ -112,7 +110,7 @@ def term(request, tmp_path_factory):
     methods = {"start": "start_of_term", "release": "release",
                "lab3 early": "lab3_before_lab2_is_released"}
     keys = dict.fromkeys(step_of(item) for item in request.session.items
-                         if item.module.__name__ == __name__)
+                         if item.path == Path(__file__))
     pool = ThreadPoolExecutor(AT_ONCE)
     futures = {}
     for key in keys:
@@ -145,14 +143,13 @@ def test_start_of_term_lab_by_lab(term, lab):
     assert ran["gpus"] == lab.gpus, (
         f"{lab.marker}'s graded tests launched at most {ran['gpus']} ranks on the chosen "
         f"backend; reference_impl/course/syllabus.py says it needs {lab.gpus} GPUs under NCCL")
-    if "next stubs" in ran:
-        nxt = syllabus.lab(f"lab{lab.number + 1}")
-        stubs = ran["next stubs"]
-        failed = re.search(rf"^{nxt.marker}: 0/(\d+) passed$", stubs.stdout, re.MULTILINE)
-        assert stubs.returncode != 0 and failed and int(failed[1]) > 0, (
-            f"{what}: {nxt.marker}'s graded tests should all fail on its stubs:\n"
-            f"{stubs.stdout[-3000:]}")
-        assert f"NotImplementedError: {nxt.marker}:" in stubs.stdout, stubs.stdout[-3000:]
+    stubs, cases = ran["stubs"]
+    failed = re.search(rf"^{lab.marker}: 0/(\d+) passed$", stubs.stdout, re.MULTILINE)
+    assert stubs.returncode != 0 and failed and int(failed[1]) > 0, (
+        f"before {lab.marker}'s files were handed in, its graded tests should all fail on its "
+        f"stubs:\n{stubs.stdout[-3000:]}")
+    assert f"NotImplementedError: {lab.marker}:" in stubs.stdout, stubs.stdout[-3000:]
+    assert_every_case_fails_with_the_hint(stubs, cases)
 
 
 @pytest.mark.parametrize("lab", RELEASES, ids=lambda lab: lab.marker)

@@ -1,0 +1,43 @@
+"""What a graded run's test cases must show, read from its JUnit report: every case failing
+with the not-implemented hint (on the stubs), or every case passing (on the solutions)."""
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+
+def cases_of(report: Path) -> dict:
+    """The report's test cases by name."""
+    cases = ElementTree.parse(report).getroot().iter("testcase")
+    return {f"{case.get('classname')}.{case.get('name')}": case for case in cases}
+
+
+def _skipped_for_gpus(case) -> bool:
+    """Skipped under --backend nccl on a machine with too few GPUs, saying so."""
+    skipped = case.find("skipped")
+    return skipped is not None and "GPUs" in (skipped.get("message") or "")
+
+
+def assert_every_case_fails_with_the_hint(process, cases) -> None:
+    assert cases, process.stdout + process.stderr
+    for name, case in cases.items():
+        if _skipped_for_gpus(case):
+            continue
+        problems = case.findall("failure") + case.findall("error")
+        assert problems, f"{name} passed on the unmodified stubs: it cannot catch a missing solution"
+        text = " ".join((p.get("message") or "") + (p.text or "") for p in problems)
+        assert "NotImplementedError" in text, f"{name} failed on the stubs, but not with the hint"
+
+
+def assert_every_case_passes(process, cases, labs) -> None:
+    assert cases, process.stdout + process.stderr
+    for name, case in cases.items():
+        skipped = case.find("skipped")
+        if skipped is not None:
+            assert _skipped_for_gpus(case), f"{name} skipped: {skipped.get('message')}"
+            continue
+        assert not case.findall("failure") + case.findall("error"), f"{name} failed:\n" + \
+            process.stdout[-3000:]
+    summary = [line for line in process.stdout.splitlines() if re.match(r"lab\d+: ", line)]
+    assert [line.split(":")[0] for line in summary] == labs, process.stdout[-3000:]
