@@ -53,7 +53,8 @@ def machine() -> dict:
                                       1) for i in range(gpus)],
              "nccl": None, "nsys": shutil.which("nsys")}
     if gpus and dist.is_nccl_available():
-        found["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        version = torch.cuda.nccl.version()  # a tuple, or an int in older torch
+        found["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     return found
 
 
