@@ -35,13 +35,13 @@ import torch.distributed as dist
 from reference_impl.comm.device import gpu_count
 from reference_impl.comm.launcher import launch
 from reference_impl.course import syllabus
+from reference_impl.course.grade.results import RunEnd, read_log, results_of
 
 REPO = Path(__file__).resolve().parents[2]
 SIZES_GPU = [2 ** k for k in range(10, 29, 2)]  # 1 KiB to 256 MiB
 SIZES_CPU = [2 ** k for k in range(10, 21, 2)]  # 1 KiB to 1 MiB: gloo on a laptop
 TESTS_TIMEOUT = 3600  # seconds one graded run of every lab may take
 MFU_TIMEOUT = 900
-_SEVERITY = ["passed", "skipped", "failed"]
 
 
 def machine() -> dict:
@@ -114,16 +114,11 @@ def graded_tests(labs: list[str], backend: str) -> dict:
                    f"--grading-log={log}"]
         process = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
                                  timeout=TESTS_TIMEOUT)
-        records = [json.loads(line) for line in log.read_text().splitlines()] \
-            if log.exists() else []
-    worst = {}  # test -> (lab, its worst phase: failed over skipped over passed)
-    for record in records:
-        if record.get("event") == "report" and record["lab"] in labs:
-            lab, before = worst.get(record["nodeid"], (record["lab"], "passed"))
-            worst[record["nodeid"]] = (lab, max(before, record["outcome"], key=_SEVERITY.index))
-    counts = {lab: {outcome: 0 for outcome in _SEVERITY} for lab in labs}
-    for lab, outcome in worst.values():
-        counts[lab][outcome] += 1
+        end = RunEnd(process.returncode, False, TESTS_TIMEOUT, 0.0, process.stdout[-2000:])
+        graded = results_of("reference", labs, read_log(log), end, 0.0)
+    counts = {lab: {outcome: 0 for outcome in ("passed", "skipped", "failed")} for lab in labs}
+    for test in graded.tests:
+        counts[test.lab]["passed" if test.passed else "skipped" if test.skipped else "failed"] += 1
     tail = process.stdout.strip().splitlines()[-1:] if process.stdout.strip() else []
     return {"command": " ".join(["pytest", *command[3:-1]]), "exit code": process.returncode,
             "labs": counts, "summary": tail[0] if tail else process.stderr[-500:]}
