@@ -13,6 +13,14 @@ def cases_of(report: Path) -> dict:
     return {f"{case.get('classname')}.{case.get('name')}": case for case in cases}
 
 
+def failure_text(case) -> str | None:
+    """What a failed or errored case says; None if it did neither."""
+    problems = case.findall("failure") + case.findall("error")
+    if not problems:
+        return None
+    return " ".join((p.get("message") or "") + (p.text or "") for p in problems)
+
+
 def _skipped_for_gpus(case) -> bool:
     """Skipped under --backend nccl on a machine with too few GPUs, saying so."""
     skipped = case.find("skipped")
@@ -24,9 +32,9 @@ def assert_every_case_fails_with_the_hint(process, cases) -> None:
     for name, case in cases.items():
         if _skipped_for_gpus(case):
             continue
-        problems = case.findall("failure") + case.findall("error")
-        assert problems, f"{name} passed on the unmodified stubs: it cannot catch a missing solution"
-        text = " ".join((p.get("message") or "") + (p.text or "") for p in problems)
+        text = failure_text(case)
+        assert text is not None, (f"{name} passed on the unmodified stubs: it cannot catch a "
+                                  "missing solution")
         assert "NotImplementedError" in text, f"{name} failed on the stubs, but not with the hint"
 
 
@@ -37,7 +45,6 @@ def assert_every_case_passes(process, cases, labs) -> None:
         if skipped is not None:
             assert _skipped_for_gpus(case), f"{name} skipped: {skipped.get('message')}"
             continue
-        assert not case.findall("failure") + case.findall("error"), f"{name} failed:\n" + \
-            process.stdout[-3000:]
+        assert failure_text(case) is None, f"{name} failed:\n" + process.stdout[-3000:]
     summary = [line for line in process.stdout.splitlines() if re.match(r"lab\d+: ", line)]
     assert [line.split(":")[0] for line in summary] == labs, process.stdout[-3000:]

@@ -16,11 +16,11 @@ import sys
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from xml.etree import ElementTree
 
 import pytest
 
 import nested
+from graded_cases import cases_of, failure_text
 from mistake_catalogue import CATALOGUE
 from test_grading import copy_of
 
@@ -60,13 +60,11 @@ def graded_run(lab: str, entries, folder: Path) -> dict[str, list]:
                              env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert report.exists(), f"the graded run of {lab} did not run:\n{process.stdout[-3000:]}"
     outcomes = defaultdict(list)
-    for case in ElementTree.parse(report).getroot().iter("testcase"):
+    for case in cases_of(report).values():
         name = case.get("name")
         found = re.search(rf"[\[-]({CORRECT}|mistake\d\d)[\]-]", name)
         submission = found.group(1) if found else ""
-        problems = case.findall("failure") + case.findall("error")
-        text = " ".join((p.get("message") or "") + (p.text or "") for p in problems)
-        outcomes[submission].append((name, text if problems else None))
+        outcomes[submission].append((name, failure_text(case)))
     return outcomes
 
 
