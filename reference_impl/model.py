@@ -10,7 +10,7 @@ gathered state can be compared with this one's name by name.
     mlp:  fc1 (hidden -> 4 hidden) -> GeLU -> fc2 (4 hidden -> hidden)
 
 The attention core is computed one of two ways, ``ModelConfig.attention`` (the same function,
-to fp32 rounding; ``tests/test_attention_kernels.py``):
+to fp32 rounding; ``tests/library/tp/test_attention_kernels.py``):
 
 * ``"explicit"`` (the default, the one the labs write and count): the s x s scores are
   materialised, masked and softmaxed, and autograd keeps the softmax, b * heads * s * s

@@ -40,7 +40,7 @@ bf16 has fp32's exponent range, so no loss scaling is needed.
 **Tolerances.** One bf16 rounding has a relative error of up to 2^-9 (about 2e-3); a result
 that went through a few of them differs between two correct computations (single device and
 TP, say: a row-parallel layer rounds each rank's partial sum, then the sum) by about 1e-2 of
-its scale. The bf16 tests (``tests/test_bf16.py``) compare each parallel path with the
+its scale. The bf16 tests (``tests/library/hybrid/test_bf16.py``) compare each parallel path with the
 *single-device model in bf16*, never with fp32 (bf16 against fp32 differs by as much as two
 correct bf16 runs do), with tolerances stated there in units of each tensor's largest element.
 """

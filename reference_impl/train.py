@@ -18,7 +18,7 @@ GPUs):
 Both paths run the same code (:func:`train_on_rank`): ``parallel_3d.initialize_parallelism``,
 ``parallelize.parallelize_gpt`` from a GPT initialised with ``--seed``, ``parallel_3d.train_step`` on the
 deterministic ``parallel_3d.make_dataset(seed, steps, batch, seq, vocab)``, so the losses printed
-are the single-device GPT's losses on the same batches (``tests/test_train.py``). Only global
+are the single-device GPT's losses on the same batches (``tests/library/hybrid/test_train.py``). Only global
 rank 0 prints: a header, one line per ``--log-every`` steps (step, loss, tokens/s, elapsed)
 and a final line.
 

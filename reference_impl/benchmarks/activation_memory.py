@@ -9,7 +9,7 @@ autograd saves for the backward are measured with saved-tensor hooks
 
 * **this model** (``recompute.model_activation_bytes``, fp32, no dropout): the exact count,
   derived term by term in ``recompute.py``'s docstring; measured and formula must agree to the
-  byte (``tests/test_recompute.py`` asserts it);
+  byte (``tests/library/memory/test_recompute.py`` asserts it);
 * **paper** (``recompute.activation_memory_formula``): Korthikanti et al. 2022, Table 2, with
   16-bit activations and 1-byte dropout masks: sbh (34 + 5as/h), its TP and SP forms.
 

@@ -45,7 +45,7 @@ Everything runs the reference executor (``pipeline_executor.run_schedule``) on p
    would be spent running other ranks, so a bubble would cost nothing and filling it gain
    nothing: that size is skipped.
 
-Times are printed, never asserted (``tests/test_pipeline_measured.py`` asserts the ratios).
+Times are printed, never asserted (``tests/library/pipeline/test_pipeline_measured.py`` asserts the ratios).
 """
 from __future__ import annotations
 

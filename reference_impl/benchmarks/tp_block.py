@@ -10,7 +10,7 @@ Three measurements of one training step (forward + backward, fp32) of a transfor
 1. **Reference vs DTensor.** The reference ``ParallelBlock`` and the same block parallelized
    by PyTorch's own TP (``parallelize_module``: qkv and fc1 ``ColwiseParallel``, proj and fc2
    ``RowwiseParallel``; the fused qkv rows permuted so that DTensor's contiguous split gives
-   each rank its heads' q, k and v, see ``dtensor_attention``; ``tests/test_tp_dtensor.py``
+   each rank its heads' q, k and v, see ``dtensor_attention``; ``tests/library/tp/test_tp_dtensor.py``
    checks this very block against the reference), built from the same weights, on the same
    ranks, timed alternately in one launch; the median of ``--repeats`` steps each, and the
    ratio reference/DTensor (1.0 or less: the hand-written layers cost no more than PyTorch's).

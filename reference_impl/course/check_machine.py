@@ -109,7 +109,7 @@ def graded_tests(labs: list[str], backend: str) -> dict:
                            "clone of the kit"}
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "grading.jsonl"
-        command = [sys.executable, "-m", "pytest", "tests", "-m", " or ".join(labs),
+        command = [sys.executable, "-m", "pytest", "tests/labs", "-m", " or ".join(labs),
                    "--backend", backend, "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                    f"--grading-log={log}"]
         process = subprocess.run(command, cwd=REPO, capture_output=True, text=True,

@@ -3,7 +3,7 @@
 ``--impl reference`` (default) checks ``reference_impl.<module>``; ``--impl labs`` the student
 files in ``labs/``; ``--impl PATH`` a submitted copy of ``labs/`` at PATH.
 
-How a graded test is written (``tests/test_labN_*.py``, marked ``labN``)
+How a graded test is written (``tests/labs/test_labN_*.py``, marked ``labN``)
 -----------------------------------------------------------------------
 
 A submission is code that must not be trusted: it may crash, hang, print without end, start
@@ -23,7 +23,7 @@ pytest's own process, which never imports it. A graded test has three fixtures:
     ``fn(*args)`` in one helper process (CPU): for exercises without communication (a
     formula, a schedule as data, a command's printed output).
 
-Rules (``tests/test_course_rules.py`` checks those that can be checked):
+Rules (``tests/course/test_course_rules.py`` checks those that can be checked):
 
 1. ``fn`` returns **data**: tensors, numbers, strings, None, and lists, tuples and dicts of
    them. It travels as ``torch.save`` bytes and is read with ``torch.load(weights_only=True)``,

@@ -8,7 +8,7 @@ As nbgrader's ``generate_assignment`` does, from the same solution markers as ``
 (``labN`` and later) become their stubs, ``raise NotImplementedError("labN: <hint>")``, so the
 library still imports and every signature and contract message is there; the solved notebooks
 and the instructor decks of the withheld labs are left out. The handout keeps the student
-notebooks and files (``labs/``), the graded tests (``tests/test_lab*.py``), the infrastructure
+notebooks and files (``labs/``), the graded tests (``tests/labs/``), the infrastructure
 they run on (launcher, checks, the single-device model, the pytest plugin), and gets a README
 for students. ``reference_impl/course/withheld.txt`` lists the stubbed modules: in a graded
 run there, an import of one of them gets the student's own file (``labs/tp_layers.py`` for
@@ -30,6 +30,8 @@ from reference_impl.course.make_labs import modules_with_exercises, stubbed_sour
 
 REPO = Path(__file__).resolve().parents[2]
 _LAB_FILE = re.compile(r"^(?:solutions|slides)/lab(\d+)_.*\.ipynb$")
+# The graded tests, and the one helper module they share (seeded tensors, the toy model).
+GRADED_TESTS = ("tests/labs/", "tests/support/__init__.py", "tests/support/toys.py")
 # Sections of the kit's README a student needs, in this order.
 STUDENT_SECTIONS = ("Course map", "Set up and test", "For students")
 
@@ -47,7 +49,7 @@ def left_out(name: str, first_withheld: int) -> bool:
     if lab_file:
         return int(lab_file.group(1)) >= first_withheld  # solved notebooks and decks
     if name.startswith("tests/"):
-        return not re.match(r"tests/test_lab\d+_.*\.py$", name)  # the graded tests only
+        return not name.startswith(GRADED_TESTS)
     return name == "README.md" or name == str(WITHHELD_LIST.relative_to(REPO))
 
 
@@ -92,7 +94,7 @@ def build(out: Path, first_withheld: int) -> list[str]:
     (out / WITHHELD_LIST.relative_to(REPO)).write_text("".join(f"{n}\n" for n in names))
     (out / "README.md").write_text(student_readme(first_withheld))
     # Only the graded tests, from the handout's root (pytest.ini outranks pyproject.toml).
-    (out / "pytest.ini").write_text("[pytest]\ntestpaths = tests\n")
+    (out / "pytest.ini").write_text("[pytest]\ntestpaths = tests/labs\npythonpath = tests\n")
     return names
 
 

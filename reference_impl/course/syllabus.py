@@ -3,8 +3,8 @@
 The pytest plugin registers a marker per lab from it, the graded runs and the student handout
 take each lab's student files from it, and the tests check the README's course map, the
 notebooks' stated times and the solution markers of the reference modules against it
-(``tests/test_syllabus.py``). The GPUs a lab needs are checked against the world sizes its
-graded tests launch (``tests/test_term.py``).
+(``tests/course/test_syllabus.py``). The GPUs a lab needs are checked against the world sizes its
+graded tests launch (``tests/course/test_term.py``).
 """
 from __future__ import annotations
 

@@ -41,8 +41,8 @@ What each piece does:
   over the PP group: the single-device GPT's ``state_dict`` (parameters), on every rank.
 
 Equivalence: the loss of every step and the weights after it match single-device training of
-the same GPT on the same global batch up to fp32 rounding (``tests/test_hybrid.py``); in bf16,
-single-device training in bf16 up to bf16 rounding (``tests/test_bf16.py``).
+the same GPT on the same global batch up to fp32 rounding (``tests/library/hybrid/test_hybrid.py``); in bf16,
+single-device training in bf16 up to bf16 rounding (``tests/library/hybrid/test_bf16.py``).
 """
 from __future__ import annotations
 

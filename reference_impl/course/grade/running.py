@@ -22,6 +22,7 @@ from reference_impl.course.grade.results import Graded, RunEnd, read_log, result
 
 REPO = Path(__file__).resolve().parents[3]
 TESTS = REPO / "tests"
+GRADED_TESTS = TESTS / "labs"
 OUTPUT_TAIL = 20_000  # bytes of the graded run's own output kept
 KILL_GRACE = 30.0  # seconds past the budget before the graded run is killed
 PROGRESS_EVERY = 15.0  # seconds between progress lines while a submission runs
@@ -46,7 +47,7 @@ def files_of(submission: Path) -> Path:
 
 def graded_run_command(folder: Path, labs: list[str], log: Path, ini: Path,
                        limits: Limits) -> list[str]:
-    test_files = sorted(str(path) for lab in labs for path in TESTS.glob(f"test_{lab}_*.py"))
+    test_files = sorted(str(path) for lab in labs for path in GRADED_TESTS.glob(f"test_{lab}_*.py"))
     command = [sys.executable, "-m", "pytest", *test_files, "-c", str(ini), "--rootdir",
                str(REPO), "-p", "no:cacheprovider", "-q", "--impl", str(folder), "-m",
                " or ".join(labs), "--grading-log", str(log), "--timeout",
@@ -66,7 +67,7 @@ def grade_one(submission: Path, labs: list[str], limits: Limits, gpus: list[int]
         for path in files_of(submission).glob("*.py"):
             shutil.copy(path, folder / path.name)
         ini, log, output = workdir / "pytest.ini", workdir / "log.jsonl", workdir / "output.txt"
-        ini.write_text("[pytest]\n")
+        ini.write_text(f"[pytest]\npythonpath = {TESTS}\n")  # the graded tests' helpers
         environment = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         environment.pop("PYTEST_ADDOPTS", None)
         if gpus is not None:

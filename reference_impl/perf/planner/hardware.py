@@ -45,7 +45,7 @@ def peak_tflops(device_name: str, dtype: str = "bf16") -> float | None:
 
 
 # H100: the five numbers fitted to data/h100_layer_efficiency.json by layer_efficiency.fit
-# (tests/test_planner_efficiency.py refits the table and checks these).
+# (tests/library/planner/test_planner_efficiency.py refits the table and checks these).
 H100_LAYER = LayerEfficiency(
     device="H100 SXM", peak_flops=989e12, memory_bandwidth=3.35e12, e_gemm=0.6830,
     gemm_fixed_flops=6.595e10, e_attention=0.4643, elementwise_s=2.514e-11,

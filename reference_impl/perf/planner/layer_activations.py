@@ -26,7 +26,7 @@ The norms' statistics (4 bytes per token each) are left out, as the paper leaves
 
 :func:`measured_layer_bytes` runs a Llama-style layer of the same shapes on the CPU and
 counts what autograd saves (``SavedActivations``), the check of the count
-(tests/test_planner_activations.py).
+(tests/library/planner/test_planner_activations.py).
 """
 from __future__ import annotations
 

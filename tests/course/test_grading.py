@@ -1,0 +1,241 @@
+"""The course pipeline itself: student files are generated, never hand-edited; every graded
+test fails on the untouched stubs with the not-implemented hint, and passes on a submission
+that holds the solutions."""
+import concurrent.futures
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from support import documents
+from support import nested
+from support.graded_cases import assert_every_case_passes, cases_of, copy_of
+from support.handout_runs import student_command
+from reference_impl.course import make_labs, syllabus
+
+from support import REPO
+LABS = syllabus.markers()  # every lab marker the kit's plugin registers
+
+
+def test_student_files_are_what_the_generator_writes():
+    stale = [str(path.relative_to(REPO)) for path in make_labs.out_of_date()]
+    assert not stale, (f"student files differ from the solutions they are generated from: "
+                       f"{stale}; run `python -m reference_impl.course.make_labs`")
+
+
+def test_every_module_with_exercises_has_a_student_file():
+    assert {path.name for path in make_labs.modules_with_exercises()} <= {
+        path.name for path in (REPO / "labs").glob("*.py")}
+
+
+PLACEHOLDER = "path/to/student/labs"  # how the README names a submission
+
+
+def graded_run(command: str, tmp_path: Path, cwd: Path = REPO):
+    """Run a pytest command line exactly as a person types it (through the shell, from the
+    repository root, with this environment's ``pytest`` first on PATH); return the process and
+    its test cases by name, read from a JUnit report added through PYTEST_ADDOPTS."""
+    report = tmp_path / "report.xml"
+    environment = {**os.environ,
+                   "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+                   "PYTEST_ADDOPTS": f"-p no:cacheprovider --junitxml={report}"}
+    process = subprocess.run(command, shell=True, cwd=cwd, env=environment,
+                             capture_output=True, text=True, timeout=nested.LIMIT)
+    assert report.exists(), f"`{command}` did not run:\n{process.stdout[-3000:]}{process.stderr}"
+    return process, cases_of(report)
+
+
+def documented_commands() -> list[str]:
+    """Every grading command the README, the docs, the notebooks and the decks print, as
+    printed."""
+    texts = [documents.text()]
+    for folder in ("labs", "solutions", "slides"):
+        for path in sorted((REPO / folder).glob("*.ipynb")):
+            texts += [cell.source for cell in nbformat.read(path, as_version=4).cells]
+    found = set()
+    for text in texts:
+        found.update(match.strip() for match in
+                     re.findall(r"(?:^|`)(pytest --impl [^`#\n]*)", text, re.MULTILINE))
+    return sorted(found)
+
+
+STUDENT_COMMANDS = [c for c in documented_commands() if PLACEHOLDER not in c]
+GRADER_COMMANDS = [c for c in documented_commands() if PLACEHOLDER in c]
+AT_ONCE = 3  # graded runs at a time: each is mostly waiting on its ranks' start-up
+
+
+@pytest.fixture(scope="module")
+def graded_runs(tmp_path_factory):
+    """Every graded run of this module, started together (:data:`AT_ONCE` at a time) the first
+    time a test asks for one: ``graded_runs[key]()`` waits for run ``key`` and returns
+    ``graded_run``'s (process, cases). Keys: a grader command (on a copy of the solutions);
+    "remaining labs" (the labs no grader command covers, on a copy)."""
+    runs = {}
+    for command in GRADER_COMMANDS:
+        where = tmp_path_factory.mktemp("grader")
+        submission = copy_of("solutions", where / "elsewhere" / "labs")
+        runs[command] = (command.replace(PLACEHOLDER, str(submission)), where)
+    where = tmp_path_factory.mktemp("remaining")
+    submission = copy_of("solutions", where / "submission")
+    runs["remaining labs"] = (f'pytest --impl {submission} -m "{" or ".join(REMAINING_LABS)}"',
+                              where)
+    with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
+        futures = {key: pool.submit(graded_run, *run) for key, run in runs.items()}
+        yield {key: future.result for key, future in futures.items()}
+
+
+def labs_selected(command: str) -> list[str]:
+    return [lab for lab in LABS if re.search(rf"\b{lab}\b", command)]
+
+
+def test_the_documented_commands_are_found():
+    commands = documented_commands()
+    assert "pytest --impl labs -m lab0" in commands
+    students = {lab for c in commands if PLACEHOLDER not in c for lab in labs_selected(c)}
+    graded = {lab for c in commands for lab in labs_selected(c)}
+    assert students == graded, f"no student command runs the stubs of {graded - students}"
+    assert any(PLACEHOLDER in command and "nccl" in command for command in commands), commands
+    assert {lab for command in commands for lab in labs_selected(command)} == set(LABS)
+
+
+def test_every_student_command_is_one_the_term_runs_on_the_stubs():
+    """A student's command (each lab's, as the notebooks print it) is run verbatim, on the stubs
+    and on the solved files, in the student handout by ``tests/course/test_term.py``: every graded
+    case of the lab must fail there with the not-implemented hint, then pass."""
+    assert sorted(STUDENT_COMMANDS) == sorted(student_command(lab) for lab in syllabus.LABS), (
+        f"the documents print student commands the term does not run: {STUDENT_COMMANDS}")
+
+
+# A grader's command (a submission's path in place of the placeholder) runs on a copy of the
+# solutions; every lab's stubs are covered by the students' commands in the term.
+@pytest.mark.slow
+@pytest.mark.parametrize("command", GRADER_COMMANDS)
+def test_documented_grader_command_passes_on_the_solutions(command, graded_runs):
+    process, cases = graded_runs[command]()
+    assert process.returncode == 0, process.stdout[-3000:]
+    assert_every_case_passes(process, cases, labs_selected(command))
+
+
+# Labs 0 and 1 run on the solutions by the README's grader command: here the remaining labs,
+# in the same form.
+REMAINING_LABS = [lab for lab in LABS
+                  if lab not in {lab for c in GRADER_COMMANDS for lab in labs_selected(c)}]
+
+
+@pytest.mark.slow
+def test_every_graded_test_passes_on_a_submission_of_the_solutions(graded_runs):
+    process, cases = graded_runs["remaining labs"]()
+    assert process.returncode == 0, process.stdout[-3000:]
+    assert_every_case_passes(process, cases, REMAINING_LABS)
+    summary = [line for line in process.stdout.splitlines() if re.match(r"lab\d+: ", line)]
+    assert all(line.split()[1].split("/")[0] == line.split()[1].split("/")[1]
+               for line in summary), summary
+
+
+BROKEN_MODULE = "import a_module_that_does_not_exist\n"
+WORKING_MODULE = """import pytest
+
+pytestmark = pytest.mark.lab3
+
+
+def test_one():
+    pass
+"""
+
+
+@pytest.mark.slow
+def test_the_summary_survives_a_module_that_cannot_be_imported(tmp_path):
+    tests = tmp_path / "graded"
+    tests.mkdir()
+    (tests / "test_lab3_broken.py").write_text(BROKEN_MODULE)
+    (tests / "test_lab3_working.py").write_text(WORKING_MODULE)
+    process, _ = graded_run(f"pytest {tests}", tmp_path, cwd=tmp_path)
+    assert "Traceback" not in process.stderr, process.stderr
+    assert "lab3: 1/2 passed" in process.stdout, process.stdout
+    assert "could not be collected, counted as failed" in process.stdout
+    assert "test_lab3_broken.py" in process.stdout
+
+
+@pytest.mark.slow
+def test_a_missing_file_in_a_submission_is_named(tmp_path):
+    process = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/labs/test_lab0_collectives.py", "--impl",
+         str(tmp_path), "-p", "no:cacheprovider", "-q", "-x"],
+        cwd=REPO, capture_output=True, text=True, timeout=nested.LIMIT)
+    assert "alpha_beta.py is missing" in process.stdout or "collectives.py is missing" in \
+        process.stdout, process.stdout[-2000:]
+
+
+# ------------------------------------------------------------ the generator's rules
+
+def test_module_regions_become_stubs_with_their_hint(tmp_path):
+    module = tmp_path / "example.py"
+    module.write_text("def f(x):\n    y = 1\n    # BEGIN SOLUTION lab9: add one to x\n"
+                      "    return x + y\n    # END SOLUTION\n")
+    student = make_labs.student_module(module)
+    assert "return x + y" not in student
+    assert "    raise NotImplementedError('lab9: add one to x')\n" in student
+    assert "    y = 1\n" in student
+
+
+def test_a_student_file_imports_its_own_lab_s_files_and_the_reference_of_others():
+    tp_layers = (REPO / "labs" / "tp_layers.py").read_text()  # lab 2
+    assert "from tp_collectives import" in tp_layers  # lab 2: the student's own
+    assert "from reference_impl.model import" in tp_layers  # no exercises: the reference
+    tp_attention = (REPO / "labs" / "tp_attention.py").read_text()  # lab 3
+    assert "from reference_impl.tp.tp_layers import" in tp_attention  # lab 2's reference
+
+
+@pytest.mark.slow
+def test_a_graded_submission_s_files_compose(tmp_path):
+    """In a graded rank, the submission's ``tp_layers`` runs on the submission's own
+    ``tp_collectives`` (one module object), found in the submission's folder."""
+    shutil.copytree(REPO / "labs", tmp_path / "submission")
+    probe = ("from reference_impl.course.grading import Implementation\n"
+             "impl = Implementation.from_option(sys.argv[1]); impl.enter()\n"
+             "layers, collectives = impl.module('tp_layers'), impl.module('tp_collectives')\n"
+             "assert layers.copy_to_tp is collectives.copy_to_tp\n"
+             "print(collectives.__file__)\n")
+    done = subprocess.run([sys.executable, "-c", "import sys\n" + probe,
+                           str(tmp_path / "submission")], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "submission" / "tp_collectives.py")
+
+
+@pytest.mark.parametrize("source, message", [
+    ("# BEGIN SOLUTION lab1: a\n# BEGIN SOLUTION lab1: b\n# END SOLUTION\n", "nested"),
+    ("# BEGIN SOLUTION lab1: a\nx = 1\n", "without END SOLUTION"),
+    ("# BEGIN SOLUTION\nx = 1\n# END SOLUTION\n", "malformed solution marker"),
+])
+def test_malformed_markers_are_refused(tmp_path, source, message):
+    module = tmp_path / "example.py"
+    module.write_text(source)
+    with pytest.raises(ValueError, match=message):
+        make_labs.student_module(module)
+
+
+def test_notebook_solutions_answers_outputs_and_imports_are_replaced(tmp_path):
+    notebook = nbformat.v4.new_notebook()
+    code = nbformat.v4.new_code_cell(
+        "from reference_impl.comm.groups import build_rank_layout\n"
+        "from reference_impl.comm.launcher import launch\n"
+        "### BEGIN SOLUTION: predict the sum\npredicted = 6\n### END SOLUTION\nprint(predicted)")
+    code.outputs = [nbformat.v4.new_output("stream", text="6\n")]
+    code.execution_count = 3
+    answer = nbformat.v4.new_markdown_cell("Why?\n<!-- BEGIN SOLUTION -->\nBecause.\n"
+                                           "<!-- END SOLUTION -->")
+    notebook.cells = [code, answer]
+    path = tmp_path / "lab9_example.ipynb"
+    nbformat.write(notebook, path)
+    student = nbformat.reads(make_labs.student_notebook(path, ["groups"]), as_version=4)
+    assert student.cells[0].source == make_labs.STUDENT_PATH_SETUP + (
+        "from groups import build_rank_layout\nfrom reference_impl.comm.launcher import launch\n"
+        "# YOUR CODE HERE\nraise NotImplementedError('predict the sum')\nprint(predicted)")
+    assert student.cells[0].outputs == [] and student.cells[0].execution_count is None
+    assert student.cells[1].source == "Why?\n*Your answer here.*"

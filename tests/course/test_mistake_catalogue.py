@@ -1,0 +1,103 @@
+"""Every mistake in the catalogue (tests/support/mistake_catalogue.py) is caught by the graded tests it
+names, with the message that names it.
+
+Each entry is handed in as a submission: a copy of the solutions (every student file, as
+``support.graded_cases.copy_of`` makes it) with the entry's mutation applied. One graded
+run per lab, as a grader runs it, takes all of that lab's submissions and an unmutated copy at
+once (``pytest --impl A --impl B ...``: every graded test once per submission) and selects, for
+each submission, the tests its entry names (``-k "(SELECT) and mistake07 or ..."``). Those tests
+must fail, with the entry's message in their output; the unmutated copy must pass every test
+any entry of the lab selects.
+"""
+import os
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from support import nested
+from support.graded_cases import cases_of, copy_of, failure_text
+from support.mistake_catalogue import CATALOGUE
+from support import GRADED_TESTS, REPO
+
+pytestmark = pytest.mark.slow
+
+CORRECT = "correct"
+
+
+def mutated(mistake, destination: Path) -> Path:
+    submission = copy_of("solutions", destination)
+    path = submission / f"{mistake.module}.py"
+    text = path.read_text()
+    found = text.count(mistake.find)
+    assert found == 1, (f"catalogue entry {mistake.name!r}: its find text occurs {found} times in "
+                        f"{mistake.module}.py (must be once): {mistake.find!r}")
+    path.write_text(text.replace(mistake.find, mistake.replace))
+    return submission
+
+
+def graded_run(lab: str, entries, folder: Path) -> dict[str, list]:
+    """One run of ``lab``'s graded tests over its entries' submissions and a correct copy;
+    {submission name: [(test name, failure text or None)]}."""
+    submissions = {CORRECT: copy_of("solutions", folder / CORRECT)}
+    for index, mistake in entries:
+        submissions[f"mistake{index:02d}"] = mutated(mistake, folder / f"mistake{index:02d}")
+    union = " or ".join(sorted({f"({mistake.select})" for _, mistake in entries}))
+    select = " or ".join([f"(({mistake.select}) and mistake{index:02d})"
+                          for index, mistake in entries] + [f"(({union}) and {CORRECT})"])
+    files = sorted(str(path.relative_to(REPO)) for path in GRADED_TESTS.glob(f"test_{lab}_*.py"))
+    report = folder / "report.xml"
+    command = [sys.executable, "-m", "pytest", *files, "-m", lab, "-k", select, "-q",
+               "-p", "no:cacheprovider", "-o", "addopts=", f"--junitxml={report}"]
+    for path in submissions.values():
+        command += ["--impl", str(path)]
+    process = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=nested.LIMIT,
+                             env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert report.exists(), f"the graded run of {lab} did not run:\n{process.stdout[-3000:]}"
+    outcomes = defaultdict(list)
+    for case in cases_of(report).values():
+        name = case.get("name")
+        found = re.search(rf"[\[-]({CORRECT}|mistake\d\d)[\]-]", name)
+        submission = found.group(1) if found else ""
+        outcomes[submission].append((name, failure_text(case)))
+    return outcomes
+
+
+def test_the_catalogue_has_entries_with_distinct_names():
+    names = [mistake.name for mistake in CATALOGUE]
+    assert names and len(set(names)) == len(names), f"empty, or names repeated: {names}"
+
+
+@pytest.mark.skipif(not CATALOGUE, reason="the catalogue is empty")
+def test_every_mistake_is_caught_with_its_message(tmp_path):
+    by_lab = defaultdict(list)
+    for index, mistake in enumerate(CATALOGUE):
+        by_lab[mistake.lab].append((index, mistake))
+    labs = sorted(by_lab, key=lambda lab: -len(by_lab[lab]))  # the longest runs start first
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = dict(zip(labs, pool.map(lambda lab: graded_run(lab, by_lab[lab], tmp_path / lab),
+                                       labs)))
+    problems = []
+    for lab, entries in by_lab.items():
+        outcomes = runs[lab]
+        failed = [name for name, text in outcomes[CORRECT] if text is not None]
+        if not outcomes[CORRECT] or failed:
+            problems.append(f"{lab}: the unmutated solutions fail (or select nothing of) the "
+                            f"catalogue's tests: {failed}")
+        for index, mistake in entries:
+            cases = outcomes[f"mistake{index:02d}"]
+            caught = [text for _, text in cases if text is not None]
+            if not cases:
+                problems.append(f"{mistake.name!r}: -m {lab} -k {mistake.select!r} selects no "
+                                "graded test")
+            elif not caught:
+                problems.append(f"{mistake.name!r} passes -m {lab} -k {mistake.select!r}: no "
+                                "graded test catches it")
+            elif not any(mistake.message in text for text in caught):
+                problems.append(f"{mistake.name!r} is caught, but no failure says "
+                                f"{mistake.message!r}:\n{caught[0][-2500:]}")
+    assert not problems, "\n\n".join(problems)

@@ -1,0 +1,405 @@
+"""The mistakes students make, one entry each, and the graded test that must catch each one.
+
+Every entry is a mutation of the reference solution (the text ``find``, which must occur exactly
+once in the student file ``module``'s reference module, becomes ``replace``): handed in as a
+submission, the graded tests selected by ``select`` (a ``pytest -k`` expression) in ``lab`` must
+fail, and their output must contain ``message``, the words that name the mistake.
+``tests/course/test_mistake_catalogue.py`` hands in every entry and checks both.
+
+This file holds solution lines, so the student handout leaves it out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mistake:
+    name: str  # what the student did, in a student's words
+    lab: str  # "lab2"
+    module: str  # the student file, without .py: "tp_layers"
+    find: str  # exact text of the reference module (once)
+    replace: str  # what the student wrote instead
+    select: str  # pytest -k expression: the graded tests that must catch it
+    message: str  # a substring of their failure output that names the mistake
+
+
+# ---------------------------------------------------------------- lab 0 and lab 1
+LAB0_LAB1: list[Mistake] = [
+    Mistake("the reduce-scatter overwrites the chunk it receives into instead of adding",
+            "lab0", "collectives", "        chunks[receive_index] += received\n",
+            "        chunks[receive_index].copy_(received)\n",
+            "reduce_scatter_phase",
+            "replaced this rank's copy instead of being added"),
+    Mistake("the ring all-reduce's bandwidth term counts each byte once", "lab0", "alpha_beta",
+            "2 * (n - 1) / n * nbytes / bandwidth", "(n - 1) / n * nbytes / bandwidth",
+            "alpha_beta_formula", "a ring all-reduce sends it twice"),
+    Mistake("alpha read off as the fitted line's intercept", "lab0", "alpha_beta",
+            "return intercept / (2 * (n - 1)), ", "return intercept, ",
+            "fit_alpha_beta", "the intercept of the fitted line is 2(n-1)*alpha"),
+    Mistake("the order's first axis numbered slowest instead of fastest", "lab1", "groups",
+            "strides = {axis: prod(sizes[a] for a in axes[:i])",
+            "strides = {axis: prod(sizes[a] for a in axes[i + 1:])",
+            "group_properties and sagemaker", "the order's first axis must vary fastest"),
+    Mistake("dp_rank as the position along the RDP axis, not the index in the DP group", "lab1",
+            "groups", 'dp_rank=index_in("DP", rank)', 'dp_rank=position[rank]["rdp"]',
+            "group_properties and sagemaker", "the rank's index in its DP_GROUP"),
+    Mistake("every rank keeps the last group of each kind, not its own", "lab1",
+            "process_groups", "            if rank in members:\n                mine",
+            "            if True:\n                mine",
+            "real_groups and 2-2-sagemaker",
+            "each rank keeps the group of each kind that it belongs to"),
+]
+
+# ---------------------------------------------------------------- lab 2 and lab 3
+LAYERNORM_COPIES = "self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)"
+ATTENTION_CORE = "heads = attention_core(q, k, v, self.attention)"
+TARGET_LOGIT = ("target_logit = logits.gather(-1, local_targets.unsqueeze(-1)).squeeze(-1) - "
+                "maximum")
+EMBEDDING_SUM = "return reduce_from_tp(local.masked_fill(elsewhere.unsqueeze(-1), 0.0), self.group)"
+LAB2_LAB3: list[Mistake] = [
+    Mistake("copy_to_tp's backward passes the gradient on, without the all-reduce", "lab2",
+            "tp_collectives", "return _all_reduce(grad, ctx.group), None", "return grad, None",
+            "copy_to_tp_is_identity", "copy_to_tp's backward does not all-reduce"),
+    Mistake("reduce_from_tp all-reduces in the backward too", "lab2", "tp_collectives",
+            "        return grad, None\n", "        return _all_reduce(grad, ctx.group), None\n",
+            "reduce_from_tp_is_all_reduce", "reduce_from_tp's backward all-reduces too"),
+    Mistake("the row-parallel bias added on every rank, before the all-reduce", "lab2",
+            "tp_layers",
+            "y = reduce_from_tp(F.linear(x, self.weight), self.group)\n"
+            "        return y + self.bias if self.bias is not None else y",
+            "return reduce_from_tp(F.linear(x, self.weight, self.bias), self.group)",
+            "layers_honour_their_group", "bias was added on every rank before the all-reduce"),
+    Mistake("the fused blocks split as one contiguous tensor", "lab2", "tp_layers",
+            "pieces = [block.chunk(tp, dim=dim)[rank] for block in full.chunk(blocks, dim=dim)]",
+            "pieces = [full.chunk(tp, dim=dim)[rank]]", "shard_keeps_piece",
+            "fused blocks were split as one contiguous tensor"),
+    # lab 2: groups that are not the world
+    Mistake("reduce_from_tp sums over the world, not its group", "lab2", "tp_collectives",
+            "return _all_reduce(x, group)", "return _all_reduce(x, None)",
+            "reduce_from_tp_is_all_reduce", "not over the group it was given"),
+    Mistake("copy_to_tp's backward sums over the world, not its group", "lab2",
+            "tp_collectives", "return _all_reduce(grad, ctx.group), None",
+            "return _all_reduce(grad, None), None", "copy_to_tp_is_identity",
+            "not over the group it was given"),
+    Mistake("a shard chosen by the rank in the world", "lab2", "tp_layers",
+            "tp, rank = dist.get_world_size(group), dist.get_rank(group)",
+            "tp, rank = dist.get_world_size(group), dist.get_rank()",
+            "sharded_parameter_and_unshard", "chosen by the rank in the world, not in the group"),
+    Mistake("a shard cut in as many pieces as the world has ranks", "lab2", "tp_layers",
+            "tp, rank = dist.get_world_size(group), dist.get_rank(group)",
+            "tp, rank = dist.get_world_size(), dist.get_rank(group)",
+            "sharded_parameter_and_unshard", "tp was taken as the world's size"),
+    Mistake("unshard gathers over the world", "lab2", "tp_layers",
+            "pieces = all_gather_along(local, dim, group)",
+            "pieces = all_gather_along(local, dim, None)", "sharded_parameter_and_unshard",
+            "gathered over the world (4 ranks)"),
+    # lab 2: causes read from the values
+    Mistake("unshard joins the gathered shards rank by rank", "lab2", "tp_layers",
+            "return torch.cat([pieces[r * blocks + b] for b in range(blocks) for r in range(tp)], "
+            "dim=dim)", "return torch.cat(pieces, dim=dim)", "sharded_parameter_and_unshard",
+            "joined rank by rank"),
+    Mistake("unshard gathers a replicated parameter too", "lab2", "tp_layers",
+            "    if dim is None:\n        return local\n",
+            "    if dim is None:\n        return all_gather_along(local, 0, group)\n",
+            "sharded_parameter_and_unshard", "a parameter without tp_dim was gathered"),
+    Mistake("sharded_parameter drops the blocks", "lab2", "tp_layers",
+            "nn.Parameter(shard(full.detach(), dim, rank, tp, blocks))",
+            "nn.Parameter(shard(full.detach(), dim, rank, tp))",
+            "sharded_parameter_and_unshard", "the blocks were not passed on"),
+    Mistake("the distributed linear's bias gradient left unsummed", "lab2", "sagemaker_linear",
+            "return y + copy_to_tp(self.bias, self.group) if self.bias is not None else y",
+            "return y + self.bias if self.bias is not None else y",
+            "data_parallel_linear and two-tp2", "this rank's own samples' part only"),
+    Mistake("the distributed linear's samples gathered with gather_from_tp", "lab2",
+            "sagemaker_linear", "samples = gather_from_sp(x, BATCH_DIM, self.group)",
+            "from reference_impl.tp.tp_collectives import gather_from_tp\n"
+            "        samples = gather_from_tp(x, BATCH_DIM, self.group)",
+            "data_parallel_linear and two-tp2", "kept this rank's slice"),
+    Mistake("the distributed linear's bias added before the reduce-scatter", "lab2",
+            "sagemaker_linear",
+            "y = reduce_scatter_to_sp(F.linear(samples, self.weight), BATCH_DIM, self.group)\n"
+            "        return y + copy_to_tp(self.bias, self.group) if self.bias is not None else y",
+            "return reduce_scatter_to_sp(F.linear(samples, self.weight, self.bias), BATCH_DIM, "
+            "self.group)", "data_parallel_linear and two-tp2",
+            "added to every rank's partial outputs"),
+    # lab 2: an oracle the submission could share
+    Mistake("the row-parallel bias shared with the nn.Linear", "lab2", "tp_layers",
+            "self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None "
+            "else None", "self.bias = linear.bias", "layers_honour_their_group",
+            "shares this parameter with the single-device module"),
+    Mistake("the distributed linear's bias shared with the nn.Linear", "lab2",
+            "sagemaker_linear",
+            "self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None "
+            "else None", "self.bias = linear.bias", "data_parallel_linear and two-tp2",
+            "shares this parameter with the nn.Linear it was built"),
+    Mistake("the fused QKV split without blocks (contiguously)", "lab3", "tp_attention",
+            "ColumnParallelLinear(attention.qkv, group, blocks=3)",
+            "ColumnParallelLinear(attention.qkv, group)", "each_rank_computes_its_heads",
+            "fused QKV weight was split contiguously"),
+    Mistake("every head on every rank", "lab3", "tp_attention",
+            "self.heads = attention.heads // tp", "self.heads = attention.heads",
+            "each_rank_computes_its_heads", "every head on every rank"),
+    Mistake("the projection's bias added on every rank, before the all-reduce", "lab3",
+            "tp_attention",
+            "return self.proj(merge_heads(heads))",
+            "import torch.nn.functional as F\n"
+            "        from reference_impl.tp.tp_collectives import reduce_from_tp\n"
+            "        partial = F.linear(merge_heads(heads), self.proj.weight, self.proj.bias)\n"
+            "        return reduce_from_tp(partial, self.proj.group)",
+            "each_rank_computes_its_heads", "projection's bias was added on every rank"),
+    Mistake("each rank subtracts its local maximum, not the group's", "lab3", "vocab_parallel",
+            "        dist.all_reduce(maximum, op=dist.ReduceOp.MAX, group=group)\n", "",
+            "vocab_parallel_losses", "each rank subtracted its own (local) maximum"),
+    Mistake("the target's logit taken on every rank, not only where it lives", "lab3",
+            "vocab_parallel", "        target_logit = target_logit.masked_fill(~mine, 0.0)\n", "",
+            "vocab_parallel_losses", "the target's logit was counted on every rank"),
+    Mistake("the backward subtracts the one_hot on every rank", "lab3", "vocab_parallel",
+            "F.one_hot(local_targets, softmax.shape[-1]) * mine.unsqueeze(-1)",
+            "F.one_hot(local_targets, softmax.shape[-1])", "vocab_parallel_gradient",
+            "the one_hot of the target was subtracted on every rank"),
+    # an oracle the submission could share: the module it was built from is checked too
+    Mistake("the block's first layernorm shared with the single-device block", "lab3",
+            "tp_attention", LAYERNORM_COPIES,
+            "self.ln1, self.ln2 = block.ln1, copy.deepcopy(block.ln2)",
+            "block_matches and h16", "shares this parameter with the single-device module"),
+    Mistake("both layernorms shared with the single-device block", "lab3", "tp_attention",
+            LAYERNORM_COPIES, "self.ln1, self.ln2 = block.ln1, block.ln2", "two_groups",
+            "shares this parameter with the single-device module"),
+    # the exercise itself: its forward is not inherited
+    Mistake("ParallelSelfAttention's forward left out, the single-device one inherited", "lab3",
+            "tp_attention", "    def forward(self, x):\n        q, k, v = split_heads",
+            "    def _forward(self, x):\n        q, k, v = split_heads",
+            "tp_attention_matches and h16", "has no forward of its own"),
+    # causes read from the failing values
+    Mistake("the attention scale taken from the rank's width, 1/sqrt(h/tp)", "lab3",
+            "tp_attention", ATTENTION_CORE,
+            "heads = attention_core(q / self.heads ** 0.5, k, v, self.attention)",
+            "tp_attention_matches and h16", "the attention scale is 1/sqrt(h/tp)"),
+    Mistake("the attention scores left unscaled", "lab3", "tp_attention", ATTENTION_CORE,
+            "heads = attention_core(q * q.shape[-1] ** 0.5, k, v, self.attention)",
+            "tp_attention_matches and h16", "the attention scores are not scaled"),
+    Mistake("the maximum not taken off the target's logit", "lab3", "vocab_parallel",
+            TARGET_LOGIT, TARGET_LOGIT.replace(" - maximum", ""),
+            "vocab_parallel_losses", "off by exactly the global maximum logit"),
+    Mistake("the target's logit all-reduced with MAX", "lab3", "vocab_parallel",
+            "        dist.all_reduce(target_logit, group=group)\n",
+            "        dist.all_reduce(target_logit, op=dist.ReduceOp.MAX, group=group)\n",
+            "vocab_parallel_losses", "all-reduced with MAX"),
+    Mistake("a target on the first logit of a slice claimed by no rank", "lab3",
+            "vocab_parallel", "mine = (targets >= start) & (targets < end)",
+            "mine = (targets > start) & (targets < end)", "vocab_parallel_losses",
+            "no rank claimed them"),
+    # groups that are not the world
+    Mistake("the target's logit summed over the world, not the TP group", "lab3",
+            "vocab_parallel", "        dist.all_reduce(target_logit, group=group)\n",
+            "        dist.all_reduce(target_logit)\n", "vocab_parallel_losses",
+            "each reduced over `group`"),
+    Mistake("the embedding's rows summed over the world, not the TP group", "lab3",
+            "vocab_parallel", EMBEDDING_SUM, EMBEDDING_SUM.replace("self.group)", "None)"),
+            "vocab_parallel_embedding", "one all-reduce over `group`"),
+    # sizes that do not divide: the padded vocabulary
+    Mistake("the padded logits counted in the sum of exp", "lab3", "vocab_parallel",
+            "exp = (logits - maximum.unsqueeze(-1)).exp()",
+            "exp = (local_logits.float() - maximum.unsqueeze(-1)).exp()",
+            "vocab_parallel_losses", "the padded logits (past vocab_size) were counted"),
+    Mistake("the embedding reads row 0 of its slice for tokens another rank holds", "lab3",
+            "vocab_parallel", EMBEDDING_SUM, "return reduce_from_tp(local, self.group)",
+            "vocab_parallel_embedding", "the tokens held by another rank were not zeroed"),
+    Mistake("the padded logits not masked", "lab3", "vocab_parallel",
+            'logits = local_logits.float().masked_fill(padding, float("-inf"))',
+            "logits = local_logits.float()", "vocab_parallel_losses",
+            "the padded logits (past vocab_size) were counted"),
+    Mistake("a rank's range of the vocabulary numbered in the world, not in its group", "lab3",
+            "vocab_parallel", "start = dist.get_rank(group) * local_size",
+            "start = dist.get_rank() * local_size", "vocab_parallel_embedding",
+            "exactly the tokens TP rank 1 holds"),
+]
+
+# ---------------------------------------------------------------- lab 4
+PIPELINES = "pipelined_step and pipelines"
+GLOBAL_PEER = "global_peer = peer if group is None else dist.get_global_rank(group, peer)"
+ONE_REQUEST_EACH = ("    if len(works) == len(operations):  # one request per operation (gloo)\n"
+                    "        return works[:len(sends)], works[len(sends):]\n")
+LAB4: list[Mistake] = [
+    Mistake("1F1B's warm-up one forward too many", "lab4", "pipeline_schedules",
+            "warm_up = min(p - rank - 1, m)", "warm_up = min(p - rank, m)",
+            "golden_order and one_f_one_b", "warm-up off by one"),
+    Mistake("each send and each receive posted on its own", "lab4", "pipeline_executor",
+            "    works = dist.batch_isend_irecv(operations)\n",
+            "    works = [operation.op(operation.tensor, operation.peer, group, operation.tag)\n"
+            "             for operation in operations]\n",
+            "pipelined_step and 1f1b", "a send and a receive posted separately"),
+    Mistake("the backward keeps its activations", "lab4", "pipeline_executor",
+            "            del saved[key]\n", "",
+            "run_action or pipelined_step", "activation never freed"),
+    Mistake("the loss not divided by the number of microbatches", "lab4", "pipeline_executor",
+            "y = context.loss_fn(y, context.targets[action.microbatch]) / context.microbatches",
+            "y = context.loss_fn(y, context.targets[action.microbatch])",
+            "run_action or pipelined_step", "the loss is not scaled by 1/m"),
+    Mistake("the last stage sends its loss on", "lab4", "pipeline_executor",
+            "return None if is_last else y.detach()", "return y.detach()",
+            "run_action", "the last stage sends"),
+    # what only NCCL does: one request for a coalesced batch
+    Mistake("the batch's one request (NCCL) returned with the sends", "lab4",
+            "pipeline_executor", "    return [], works  # one coalesced request (NCCL)\n",
+            "    return works, []  # one coalesced request (NCCL)\n", PIPELINES,
+            "before waiting for the request of the batch"),
+    Mistake("the requests split as one per operation, as gloo returns them", "lab4",
+            "pipeline_executor",
+            ONE_REQUEST_EACH + "    return [], works  # one coalesced request (NCCL)\n",
+            "    return works[:len(sends)], works[len(sends):]\n", PIPELINES,
+            "before waiting for the request of the batch"),
+    # a pipeline group that is not the world: torch raises first, the test names it
+    Mistake("the peer left as the pipeline rank", "lab4", "pipeline_executor", GLOBAL_PEER,
+            "global_peer = peer", PIPELINES, "a peer not translated to a global rank"),
+    Mistake("the peer translated the wrong way (global to group)", "lab4",
+            "pipeline_executor", GLOBAL_PEER,
+            "global_peer = peer if group is None else dist.get_group_rank(group, peer)",
+            PIPELINES, "a peer not translated to a global rank"),
+    # the split backward (ZB-H1) is the student's too; sizes that do not divide the pipeline
+    Mistake("the split backward frees its entry in B", "lab4", "pipeline_executor",
+            "            saved[key] = (store,)  # the graph is freed; what W needs is kept\n",
+            "            del saved[key]\n", "splits_the_backward",
+            "keeps only its weight gradients' store"),
+    Mistake("the whole and the split backward swapped", "lab4", "pipeline_executor",
+            "        if context.split_backward:\n", "        if not context.split_backward:\n",
+            "splits_the_backward", "keeps only its weight gradients' store"),
+    Mistake("1F1B's warm-up not capped at m", "lab4", "pipeline_schedules",
+            "warm_up = min(p - rank - 1, m)", "warm_up = p - rank - 1",
+            "valid_for_every_size and one_f_one_b", "warm-up not capped at m"),
+    Mistake("W frees its entry without adding the deferred weight gradients", "lab4",
+            "pipeline_executor", "    context.deferred.pop(key).flush()\n",
+            "    context.deferred.pop(key)\n", "splits_the_backward",
+            "after W the stage's parameter 0 has no gradient"),
+]
+
+# ---------------------------------------------------------------- lab 5
+ZERO1, ZERO2 = "zero_on_two_groups and zero1", "zero_on_two_groups and zero2"
+DDP = "ddp_from_hooks and few"
+LAB5: list[Mistake] = [
+    Mistake("the bucket's sum written back without dividing by the group size", "lab5",
+            "ddp_hooks", "            bucket.flat.div_(self.world_size)\n", "", DDP,
+            "averaging forgotten"),
+    Mistake("the async handles never waited before the step", "lab5", "ddp_hooks",
+            "            bucket.handle.wait()\n", "", DDP,
+            "waiting on handles missing before the step"),
+    Mistake("a bucket launched at its first gradient instead of its last", "lab5",
+            "ddp_hooks", "if bucket.ready == len(bucket.params):", "if bucket.ready == 1:", DDP,
+            "flushed before all its gradients are ready"),
+    Mistake("the hooks all-reduce inside no_sync too", "lab5", "ddp_hooks",
+            "        if not self.require_sync:\n            return\n", "", DDP,
+            "all-reducing during no_sync"),
+    Mistake("the all-reduce over the world instead of the data-parallel group", "lab5",
+            "ddp_hooks", "group=self.group, async_op=True", "async_op=True", DDP,
+            "the wrong group"),
+    # no_sync after an exception and when nested
+    Mistake("no_sync puts the state back only when its block ends normally", "lab5",
+            "ddp_hooks",
+            "        try:\n            yield\n        finally:\n"
+            "            self.require_sync = previous\n",
+            "        yield\n        self.require_sync = previous\n", DDP,
+            "synchronisation stayed off after the exception"),
+    Mistake("no_sync switches synchronisation on when it ends", "lab5", "ddp_hooks",
+            "            self.require_sync = previous\n", "            self.require_sync = True\n",
+            DDP, "the nested no_sync switched synchronisation on"),
+    # the ready count, named from the counts
+    Mistake("the ready counts not reset after the step", "lab5", "ddp_hooks",
+            "bucket.handle, bucket.flat, bucket.ready = None, None, 0",
+            "bucket.handle, bucket.flat = None, None", DDP,
+            "the count was not reset after the previous step"),
+    Mistake("the hooks count under no_sync", "lab5", "ddp_hooks",
+            "        if not self.require_sync:\n            return\n"
+            "        bucket = self._bucket_of[param]\n        bucket.ready += 1\n",
+            "        bucket = self._bucket_of[param]\n        bucket.ready += 1\n"
+            "        if not self.require_sync:\n            return\n", DDP,
+            "counted during no_sync"),
+    # data_parallel
+    Mistake("SageMaker's rule applied to Megatron's layout", "lab5", "data_parallel",
+            'if convention == "megatron" or is_tp_distributed(owner, parameter):',
+            "if is_tp_distributed(owner, parameter):", "gradient_plan_follows",
+            "megatron plan: nothing goes over DP_GROUP"),
+    Mistake("the data shards counted as the world size", "lab5", "data_parallel",
+            "return dist.get_world_size(groups.of_kind(kind))", "return dist.get_world_size()",
+            "sync_gives and megatron", "not by the number of data shards"),
+    # ZeRO: shards of sizes that do not divide
+    Mistake("a shard taken as the rank's chunk, without padding", "lab5", "zero",
+            "return self.padded_flat(tensor)[self.start:self.start + self.size]",
+            "return tensor.detach().reshape(-1).chunk(self.padded // self.size)"
+            "[self.start // self.size]", "shards_are_padded",
+            "padded with zeros to N x"),
+    Mistake("ZeRO-2 reduce-scatters the gradient cut without padding", "lab5", "zero",
+            "list(shard.padded_flat(param.grad).chunk(self.world_size))",
+            "list(param.grad.reshape(-1).chunk(self.world_size))", ZERO2,
+            "a parameter cut without padding"),
+    # ZeRO: the optimizer's group, not the world
+    Mistake("ZeRO-1 updates every rank's shard with the first slice of the gradient", "lab5",
+            "zero", "grad = shard.my_slice(param.grad)",
+            "grad = param.grad.reshape(-1)[:shard.size]", ZERO1,
+            "a shard updated with another slice"),
+    Mistake("ZeRO-1 sums the gradients over the group without averaging them", "lab5",
+            "zero", "                param.grad.div_(self.world_size)\n", "", ZERO1,
+            "the gradient summed over the group but not averaged"),
+    Mistake("ZeRO-1's all-reduce over the world", "lab5", "zero",
+            "dist.all_reduce(param.grad, group=self.group)", "dist.all_reduce(param.grad)",
+            ZERO1, "all-reduced over the world instead of the group"),
+    Mistake("ZeRO-1 averages over the world size", "lab5", "zero",
+            "param.grad.div_(self.world_size)", "param.grad.div_(dist.get_world_size())",
+            ZERO1, "averaged over the world size"),
+    Mistake("ZeRO-2 reduce-scatters over the world", "lab5", "zero",
+            "                            group=self.group)\n", "                            )\n",
+            ZERO2, "reduce-scattered over the world instead of the group"),
+    # ZeRO-2
+    Mistake("ZeRO-2 keeps the whole gradient after reduce-scattering it", "lab5", "zero",
+            "        param.grad = None\n", "", ZERO2, "the full gradient kept"),
+    Mistake("ZeRO-2 replaces the gradient shard at every backward", "lab5", "zero",
+            "shard.grad = output if shard.grad is None else shard.grad.add_(output)",
+            "shard.grad = output", ZERO2, "only the last micro-batch's gradient kept"),
+    Mistake("ZeRO-2 all-reduces the whole gradient and keeps its slice", "lab5", "zero",
+            "        output = torch.empty_like(shard.exp_avg)\n"
+            "        dist.reduce_scatter(output, list(shard.padded_flat(param.grad)"
+            ".chunk(self.world_size)),\n                            group=self.group)\n",
+            "        dist.all_reduce(param.grad, group=self.group)\n"
+            "        output = shard.my_slice(param.grad).clone()\n", ZERO2,
+            "ZeRO-2 all-reduced a whole gradient in the backward"),
+]
+
+# ---------------------------------------------------------------- lab 6 and lab 7
+LAB6_LAB7: list[Mistake] = [
+    Mistake("each thread's communication summed, not their union", "lab6", "trace_analysis",
+            "compute_s, comm_s = union_length(compute), union_length(comm)",
+            'compute_s, comm_s = union_length(compute), sum(union_length(r["comm"]) '
+            'for r in threads.values())',
+            "exposed_communication_of_lab5s_ddp",
+            "communication is the union over every thread, counted once"),
+    Mistake("a collective nested in a module's range counted as compute", "lab6",
+            "trace_analysis", 'union(ranges["comm"]))])', '[])])',
+            "compute_communication_and_exposure", "a thread blocked in a collective is waiting"),
+    Mistake("all communication counted as exposed, the overlap ignored", "lab6",
+            "trace_analysis", "comm_s - overlapped_s, idle_s, span_s)", "comm_s, idle_s, span_s)",
+            "compute_communication_and_exposure",
+            "exposed communication is communication minus the overlapped part"),
+    Mistake("the step time averaged over ranks", "lab6", "trace_analysis",
+            "return max(rank.span_s for rank in ranks) / steps",
+            "return sum(rank.span_s for rank in ranks) / len(ranks) / steps",
+            "step_time", "a step is as slow as its slowest rank"),
+    Mistake("strong scaling efficiency without the N", "lab6", "trace_analysis",
+            "t1 / (n * tn)", "t1 / tn", "step_time", "strong scaling: T1 / (N TN)"),
+    Mistake("K and V counted as h x h, grouped-query attention ignored", "lab7", "capacity",
+            "2 * hidden * kv_heads * head_size", "2 * hidden * hidden", "parameters",
+            "grouped-query attention"),
+    Mistake("ZeRO-2 leaves the gradient whole", "lab7", "capacity",
+            "(0, optimizer, gradient + optimizer,", "(0, optimizer, optimizer,",
+            "model_state", "ZeRO-2 also the gradient"),
+    Mistake("sequence parallelism not splitting the layernorm inputs and masks", "lab7",
+            "capacity", "replicated /= t", "replicated /= 1", "activation",
+            "with SP they are"),
+    Mistake("the interleaved bubble without v", "lab7", "capacity",
+            "(pp - 1) / (v * microbatches + pp - 1)", "(pp - 1) / (microbatches + pp - 1)",
+            "bubble", "(p-1)/(vm+p-1) with v chunks per rank"),
+    Mistake("only the forward's 2 TP all-reduces per layer", "lab7", "capacity",
+            "TP_ALL_REDUCES_PER_LAYER = 4", "TP_ALL_REDUCES_PER_LAYER = 2", "tp_all_reduce",
+            "4 all-reduces per layer (2 forward, 2 backward)"),
+]
+
+CATALOGUE = LAB0_LAB1 + LAB2_LAB3 + LAB4 + LAB5 + LAB6_LAB7
