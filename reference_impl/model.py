@@ -101,6 +101,17 @@ def split_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tens
     return q, k, v
 
 
+def repeat_kv_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Grouped-query attention (Ainslie et al. 2023, "GQA"): (batch, kv_heads, seq, d) keys or
+    values -> (batch, heads, seq, d), each KV head serving ``heads / kv_heads`` consecutive
+    query heads."""
+    kv_heads = x.shape[1]
+    if heads % kv_heads:
+        raise ValueError(f"{heads} query heads cannot share {kv_heads} KV heads evenly: heads "
+                         f"must be a multiple of kv_heads")
+    return x.repeat_interleave(heads // kv_heads, dim=1)
+
+
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(batch, heads, seq, d) -> (batch, seq, heads*d)."""
     batch, heads, seq, d = x.shape

@@ -34,6 +34,16 @@ def test_a_graded_test_does_not_import_the_solution_it_grades(path):
                 "function")
 
 
+@pytest.mark.parametrize("path", GRADED, ids=lambda path: path.name)
+def test_a_graded_test_imports_only_what_the_handout_carries(path):
+    carried = {"support", "support.toys"}  # reference_impl.course.handout.GRADED_TESTS
+    for node in ast.walk(ast.parse(path.read_text())):
+        for module in modules_imported(node):
+            assert module.split(".")[0] != "support" or ".".join(module.split(".")[:2]) in carried, (
+                f"{path.name} line {node.lineno} imports {module}: the student handout carries "
+                f"tests/labs/ and of tests/support only {sorted(carried)}")
+
+
 def test_the_implementation_is_not_loaded_in_pytest_s_process(tmp_path):
     for implementation in (Implementation("reference"), Implementation(str(tmp_path))):
         with pytest.raises(SubmissionOutsideItsProcess, match="run_on_ranks or run_alone"):
