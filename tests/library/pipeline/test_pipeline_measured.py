@@ -17,7 +17,7 @@ course states has a measured counterpart, and a test shows that they agree.
 import pytest
 import torch
 
-from reference_impl.benchmarks.pipeline import run_sleeping
+from reference_impl.pipeline.calibrated_stages import run_sleeping
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline.pipeline_executor import measured_timeline, pipeline_train_step
 from reference_impl.pipeline.pipeline_schedules import build_schedule
