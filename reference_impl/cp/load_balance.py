@@ -1,0 +1,55 @@
+"""The load-balanced sequence layout of causal context parallelism.
+
+Cut in cp contiguous pieces, a causal sequence gives the last rank the most work (its queries
+see every earlier key) and the first the least. Megatron-core and NVIDIA's TransformerEngine
+(context parallelism, "CP") cut it instead into 2*cp chunks and give rank i chunks i and
+2cp-1-i: one early and one late chunk each, so every rank attends to the same number of
+(query, key) pairs. With cp = 2 and a sequence of 8 tokens:
+
+    chunks   [0 1] [2 3] [4 5] [6 7]
+    rank 0:  chunks 0 and 3 -> positions 0 1 6 7
+    rank 1:  chunks 1 and 2 -> positions 2 3 4 5
+
+A rank's tokens are its two chunks side by side; :func:`token_positions` gives their places in
+the whole sequence (for rotary embeddings and the causal mask).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def check_sequence(seq: int, cp: int) -> None:
+    """ValueError unless ``seq`` splits into 2*cp equal chunks."""
+    if cp < 1:
+        raise ValueError(f"the context-parallel size must be at least 1, got cp = {cp}")
+    if seq % (2 * cp):
+        raise ValueError(f"the load-balanced layout cuts the sequence into 2*cp = {2 * cp} chunks: "
+                         f"seq {seq} is not divisible by {2 * cp}")
+
+
+def chunks_of_rank(cp: int, rank: int) -> tuple[int, int]:
+    """The two chunks rank ``rank`` holds: its own index and its mirror image."""
+    return rank, 2 * cp - 1 - rank
+
+
+def shard_sequence(x: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
+    """Rank ``rank``'s share of ``x`` along ``dim`` (the sequence): chunks i and 2cp-1-i."""
+    check_sequence(x.shape[dim], cp)
+    chunks = x.chunk(2 * cp, dim=dim)
+    return torch.cat([chunks[i] for i in chunks_of_rank(cp, rank)], dim=dim)
+
+
+def unshard_sequence(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
+    """The whole tensor again from every rank's share (``shards[r]`` is rank r's), in order."""
+    cp = len(shards)
+    chunks = [None] * (2 * cp)
+    for rank, shard in enumerate(shards):
+        first, second = chunks_of_rank(cp, rank)
+        chunks[first], chunks[second] = shard.chunk(2, dim=dim)
+    return torch.cat(chunks, dim=dim)
+
+
+def token_positions(seq: int, cp: int, rank: int, device=None) -> torch.Tensor:
+    """The global positions (int64) of rank ``rank``'s seq / cp tokens, in the order it holds them."""
+    check_sequence(seq, cp)
+    return shard_sequence(torch.arange(seq, device=device), cp, rank, dim=0)
