@@ -1,0 +1,122 @@
+"""The expert-parallel MoE layer (GShard, Lepikhin et al. 2020; Switch Transformers; the
+token dispatcher of Megatron-core): the experts split over the ranks of an EP group, the tokens
+sent to their experts and back with two all-to-alls.
+
+Built shard-from-full from a single-device :class:`~reference_impl.moe.moe_layer.MoELayer`:
+every rank copies the router (replicated) and the experts it holds
+(``expert_groups.experts_of_rank``); the experts keep their single-device names
+(``experts.5.fc1.weight`` is expert 5 on whichever rank holds it). On each rank, for its own
+tokens:
+
+1. route: its own router call, so its own capacity and auxiliary loss (GShard's groups: a
+   rank's tokens are one group; the single-device oracle routes each rank's tokens as one
+   group, ``MoELayer(x, routing_groups=...)``);
+2. permute: the kept (token, slot) assignments sorted by expert (stably: token order within an
+   expert), so that the rows for EP rank d, holding experts [d E/ep, (d+1) E/ep), are
+   consecutive;
+3. exchange counts: an all-to-all of the E tokens-per-expert counts (E/ep to each rank) tells
+   each rank how many rows it will receive from each rank for each of its experts;
+4. dispatch: ``all_to_all_rows`` (``dist.all_to_all_single`` with uneven splits, its backward
+   the reverse exchange);
+5. run each local expert on its rows (from every source rank);
+6. combine: the reverse all-to-all brings every row home, in the order it left;
+7. un-permute and weight: y_t = sum of w_ts * row, ``index_add`` into the token's place.
+
+The calls of steps 4 and 6, forward and backward, are recorded in ``all_to_all_log``
+(``token_exchange.AllToAllCall``); ``moe_costs.py`` has their bytes as a formula.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from reference_impl.hybrid.data_parallel import all_reduce_mean
+from reference_impl.moe.expert_groups import ExpertGroups, experts_of_rank
+from reference_impl.moe.moe_layer import MoELayer, MoEOutput
+from reference_impl.moe.token_exchange import all_to_all_rows
+
+
+class ExpertParallelMoE(nn.Module):
+    """This rank's part of ``layer``: the router and E/ep experts; input and output are this
+    rank's own tokens (..., hidden). After the backward, call :func:`sync_moe_grads`."""
+
+    def __init__(self, layer: MoELayer, groups: ExpertGroups):
+        super().__init__()
+        self.hidden, self.groups = layer.hidden, groups
+        self.num_experts = layer.num_experts
+        self.local_experts = experts_of_rank(layer.num_experts, groups.ep_size, groups.ep_rank)
+        self.router = copy.deepcopy(layer.router)
+        self.experts = nn.ModuleDict({str(e): copy.deepcopy(layer.experts[e])
+                                      for e in self.local_experts})
+        for parameter in self.experts.parameters():
+            parameter.expert_parallel = True  # synced over the EDP group (sync_moe_grads)
+        self.all_to_all_log: list = []          # this forward's and backward's exchanges
+        self.tokens_per_local_expert: list[int] = []  # rows each local expert ran on, last forward
+
+    def forward(self, x: torch.Tensor) -> MoEOutput:
+        tokens = x.reshape(-1, self.hidden)
+        routing = self.router(tokens)
+        ep, group = self.groups.ep_size, self.groups.ep
+        self.all_to_all_log = log = []
+
+        # 2. permute: kept assignments (token-major), stably sorted by expert
+        top_k = routing.expert_index.shape[1]
+        assignment = routing.kept.flatten().nonzero().squeeze(1)
+        assignment = assignment[routing.expert_index.flatten()[assignment].argsort(stable=True)]
+        token = assignment // top_k
+        permuted = tokens.index_select(0, token)
+
+        # 3. counts: recv_counts[s, j] = rows rank s sends to local expert j
+        recv_counts = torch.empty_like(routing.tokens_per_expert)
+        dist.all_to_all_single(recv_counts, routing.tokens_per_expert, group=group)
+        recv_counts = recv_counts.view(ep, len(self.local_experts))
+        send_splits = routing.tokens_per_expert.view(ep, -1).sum(dim=1).tolist()
+        recv_splits = recv_counts.sum(dim=1).tolist()
+
+        # 4. dispatch, 5. local experts, 6. combine
+        received = all_to_all_rows(permuted, send_splits, recv_splits, group, "dispatch", log)
+        local_expert_of_row = torch.arange(len(self.local_experts), device=tokens.device) \
+            .repeat(ep).repeat_interleave(recv_counts.flatten())
+        computed = torch.zeros_like(received)
+        for j, expert in enumerate(self.experts.values()):
+            rows = (local_expert_of_row == j).nonzero().squeeze(1)
+            computed = computed.index_add(0, rows, expert(received.index_select(0, rows)))
+        returned = all_to_all_rows(computed, recv_splits, send_splits, group, "combine", log)
+        self.tokens_per_local_expert = recv_counts.sum(dim=0).tolist()
+
+        # 7. un-permute and weight
+        weight = routing.weight.flatten()[assignment].unsqueeze(1)
+        y = torch.zeros_like(tokens).index_add(0, token, returned * weight)
+        return MoEOutput(y.view_as(x), routing.aux_loss, (routing,))
+
+
+def is_expert_parameter(parameter: nn.Parameter) -> bool:
+    return getattr(parameter, "expert_parallel", False)
+
+
+def sync_moe_grads(module: nn.Module, groups: ExpertGroups) -> None:
+    """Make every gradient that of the mean of the dp ranks' losses (L = (1/dp) sum_r L_r):
+
+    * a **dense** parameter (the router, anything replicated): each rank's gradient is dL_r/dw,
+      its own tokens' only: summed over the whole DP group, divided by dp, as in plain data
+      parallelism;
+    * an **expert** parameter (marked ``expert_parallel``): the expert saw the tokens of every
+      rank of its EP group (the dispatch brought them, the combine's backward brought their
+      gradients), so after the backward its gradient is already sum_{r in EP group} dL_r/dw.
+      Its copies live on the EDP group, one per EP group, each with the other ranks' tokens:
+      summed over the EDP group it is sum over all dp ranks of dL_r/dw; divided by **dp**
+      (not by the EDP size dp/ep, which would make it ep times too large; Megatron-core's
+      DDP scales expert gradients by 1/dp too).
+
+    One bucketed all-reduce per group (``hybrid.data_parallel.all_reduce_mean``). Collective
+    over the DP and EDP groups; call after the backward, before the optimizer step."""
+    expert, dense = [], []
+    for parameter in module.parameters():
+        if parameter.grad is None:  # a rank whose tokens missed it: its share is 0
+            parameter.grad = torch.zeros_like(parameter)
+        (expert if is_expert_parameter(parameter) else dense).append(parameter.grad)
+    all_reduce_mean(dense, groups.dp, groups.dp_size)
+    all_reduce_mean(expert, groups.edp, groups.dp_size)

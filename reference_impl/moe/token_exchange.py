@@ -1,0 +1,82 @@
+"""The all-to-all that moves tokens between the ranks of an EP group, with its backward, and a
+record of what each call sent.
+
+``dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group)``: rank r
+sends rows [sum(input_split_sizes[:d]), ... + input_split_sizes[d]) of ``input`` to rank d,
+and receives rank s's rows into ``output`` in source order. The sizes may differ from rank to
+rank (how many tokens each rank routes to each other rank); they are Python ints, known on
+both sides once the counts have been exchanged (``expert_parallel.py``). gloo runs it on the
+CPU with uneven splits (checked in torch 2.13: ``tests/library/moe/test_expert_parallel.py``),
+NCCL on the GPU.
+
+The backward of an all-to-all is the reverse all-to-all (the same exchange with the send and
+receive sizes swapped): the gradient of each received row goes back to the rank it came from.
+That is :class:`_AllToAll`, a small ``torch.autograd.Function``. (torch also has autograd-aware
+all-to-alls, ``torch.distributed.nn.functional.all_to_all_single``, deprecated in torch 2.13
+for the private ``torch.distributed._functional_collectives``; the twelve lines here say
+exactly what runs.)
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class AllToAllCall:
+    """One all-to-all as it ran on this rank: rows sent to, and received from, each rank of the
+    group; the bytes of one row."""
+
+    name: str                      # e.g. "dispatch forward", "combine backward"
+    send_splits: tuple[int, ...]
+    recv_splits: tuple[int, ...]
+    group_rank: int                # this rank's index in the group
+    row_bytes: int
+
+    @property
+    def bytes_leaving(self) -> int:
+        """The bytes this rank sent to other ranks (its own rows stay on the rank)."""
+        rows = sum(self.send_splits) - self.send_splits[self.group_rank]
+        return rows * self.row_bytes
+
+
+def _exchange(rows: torch.Tensor, send_splits: list[int], recv_splits: list[int], group,
+              name: str, log: list | None) -> torch.Tensor:
+    rows = rows.contiguous()
+    received = rows.new_empty((sum(recv_splits), *rows.shape[1:]))
+    dist.all_to_all_single(received, rows, output_split_sizes=recv_splits,
+                           input_split_sizes=send_splits, group=group)
+    if log is not None:
+        row_bytes = math.prod(rows.shape[1:]) * rows.element_size()
+        log.append(AllToAllCall(name, tuple(send_splits), tuple(recv_splits),
+                                dist.get_rank(group), row_bytes))
+    return received
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows, send_splits, recv_splits, group, name, log):
+        ctx.send_splits, ctx.recv_splits, ctx.group = send_splits, recv_splits, group
+        ctx.name, ctx.log = name, log
+        return _exchange(rows, send_splits, recv_splits, group, f"{name} forward", log)
+
+    @staticmethod
+    def backward(ctx, grad):
+        # The reverse exchange: what was received goes back, what was sent comes home.
+        grad_rows = _exchange(grad, ctx.recv_splits, ctx.send_splits, ctx.group,
+                              f"{ctx.name} backward", ctx.log)
+        return grad_rows, None, None, None, None, None
+
+
+def all_to_all_rows(rows: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
+                    group=None, name: str = "all-to-all", log: list | None = None) -> torch.Tensor:
+    """Send ``send_splits[d]`` consecutive rows of ``rows`` to rank d of ``group``; return the
+    ``recv_splits[s]`` rows from each rank s, in rank order. Differentiable (the backward is
+    the reverse exchange). Each call, forward and backward, is appended to ``log`` as an
+    :class:`AllToAllCall`. Collective over the group."""
+    return _AllToAll.apply(rows, [int(n) for n in send_splits], [int(n) for n in recv_splits],
+                           group, name, log)
