@@ -24,6 +24,10 @@ tokens:
 
 The calls of steps 4 and 6, forward and backward, are recorded in ``all_to_all_log``
 (``token_exchange.AllToAllCall``); ``moe_costs.py`` has their bytes as a formula.
+
+The backward runs the combine's reverse exchange, then the dispatch's, the latter only when the
+input requires a gradient: as with every collective in a backward, the ranks of an EP group
+must agree on it (inside a model they do: the input of a layer comes out of the layers below).
 """
 from __future__ import annotations
 
