@@ -12,5 +12,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
         "experts_of_rank"],
     "token_exchange": ["AllToAllCall", "all_to_all_rows"],
     "expert_parallel": ["ExpertParallelMoE", "sync_moe_grads"],
-    "moe_costs": ["AllToAllBytes", "all_to_all_bytes", "load_imbalance", "relative_load"],
+    "moe_costs": ["AllToAllBytes", "all_to_all_bytes", "load_imbalance", "relative_load",
+        "tokens_to_ranks"],
 })

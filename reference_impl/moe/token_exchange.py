@@ -13,7 +13,7 @@ The backward of an all-to-all is the reverse all-to-all (the same exchange with 
 receive sizes swapped): the gradient of each received row goes back to the rank it came from.
 That is :class:`_AllToAll`, a small ``torch.autograd.Function``. (torch also has autograd-aware
 all-to-alls, ``torch.distributed.nn.functional.all_to_all_single``, deprecated in torch 2.13
-for the private ``torch.distributed._functional_collectives``; the twelve lines here say
+for the private ``torch.distributed._functional_collectives``; the small class here says
 exactly what runs.)
 """
 from __future__ import annotations
