@@ -30,7 +30,10 @@ without a host sync. The optimizer updates all parameters in one go: Adam and SG
 ``fused=True`` on CUDA, ``foreach=True`` on the CPU (the same update as the for-loop versions,
 to fp32 rounding). ``--attention sdpa`` computes attention with PyTorch's fused kernel
 (``F.scaled_dot_product_attention``; see ``model.py``) instead of the explicit s x s softmax
-(``explicit``, the default). ``--dtype bf16`` computes the forward in bf16 (autocast) with fp32
+(``explicit``, the default). ``--model llama`` trains the Llama-style model of
+``model.llama_config`` (RMSNorm, SwiGLU, rotary positions, grouped-query attention with
+``--kv-heads`` KV heads, no biases) under every layout, with the same data and checks; the
+default is the course's GPT. ``--dtype bf16`` computes the forward in bf16 (autocast) with fp32
 weights, gradients, gradient reduction and optimizer state (``precision.py``); ``fp32`` is the
 default.
 
@@ -70,7 +73,7 @@ from reference_impl.comm.device import resolve_backend, wait_for_device
 from reference_impl.comm.launcher import launch, under_torchrun
 from reference_impl.hybrid import checkpoint, parallel_3d, parallelize
 from reference_impl.hybrid.parallelize import DP_KINDS, RECOMPUTE_MODES, ZERO_STAGES
-from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig
+from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig, llama_config
 from reference_impl.precision import PRECISIONS
 
 
@@ -107,6 +110,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "gradients, + parameters sharded over the replicas; --optimizer "
                              "adam, no checkpoints)")
     model = parser.add_argument_group("model and data")
+    model.add_argument("--model", choices=("gpt", "llama"), default="gpt",
+                       help="gpt (layernorm, GeLU MLP, learned positions: the default) or llama "
+                            "(model.llama_config: RMSNorm, SwiGLU, rotary positions, grouped-"
+                            "query attention, no biases)")
+    model.add_argument("--kv-heads", type=int, default=None,
+                       help="KV heads of grouped-query attention, a divisor of --heads (default: "
+                            "--heads for gpt, --heads // 2 for llama)")
     model.add_argument("--layers", type=int, default=4)
     model.add_argument("--hidden", type=int, default=64)
     model.add_argument("--heads", type=int, default=4)
@@ -143,6 +153,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                  "vocab", "log_every", "chunks"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.kv_heads is not None and args.kv_heads < 1:
+        parser.error("--kv-heads must be at least 1")
     if args.resume and not args.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir")
     if args.microbatches is None:
@@ -190,8 +202,13 @@ def check_composition(args) -> parallelize.ParallelDims:
 
 
 def model_config(args) -> ModelConfig:
-    return ModelConfig(vocab_size=args.vocab, seq_len=args.seq, hidden=args.hidden,
-                       heads=args.heads, layers=args.layers, attention=args.attention)
+    """The GPT's configuration, or with ``--model llama`` ``llama_config``'s; ``--kv-heads``
+    when given (a ValueError names a count that does not divide ``--heads``)."""
+    fields = dict(vocab_size=args.vocab, seq_len=args.seq, hidden=args.hidden, heads=args.heads,
+                  layers=args.layers, attention=args.attention)
+    if args.kv_heads is not None:
+        fields["kv_heads"] = args.kv_heads
+    return llama_config(**fields) if args.model == "llama" else ModelConfig(**fields)
 
 
 def optimizer_info(args) -> dict:
@@ -279,7 +296,8 @@ def train_on_rank(args) -> dict:
     dataset = parallel_3d.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
 
     backend = dist.get_backend()
-    _say(f"training dp {args.dp} x tp {args.tp} x pp {args.pp} = {dist.get_world_size()} "
+    _say(f"training {args.model} dp {args.dp} x tp {args.tp} x pp {args.pp} = "
+         f"{dist.get_world_size()} "
          f"ranks ({backend}), {args.schedule} with {args.microbatches} micro-batches, "
          f"{args.dtype}, " + ("sp, " if args.sp else "")
          + f"dp-kind {args.dp_kind}, recompute {args.recompute}, "

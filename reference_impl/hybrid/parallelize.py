@@ -12,7 +12,8 @@ The steps, in the order :func:`parallelize_gpt` runs them:
 * :func:`apply_pp` cuts ``gpt_layers(gpt)`` (embedding, blocks, head) into the schedule's
   stages by parameter count and keeps this rank's layers (references: nothing copied yet).
 * :func:`apply_tp` turns each kept layer into its tensor-parallel version, shard-from-full, on
-  ``current_device()``: ``ParallelBlock`` (``SequenceParallelBlock`` with ``sp``), the
+  ``current_device()``: ``ParallelBlock`` (``SequenceParallelBlock`` with ``sp``) or, for a
+  block with Llama parts (``llama_blocks``), ``llama_tp.ParallelLlamaBlock``, the
   vocabulary-parallel embedding and head. With ``sp`` (Korthikanti et al. 2022, "Reducing
   Activation Recomputation in Large Transformer Models", section 4.2.2) everything between the
   embedding and the final layernorm is this rank's sequence shard: the embedding's output is
@@ -33,6 +34,8 @@ The steps, in the order :func:`parallelize_gpt` runs them:
 
 What does not compose is refused by :class:`ParallelDims` with the rule and the numbers:
 ``sp`` without ``tp > 1``; a sequence, head count or hidden size that ``tp`` does not divide;
+KV heads ``tp`` neither divides nor is divided by (``llama_tp.kv_head_layout``); selective
+recomputation of grouped-query attention (``recompute.py`` re-implements the GPT's attention);
 the hook-driven kinds (ddp_hooks, zero2, zero3) with a split-backward schedule (zb-h1: its W
 adds the weight gradients without autograd, so no hook sees them); ZeRO with another optimizer
 than Adam (:func:`build_optimizer`). Everything else composes, zero3 with full recomputation
@@ -58,8 +61,8 @@ from reference_impl.pipeline.pipeline_partition import (GPTEmbedding, GPTHead, g
                                                         layer_sizes, partition)
 from reference_impl.pipeline.pipeline_schedules import Schedule, build_schedule
 from reference_impl.precision import check_precision
-from reference_impl.tp.sequence_parallel import SEQ_DIM, SequenceParallelBlock
-from reference_impl.tp.tp_attention import ParallelBlock
+from reference_impl.tp.llama_tp import check_tensor_parallel, parallel_block
+from reference_impl.tp.sequence_parallel import SEQ_DIM
 from reference_impl.tp.tp_collectives import gather_from_tp, scatter_to_tp
 from reference_impl.tp.vocab_parallel import (ParallelLMHead, VocabParallelEmbedding,
                                               vocab_parallel_cross_entropy)
@@ -132,6 +135,11 @@ class ParallelDims:
         for what, size in (("heads", config.heads), ("hidden size", config.hidden)):
             if size % self.tp:
                 raise ValueError(f"{what} {size} is not divisible by tp = {self.tp}")
+        check_tensor_parallel(config, self.tp)  # KV heads split or replicated, the MLP's size
+        if self.recompute == "selective" and config.grouped_query_attention:
+            raise ValueError("recompute selective re-implements the GPT attention's forward "
+                             "(memory/recompute.py); grouped-query attention (rotary positions "
+                             "or kv_heads < heads) takes recompute none or full")
         if self.sp and config.seq_len % self.tp:
             raise ValueError(f"seq_len {config.seq_len} is not divisible by tp = {self.tp}: "
                              f"sequence parallelism gives each TP rank seq_len / tp positions")
@@ -187,8 +195,8 @@ class SequenceWhole(SequenceShard):
 def tensor_parallel_layer(layer: nn.Module, group, vocab_parallel: bool = True,
                           sp: bool = False) -> nn.Module:
     """The TP (with ``sp``: sequence-parallel) version of one of ``gpt_layers``' layers."""
-    if isinstance(layer, Block):
-        return SequenceParallelBlock(layer, group) if sp else ParallelBlock(layer, group)
+    if isinstance(layer, Block):  # the GPT's ParallelBlock, or the Llama parts' (llama_tp)
+        return parallel_block(layer, group, sp)
     if isinstance(layer, GPTEmbedding):
         return TPEmbedding(layer, group) if vocab_parallel else copy.deepcopy(layer)
     if isinstance(layer, GPTHead):

@@ -74,16 +74,20 @@ def layer_sizes(layers: Sequence[nn.Module]) -> list[int]:
 
 
 class GPTEmbedding(nn.Module):
-    """The first layer of a GPT: token plus position embeddings (sharing the GPT's modules)."""
+    """The first layer of a GPT: token plus position embeddings (sharing the GPT's modules);
+    token embeddings only when ``position_embedding`` is None (rotary positions, which the
+    attention applies)."""
 
-    def __init__(self, token_embedding: nn.Embedding, position_embedding: nn.Embedding):
+    def __init__(self, token_embedding: nn.Embedding, position_embedding: nn.Embedding | None):
         super().__init__()
         self.token_embedding = token_embedding
         self.position_embedding = position_embedding
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        return self.token_embedding(tokens) + self.position_embedding(positions)
+        x = self.token_embedding(tokens)
+        if self.position_embedding is None:
+            return x
+        return x + self.position_embedding(torch.arange(tokens.shape[1], device=tokens.device))
 
 
 class GPTHead(nn.Module):

@@ -6,15 +6,16 @@ the kind of data parallelism (sync, ddp_hooks, zero1-3), fp32 and bf16, run in t
 (4 CPU ranks, then 8), several combinations per launch; for each, the loss of every step and
 every weight after the steps (gathered to the single-device names) on every rank.
 
-Tolerances. fp32: TP, SP, PP, DP, ZeRO and recomputation change only the order of additions
-(recomputation: none at all), so losses and weights agree to atol 1e-5 (``test_hybrid.py``'s;
-Adam's eps is 1e-4 for the reason given there). bf16: the kit's (``test_bf16.py``): losses to
-2e-2 of their scale, weights to 3e-2 of the largest change the steps made; Adam's eps is 1e-2
-there, since a gradient made of bf16 rounding noise would otherwise move a weight by lr with
-either sign. Observed on CPU (torch 2.13), largest over ranks and combinations: fp32 losses
-4.8e-7, weights 2.7e-7; bf16 losses 1.3e-4 and weights 9.8e-3 of their scales (each
-combination's own figures are printed with ``-s``). Then the refused combinations, each with
-the rule and the numbers in its message, and the trainer's flags end to end.
+Tolerances (``support/training.py`` holds them, with the helpers). fp32: TP, SP, PP, DP, ZeRO
+and recomputation change only the order of additions (recomputation: none at all), so losses
+and weights agree to atol 1e-5 (``test_hybrid.py``'s; Adam's eps is 1e-4 for the reason given
+there). bf16: the kit's (``test_bf16.py``): losses to 2e-2 of their scale, weights to 3e-2 of
+the largest change the steps made; Adam's eps is 1e-2 there, since a gradient made of bf16
+rounding noise would otherwise move a weight by lr with either sign. Observed on CPU (torch
+2.13), largest over ranks and combinations: fp32 losses 4.8e-7, weights 2.7e-7; bf16 losses
+1.3e-4 and weights 9.8e-3 of their scales (each combination's own figures are printed with
+``-s``). Then the refused combinations, each with the rule and the numbers in its message, and
+the trainer's flags end to end.
 """
 import pytest
 import torch
@@ -22,11 +23,10 @@ import torch
 from reference_impl import train
 from reference_impl.checks import assert_close
 from reference_impl.hybrid import parallel_3d as hybrid
-from reference_impl.hybrid.parallelize import ParallelDims, build_optimizer, parallelize_gpt
+from reference_impl.hybrid.parallelize import ParallelDims
 from reference_impl.model import GPT, ModelConfig
+from support.training import ATOL, check, single_device_oracles, train_combinations
 
-ATOL = 1e-5
-TOL, STEP_TOL = 2e-2, 3e-2  # bf16, as in test_bf16.py
 STEPS, BATCH = 3, 8
 CONFIG = ModelConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2)
 TIMEOUT = 120  # one launch of 8 ranks on 2 cores takes seconds, far from this
@@ -64,71 +64,13 @@ MATRIX = {
 OBSERVED = {}  # filled by the tests: name -> (loss difference, weight difference)
 
 
-def make_optimizer(name, precision="fp32"):
-    if name == "adam":  # eps: see the module's docstring
-        eps = 1e-4 if precision == "fp32" else 1e-2
-        return lambda parameters: torch.optim.Adam(parameters, lr=1e-2, eps=eps)
-    return lambda parameters: torch.optim.SGD(parameters, lr=0.5, momentum=0.9)
-
-
-def train_combinations(gpt, dataset, combinations):
-    """On every rank: each combination's losses and gathered weights, one after another."""
-    results = {}
-    for name, fields, optimizer in combinations:
-        dims = ParallelDims(**fields)
-        context = hybrid.initialize_parallelism(dims.dp, dims.tp, dims.pp)
-        model = parallelize_gpt(gpt, dims, context)
-        optim = build_optimizer(model, make_optimizer(optimizer, dims.precision))
-        losses = [hybrid.train_step(model, tokens, targets, optim).item()
-                  for tokens, targets in dataset]
-        results[name] = (losses, hybrid.gather_full_state(model))
-    return results
-
-
 @pytest.fixture(scope="module")
 def reference():
     """The GPT, the batches and single-device training per (precision, optimizer)."""
     torch.manual_seed(0)
     gpt = GPT(CONFIG)
     dataset = hybrid.make_dataset(0, STEPS, BATCH, CONFIG.seq_len, CONFIG.vocab_size)
-    oracles = {(precision, optimizer): hybrid.train_single_device(
-                   gpt, dataset, make_optimizer(optimizer, precision), precision=precision)
-               for precision in ("fp32", "bf16") for optimizer in ("adam", "sgd")}
-    return gpt, dataset, oracles
-
-
-def check(name, fields, optimizer, rank, result, gpt, oracles):
-    precision = fields.get("precision", "fp32")
-    expected_losses, expected_state = oracles[precision, optimizer]
-    losses, state = result
-    assert set(state) == set(expected_state), f"{name}, rank {rank}: parameter names differ"
-    initial = dict(gpt.named_parameters())
-    loss_error = (torch.tensor(losses) - torch.tensor(expected_losses)).abs().max().item()
-    weight_error = 0.0
-    if precision == "fp32":
-        assert_close(torch.tensor(losses), torch.tensor(expected_losses),
-                     f"{name}: the loss of steps 1..{STEPS}", rank=rank, atol=ATOL)
-    else:
-        scale = max(abs(x) for x in expected_losses)
-        loss_error /= scale
-        assert_close(torch.tensor(losses), torch.tensor(expected_losses),
-                     f"{name}: the loss of steps 1..{STEPS} (bf16)", rank=rank,
-                     atol=TOL * scale, rtol=0)
-    for parameter, expected in expected_state.items():
-        change = (expected - initial[parameter].detach()).abs().max().item()
-        assert change > 100 * ATOL, f"{parameter} moved by {change:.2g} only: a weak test"
-        error = (state[parameter] - expected).abs().max().item()
-        if precision == "fp32":
-            assert_close(state[parameter], expected, f"{name}: {parameter} after {STEPS} steps",
-                         rank=rank, atol=ATOL)
-        else:
-            error /= change
-            assert_close(state[parameter], expected,
-                         f"{name}: {parameter} after {STEPS} steps (bf16)", rank=rank,
-                         atol=STEP_TOL * change, rtol=0)
-        weight_error = max(weight_error, error)
-    previous = OBSERVED.get(name, (0.0, 0.0))
-    OBSERVED[name] = (max(previous[0], loss_error), max(previous[1], weight_error))
+    return gpt, dataset, single_device_oracles(gpt, dataset)
 
 
 @pytest.mark.parametrize("world", sorted(MATRIX))
@@ -139,7 +81,7 @@ def test_compositions_match_single_device_training(run_on_ranks, reference, worl
                            timeout=TIMEOUT)
     for rank, by_name in enumerate(results):
         for name, fields, optimizer in combinations:
-            check(name, fields, optimizer, rank, by_name[name], gpt, oracles)
+            check(name, fields, optimizer, rank, by_name[name], gpt, oracles, OBSERVED)
     print("\nlargest difference (loss, weights):",
           {name: f"{a:.1e}, {b:.1e}" for name, (a, b) in OBSERVED.items()})
 

@@ -1,0 +1,112 @@
+"""The Llama-style parts of a block, single-device: what ``model.Block`` picks when
+``ModelConfig`` asks for them (``model.llama_config`` asks for all of them).
+
+    RMSNorm                  x / sqrt(mean(x^2) + eps) * weight            (Zhang & Sennrich 2019,
+                                                                           "Root Mean Square Layer
+                                                                           Normalization")
+    SwiGLU                   down(silu(x W_gate^T) * (x W_up^T))          (Shazeer 2020, "GLU Variants
+                                                                           Improve Transformer")
+    GroupedQueryAttention    q, k, v projections; rotary embeddings on q and k (Su et al. 2021,
+                             "RoFormer", ``rotary.py``); ``kv_heads`` KV heads, each shared by
+                             heads / kv_heads consecutive query heads (Ainslie et al. 2023, "GQA",
+                             ``model.repeat_kv_heads``); the GPT's causal attention core
+                             (``model.attention_core``, either kernel); output projection ``proj``
+
+The SwiGLU's gate and up projections are one fused weight ``gate_up`` of rows ``[gate; up]``
+(2 * ffn, hidden), so one matmul computes both, and tensor parallelism splits it per block
+(``tp/llama_tp.py``). The attention keeps q, k and v as three weights, as Llama does (and as
+``cp/cp_attention.py``'s layer does): a fused ``[q; k; v]`` weight with fewer KV heads than query
+heads is made of *unequal* blocks, and ``tp_layers``' marks (``tp_dim``, ``tp_blocks``: equal
+blocks) could not gather its shards back; separate weights each split in equal pieces can.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from reference_impl.model import attention_core, check_attention, merge_heads, repeat_kv_heads
+from reference_impl.rotary import apply_rotary
+
+RMS_NORM_EPS = 1e-5  # Llama 2's; nn.LayerNorm's default eps too
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension: a layernorm without the mean
+    subtracted and without a bias (Zhang & Sennrich 2019). Computed in fp32, returned in x's
+    dtype (so under bf16 autocast the statistics are fp32, as Llama computes them)."""
+
+    def __init__(self, hidden: int, eps: float = RMS_NORM_EPS):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (normed * self.weight.float()).to(x.dtype)
+
+
+class SwiGLU(nn.Module):
+    """The gated MLP: ``gate_up`` (hidden -> 2 ffn, rows [gate; up]), silu(gate) * up, ``down``
+    (ffn -> hidden)."""
+
+    def __init__(self, hidden: int, ffn_hidden: int, bias: bool = False):
+        super().__init__()
+        self.gate_up = nn.Linear(hidden, 2 * ffn_hidden, bias=bias)
+        self.down = nn.Linear(ffn_hidden, hidden, bias=bias)
+
+    def forward(self, x):
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+def heads_of(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(batch, seq, heads*d) -> (batch, heads, seq, d)."""
+    batch, seq, _ = x.shape
+    return x.view(batch, seq, heads, -1).transpose(1, 2)
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      attention: str = "explicit") -> torch.Tensor:
+    """Causal attention of q (batch, heads, seq, d) over k and v (batch, kv_heads, seq, d):
+    each KV head repeated for the query heads that share it, then the GPT's attention core."""
+    heads = q.shape[1]
+    return attention_core(q, repeat_kv_heads(k, heads), repeat_kv_heads(v, heads), attention)
+
+
+class GroupedQueryAttention(nn.Module):
+    """Causal self-attention with ``kv_heads`` KV heads and, with ``rotary``, rotary embeddings
+    on q and k at positions 0..s-1 (without it, the positions come from the GPT's learned
+    embedding). ``kv_heads == heads`` is the GPT's multi-head attention."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int | None = None, rotary: bool = True,
+                 attention: str = "explicit", bias: bool = False):
+        super().__init__()
+        kv_heads = heads if kv_heads is None else kv_heads
+        if hidden % heads:
+            raise ValueError(f"hidden size {hidden} is not divisible by heads = {heads}")
+        if kv_heads < 1 or heads % kv_heads:
+            raise ValueError(f"kv_heads {kv_heads} does not divide heads {heads}")
+        head_dim = hidden // heads
+        if rotary and head_dim % 2:
+            raise ValueError(f"rotary embeddings turn pairs of features: head_dim {head_dim} "
+                             f"(hidden {hidden} / heads {heads}) is odd")
+        self.heads, self.kv_heads, self.rotary = heads, kv_heads, rotary
+        self.attention = check_attention(attention)  # the kernel: "explicit" or "sdpa"
+        self.q = nn.Linear(hidden, heads * head_dim, bias=bias)
+        self.k = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The projections of ``x``: q (batch, heads, seq, d), k and v (batch, kv_heads, seq, d)."""
+        return (heads_of(self.q(x), self.heads), heads_of(self.k(x), self.kv_heads),
+                heads_of(self.v(x), self.kv_heads))
+
+    def forward(self, x):
+        q, k, v = self.project(x)
+        if self.rotary:
+            positions = torch.arange(q.shape[-2], device=q.device)  # the whole sequence's
+            q, k = apply_rotary(q, positions), apply_rotary(k, positions)
+        return self.proj(merge_heads(grouped_attention(q, k, v, self.attention)))

@@ -1,0 +1,196 @@
+"""Tensor (and sequence) parallelism for the Llama-style parts (``llama_blocks.py``), built from
+the single-device modules' weights (shard-from-full) as ``tp_layers`` and ``tp_attention`` do,
+with their layers, their ``shard`` marks (``tp_dim``, ``tp_blocks``: ``full_state`` gathers
+every parameter back to its single-device name) and the conjugate collectives.
+
+* **SwiGLU**: ``gate_up`` column-parallel with ``blocks=2``, so that rank r holds its slice of
+  the gate *and* its slice of up (silu(gate) * up is then local), ``down`` row-parallel: one
+  all-reduce forward and one backward, as the GeLU MLP (Shoeybi et al. 2019).
+* **Grouped-query attention** (Ainslie et al. 2023): the query heads are split over the tp
+  ranks (heads % tp == 0), q column-parallel and ``proj`` row-parallel as in the GPT. Rank r's
+  query heads [r h/tp, (r+1) h/tp) use the KV heads [r h/tp / g, ...) with g = heads / kv_heads,
+  and the KV heads are
+
+      split        kv_heads % tp == 0   k and v column-parallel: rank r holds kv_heads / tp heads
+      replicated   tp % kv_heads == 0   rank r uses one KV head, r // (tp / kv_heads), shared
+                                        with the tp / kv_heads ranks of its group of query heads
+
+  (the rule of Megatron-core's grouped-query attention and of vLLM's QKVParallelLinear, which
+  replicate a KV head over the ranks that need it); any other (kv_heads, tp) is refused, with
+  the rule and the numbers (:func:`kv_head_layout`).
+* **Replicated KV weights** (:class:`ReplicatedHeads`): k and v stay whole on every rank, so
+  ``full_state`` returns them as they are (a replicated parameter has no ``tp_dim``), and each
+  rank computes only the rows of the KV head it uses. Each rank's gradient of the weight is then
+  its own query heads' part, on its KV head's rows only; the single-device gradient is the sum
+  of those parts over the ranks. The weight enters the forward through ``copy_to_tp``
+  (identity forward, all-reduce backward), so autograd itself sums the parts over the TP group:
+  every rank ends the backward with the whole gradient, the same on every rank, before any
+  data-parallel reduction or optimizer step sees it (no extra sync to forget, unlike the
+  sequence-parallel parameters). ``tests/library/llama`` checks the gradient, and that one
+  rank's part alone is not it.
+* **RMSNorm** is replicated (with sequence parallelism, marked ``sequence_parallel`` and summed
+  by ``sync_sequence_parallel_grads``, as the GPT's layernorms).
+
+The attention's input enters the TP region once for q, k and v: ``copy_to_tp`` (one
+all-reduce of its gradient), or with sequence parallelism ``gather_from_sp`` (all-gather
+along the sequence; Korthikanti et al. 2022). The rotary positions are then the whole
+sequence's 0..s-1 on every rank.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from reference_impl.llama_blocks import GroupedQueryAttention, SwiGLU
+from reference_impl.model import MLP, Block, CausalSelfAttention, ModelConfig
+from reference_impl.tp.sequence_parallel import (SEQ_DIM, SequenceParallelBlock,
+                                                 SequenceParallelColumnLinear,
+                                                 SequenceParallelRowLinear,
+                                                 _mark_sequence_parallel)
+from reference_impl.tp.tp_attention import ParallelBlock, ParallelSelfAttention
+from reference_impl.tp.tp_collectives import copy_to_tp, gather_from_sp
+from reference_impl.tp.tp_layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
+
+
+def kv_head_layout(heads: int, kv_heads: int, tp: int) -> str:
+    """``"split"`` or ``"replicated"``: how ``tp`` ranks hold ``kv_heads`` KV heads serving
+    ``heads`` query heads; a ValueError with the rule and the numbers when they cannot."""
+    if heads % tp:
+        raise ValueError(f"heads {heads} is not divisible by the tensor-parallel size tp = {tp}")
+    if kv_heads % tp == 0:
+        return "split"
+    if tp % kv_heads == 0:
+        return "replicated"
+    raise ValueError(f"kv_heads {kv_heads} and tp = {tp}: the KV heads are split over the "
+                     f"tensor-parallel ranks when tp divides kv_heads, or replicated when "
+                     f"kv_heads divides tp; {tp} does not divide {kv_heads} nor {kv_heads} {tp}")
+
+
+class SharedInputColumnLinear(ColumnParallelLinear):
+    """A column-parallel layer whose input has entered the TP region already (the attention
+    enters it once for q, k and v): no ``copy_to_tp`` of its own."""
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedHeads(nn.Module):
+    """A k or v projection (``linear``) kept whole on every TP rank, computing the rows of the
+    KV heads ``heads`` (a range) only; its input has entered the TP region already. The weight
+    goes through ``copy_to_tp``, so its gradient is summed over the TP group (see the module)."""
+
+    def __init__(self, linear: nn.Linear, heads: range, head_dim: int, group=None):
+        super().__init__()
+        self.group, self.rows = group, slice(heads.start * head_dim, heads.stop * head_dim)
+        self.weight = nn.Parameter(linear.weight.detach().clone())
+        self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
+
+    def forward(self, x):
+        weight = copy_to_tp(self.weight, self.group)[self.rows]
+        bias = None if self.bias is None else copy_to_tp(self.bias, self.group)[self.rows]
+        return F.linear(x, weight, bias)
+
+
+class ParallelGroupedQueryAttention(GroupedQueryAttention):
+    """``GroupedQueryAttention`` with its query heads split over the TP group and its KV heads
+    split or replicated (:func:`kv_head_layout`); with ``sequence_parallel`` its input and
+    output are this rank's shard of the sequence. The forward is the single-device one."""
+
+    def __init__(self, attention: GroupedQueryAttention, group=None,
+                 sequence_parallel: bool = False):
+        nn.Module.__init__(self)
+        tp, rank = dist.get_world_size(group), dist.get_rank(group)
+        layout = kv_head_layout(attention.heads, attention.kv_heads, tp)
+        self.group, self.sequence_parallel = group, sequence_parallel
+        self.rotary, self.attention = attention.rotary, attention.attention
+        self.heads = attention.heads // tp
+        self.q = SharedInputColumnLinear(attention.q, group)
+        if layout == "split":
+            self.kv_heads = attention.kv_heads // tp
+            self.k = SharedInputColumnLinear(attention.k, group)
+            self.v = SharedInputColumnLinear(attention.v, group)
+        else:
+            sharing = tp // attention.kv_heads  # ranks per KV head
+            self.kv_heads, mine = 1, range(rank // sharing, rank // sharing + 1)
+            head_dim = attention.q.out_features // attention.heads
+            self.k = ReplicatedHeads(attention.k, mine, head_dim, group)
+            self.v = ReplicatedHeads(attention.v, mine, head_dim, group)
+        self.proj = (SequenceParallelRowLinear(attention.proj, group) if sequence_parallel
+                     else RowParallelLinear(attention.proj, group, input_is_parallel=True))
+
+    def project(self, x):
+        if self.sequence_parallel:
+            x = gather_from_sp(x, SEQ_DIM, self.group)  # the whole sequence, for every head
+        else:
+            x = copy_to_tp(x, self.group)  # one all-reduce of x's gradient for q, k and v
+        return super().project(x)
+
+
+class ParallelSwiGLU(SwiGLU):
+    """``SwiGLU``'s forward with ``gate_up`` column-parallel per block (this rank's gate and up
+    slices) and ``down`` row-parallel; the SP layers with ``sequence_parallel``."""
+
+    def __init__(self, mlp: SwiGLU, group=None, sequence_parallel: bool = False):
+        nn.Module.__init__(self)
+        if sequence_parallel:
+            self.gate_up = SequenceParallelColumnLinear(mlp.gate_up, group, blocks=2)
+            self.down = SequenceParallelRowLinear(mlp.down, group)
+        else:
+            self.gate_up = ColumnParallelLinear(mlp.gate_up, group, blocks=2)
+            self.down = RowParallelLinear(mlp.down, group, input_is_parallel=True)
+
+
+def parallel_attention(attention: nn.Module, group=None, sequence_parallel: bool = False):
+    """The TP (or SP) version of a block's attention, grouped-query or the GPT's."""
+    if isinstance(attention, GroupedQueryAttention):
+        return ParallelGroupedQueryAttention(attention, group, sequence_parallel)
+    parallel = ParallelSelfAttention(attention, group)
+    if sequence_parallel:  # the SP collectives around the same shards, as SequenceParallelBlock
+        parallel.qkv = SequenceParallelColumnLinear(attention.qkv, group, blocks=3)
+        parallel.proj = SequenceParallelRowLinear(attention.proj, group)
+    return parallel
+
+
+def parallel_mlp(mlp: nn.Module, group=None, sequence_parallel: bool = False):
+    """The TP (or SP) version of a block's MLP, SwiGLU or the GPT's."""
+    if isinstance(mlp, SwiGLU):
+        return ParallelSwiGLU(mlp, group, sequence_parallel)
+    parallel = ParallelMLP(mlp, group)
+    if sequence_parallel:
+        parallel.fc1 = SequenceParallelColumnLinear(mlp.fc1, group)
+        parallel.fc2 = SequenceParallelRowLinear(mlp.fc2, group)
+    return parallel
+
+
+class ParallelLlamaBlock(Block):
+    """``model.Block``'s forward with any of its parts (RMSNorm or layernorm, grouped-query or
+    GPT attention, SwiGLU or GeLU MLP) tensor-parallel; the norms are copies, whole on every
+    rank. With ``sequence_parallel`` the SP block: input and output this rank's shard of the
+    sequence (dim 1); after the backward, call ``sync_sequence_parallel_grads``."""
+
+    def __init__(self, block: Block, group=None, sequence_parallel: bool = False):
+        nn.Module.__init__(self)
+        self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
+        self.attn = parallel_attention(block.attn, group, sequence_parallel)
+        self.mlp = parallel_mlp(block.mlp, group, sequence_parallel)
+        if sequence_parallel:
+            _mark_sequence_parallel(*self.ln1.parameters(), *self.ln2.parameters())
+
+
+def parallel_block(block: Block, group=None, sequence_parallel: bool = False) -> Block:
+    """The TP (with ``sequence_parallel``: SP) version of a block: the GPT's own classes for a
+    block of GPT attention and GeLU MLP, else :class:`ParallelLlamaBlock`."""
+    if isinstance(block.attn, CausalSelfAttention) and isinstance(block.mlp, MLP):
+        return SequenceParallelBlock(block, group) if sequence_parallel else ParallelBlock(block, group)
+    return ParallelLlamaBlock(block, group, sequence_parallel)
+
+
+def check_tensor_parallel(config: ModelConfig, tp: int) -> None:
+    """Refuse a configuration whose KV heads or MLP ``tp`` ranks cannot split."""
+    if config.grouped_query_attention:
+        kv_head_layout(config.heads, config.kv_heads or config.heads, tp)
+    if config.ffn_size % tp:
+        raise ValueError(f"the MLP's inner size {config.ffn_size} is not divisible by tp = {tp}")
