@@ -52,7 +52,7 @@ class RotaryAttention(nn.Module):
             raise ValueError(f"hidden size {hidden} is not divisible by heads = {heads}")
         if heads % kv_heads:
             raise ValueError(f"kv_heads {kv_heads} does not divide heads {heads}")
-        self.heads, self.kv_heads = heads, kv_heads
+        self.heads, self.kv_heads, self.rotary = heads, kv_heads, True
         head_dim = hidden // heads
         self.q = nn.Linear(hidden, heads * head_dim, bias=bias)
         self.k = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
@@ -62,8 +62,9 @@ class RotaryAttention(nn.Module):
     def project(self, x: torch.Tensor, positions: torch.Tensor):
         """q (batch, heads, seq, d), k and v (batch, kv_heads, seq, d) of tokens ``x`` at
         ``positions``, q and k turned by them."""
-        q = apply_rotary(_split_heads(self.q(x), self.heads), positions)
-        k = apply_rotary(_split_heads(self.k(x), self.kv_heads), positions)
+        q, k = _split_heads(self.q(x), self.heads), _split_heads(self.k(x), self.kv_heads)
+        if self.rotary:
+            q, k = apply_rotary(q, positions), apply_rotary(k, positions)
         return q, k, _split_heads(self.v(x), self.kv_heads)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,26 +77,37 @@ class ContextParallelAttention(RotaryAttention):
     """``attention``'s layer (a copy of its weights, under the same names) on this rank of the
     CP ``group`` (None: the world); ``variant`` "ring" or "allgather". Input and output: this
     rank's tokens (batch, seq/cp, hidden), load-balanced. After the backward, call
-    :func:`sync_context_parallel_grads` (or reduce the gradients over DP x CP)."""
+    :func:`sync_context_parallel_grads` (or reduce the gradients over DP x CP).
+
+    ``attention`` is a :class:`RotaryAttention` or any layer laid out the same way: ``heads``,
+    ``kv_heads``, linear ``q``, ``k``, ``v``, ``proj`` and optionally ``rotary`` (a bool,
+    True when absent), such as ``llama_blocks.GroupedQueryAttention``."""
 
     def __init__(self, attention: RotaryAttention, group=None, variant: str = "ring"):
         nn.Module.__init__(self)
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(map(repr, VARIANTS))}, got {variant!r}")
         self.heads, self.kv_heads = attention.heads, attention.kv_heads
+        self.rotary = getattr(attention, "rotary", True)
         for name in ("q", "k", "v", "proj"):
             setattr(self, name, copy.deepcopy(getattr(attention, name)))
         self.group, self.variant = group, variant
 
-    def forward(self, x: torch.Tensor, clock=None) -> torch.Tensor:
+    def positions(self, x: torch.Tensor) -> torch.Tensor:
+        """The global positions of this rank's tokens ``x`` (batch, seq/cp, hidden)."""
         cp, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
-        positions = token_positions(x.shape[1] * cp, cp, rank, x.device)
-        q, k, v = self.project(x, positions)
+        return token_positions(x.shape[1] * cp, cp, rank, x.device)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, clock=None) -> torch.Tensor:
+        """The attention core over the CP group: ring (timed by ``clock``, a ``RingClock``,
+        if given) or all-gather."""
         if self.variant == "ring":
-            out = ring_attention(q, k, v, self.group, clock)
-        else:
-            out = allgather_attention(q, k, v, self.group)
-        return self.proj(merge_heads(out))
+            return ring_attention(q, k, v, self.group, clock)
+        return allgather_attention(q, k, v, self.group)
+
+    def forward(self, x: torch.Tensor, clock=None) -> torch.Tensor:
+        q, k, v = self.project(x, self.positions(x))
+        return self.proj(merge_heads(self.core(q, k, v, clock)))
 
 
 def sync_context_parallel_grads(module: nn.Module, group=None) -> None:
