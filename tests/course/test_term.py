@@ -10,6 +10,9 @@ handout's own library only, nothing of this repository importable).
 * **Releases** (``--withhold-from labN``: labs before N released). A student who hands in lab
   N alone, the earlier labs' files left unfinished, passes lab N, notebook included: the
   README's "stuck on lab 2, you can still do lab 3 once lab 2's solutions are released".
+  Checked for each lab that builds on an earlier one (:func:`earlier_labs_used`: its notebook
+  or files import, through the library, a module an earlier lab writes); for the others the
+  release handout differs from the start-of-term one only in files the lab never loads.
 * Before lab 2 is released, lab 3 runs on the student's own lab 2 files, and its checks say so.
 
 Each step is a handout of its own, so the steps of the selected tests run side by side
@@ -17,6 +20,8 @@ Each step is a handout of its own, so the steps of the selected tests run side b
 """
 from __future__ import annotations
 
+import ast
+import importlib.util
 import json
 import re
 import shutil
@@ -28,6 +33,8 @@ import pytest
 from support.graded_cases import assert_every_case_fails_with_the_hint, cases_of
 from support.handout_runs import build_handout, handout_python, in_handout, run_notebook, student_command
 from reference_impl.course import make_labs, syllabus
+from reference_impl.course.grading import modules_imported
+from support import REPO
 
 # A test waits for its own step, and while the steps queue, for those before it too: its limit
 # is the term's, each run in a step keeping its own (tests/support/nested.py).
@@ -35,7 +42,42 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 AT_ONCE = 4  # steps at a time: each is mostly waiting on ranks and kernels starting
 LABS = syllabus.LABS
-RELEASES = [lab for lab in LABS if lab.number > 0]  # --withhold-from lab0 is the start of term
+
+
+def earlier_labs_used(lab) -> set[str]:
+    """The earlier labs whose modules ``lab``'s solved notebook and files reach, following the
+    library's imports (``grading.modules_imported``: re-exports through packages included)."""
+    notebook = json.loads((REPO / "solutions" / f"{lab.notebook}.ipynb").read_text())
+    texts = ["\n".join(line for line in "".join(cell["source"]).splitlines()
+                       if not line.lstrip().startswith(("%", "!")))  # IPython's magics and shell
+             for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    texts += [path.read_text() for path in make_labs.modules_with_exercises()
+              if path.stem in lab.files]
+    labs_of_files, reached = syllabus.labs_of_files(), set()
+    while texts:
+        tree = ast.parse(texts.pop())
+        for module in {m for node in ast.walk(tree) for m in modules_imported(node)} - reached:
+            source = _library_source(module)
+            if source:
+                reached.add(module)
+                texts.append(source.read_text())
+    return {earlier for module in reached for earlier in labs_of_files.get(module.split(".")[-1], ())
+            if syllabus.lab(earlier).number < lab.number}
+
+
+def _library_source(module: str) -> Path | None:
+    """The file of a library module; None for anything else (a name imported from a module)."""
+    if not module.startswith("reference_impl"):
+        return None
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        return None
+    return Path(spec.origin) if spec and spec.origin and spec.origin.endswith(".py") else None
+
+
+# --withhold-from lab0 is the start of term; a lab that builds on no earlier lab is the same there
+RELEASES = [lab for lab in LABS if lab.number > 0 and earlier_labs_used(lab)]
 
 
 def hand_in(handout: Path, solved: dict[str, str], labs) -> None:
@@ -166,3 +208,12 @@ def test_before_lab2_is_released_lab3_runs_on_the_student_s_lab2_and_says_so(ter
     assert "NotImplementedError: lab2:" in process.stdout, process.stdout[-3000:]
     assert re.search(r"^lab3: \d+ of its failures stopped in lab2's unfinished exercises",
                      process.stdout, re.MULTILINE), process.stdout[-3000:]
+
+
+def test_the_labs_that_build_on_earlier_ones_are_found():
+    """The releases checked above are those of labs that build on earlier ones: the import
+    analysis must find what the course states (lab 3's attention on lab 2's layers, lab 5's
+    hybrid on the TP and pipeline labs), or it would leave releases unchecked."""
+    assert earlier_labs_used(syllabus.lab("lab0")) == set()
+    assert "lab2" in earlier_labs_used(syllabus.lab("lab3"))
+    assert {"lab2", "lab4"} <= earlier_labs_used(syllabus.lab("lab5"))
