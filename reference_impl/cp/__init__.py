@@ -8,7 +8,8 @@ from reference_impl.lazy_exports import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "online_softmax": ["block_attention", "block_attention_backward", "merge_partials",
         "visible_keys"],
-    "load_balance": ["check_sequence", "shard_sequence", "token_positions", "unshard_sequence"],
+    "load_balance": ["check_sequence", "shard_sequence", "token_positions", "unshard_sequence",
+        "visible_part"],
     "ring_attention": ["RingAttention", "ring_attention"],
     "ring_overlap": ["RingClock"],
     "allgather_attention": ["AllGatherAttention", "allgather_attention"],

@@ -53,3 +53,22 @@ def token_positions(seq: int, cp: int, rank: int, device=None) -> torch.Tensor:
     """The global positions (int64) of rank ``rank``'s seq / cp tokens, in the order it holds them."""
     check_sequence(seq, cp)
     return shard_sequence(torch.arange(seq, device=device), cp, rank, dim=0)
+
+
+def visible_part(cp: int, rank: int, owner: int, seq_local: int) -> tuple[slice, slice, bool]:
+    """Which of rank ``rank``'s queries see which of rank ``owner``'s keys, as (query slice,
+    key slice, whether a causal mask is needed inside), over the two ranks' seq_local tokens.
+    Under this layout every other block is half visible, the rest hidden whole:
+
+        owner == rank:  all x all, causal inside each chunk
+        owner <  rank:  all of my queries x owner's first chunk (owner < rank: before both of
+                        mine); its second chunk (2cp-1-owner > 2cp-1-rank) is after both
+        owner >  rank:  my second chunk (2cp-1-rank > 2cp-1-owner > owner) x all of owner's
+                        keys; my first chunk (rank < owner) sees none of them
+    """
+    half = seq_local // 2
+    if owner == rank:
+        return slice(0, seq_local), slice(0, seq_local), True
+    if owner < rank:
+        return slice(0, seq_local), slice(0, half), False
+    return slice(half, seq_local), slice(0, seq_local), False

@@ -69,12 +69,9 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return (probabilities.to(v.dtype) @ v).float(), lse
 
 
-def merge_partials(out1: torch.Tensor | None, lse1: torch.Tensor | None, out2: torch.Tensor,
+def merge_partials(out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor,
                    lse2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The online-softmax merge of two blocks' (out, lse) for the same queries (fp32); a first
-    block (``out1`` None) is returned as it is."""
-    if out1 is None:
-        return out2, lse2
+    """The online-softmax merge of two blocks' (out, lse) for the same queries (fp32)."""
     lse = torch.logaddexp(lse1, lse2)
     finite = _finite(lse)
     out = (lse1 - finite).exp()[..., None] * out1 + (lse2 - finite).exp()[..., None] * out2

@@ -21,9 +21,12 @@ each block's dK/dV is accumulated by every rank it visits and travels one rank b
 block, so that after cp - 1 hops it reaches its owner (rank r's own share, from step 0, never
 leaves). Only q, k, v, out and lse are saved: nothing of size seq x seq outlives a step.
 
-Every block is masked from the tokens' global positions (key position > query position is
-hidden), so any layout works; under the load-balanced one a quarter of each block's pairs
-are visible or hidden whole (computing them anyway is this reference's simplification).
+Only the visible part of a block is computed. A rank's own block is masked from the tokens'
+global positions (key position > query position is hidden); of any other rank's block, the
+load-balanced layout makes exactly half visible, whole, and half hidden
+(``load_balance.visible_part``): all queries against the earlier owner's first chunk, or the
+rank's later chunk against all of a later owner's keys. So every rank computes the same
+number of (query, key) pairs at every step, the point of the layout.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as distributed_c10d
 
-from reference_impl.cp.load_balance import token_positions
+from reference_impl.cp.load_balance import token_positions, visible_part
 from reference_impl.cp.online_softmax import (block_attention, block_attention_backward,
                                               merge_partials, output_dot_grad)
 from reference_impl.cp.ring_overlap import RingClock
@@ -94,16 +97,20 @@ class RingAttention(torch.autograd.Function):
         seq = q.shape[2] * cp
         ctx.group, ctx.seq = group, seq
         with torch.autocast(q.device.type, enabled=False):
-            q_positions = token_positions(seq, cp, rank, q.device)
+            positions = token_positions(seq, cp, rank, q.device)
             kv = torch.stack((k, v))  # one message per step: (2, batch, kv_heads, seq/cp, d)
-            out = lse = None
             for step in range(cp):
                 transfer = start_ring_exchange(kv, group, KV_TAG) if step < cp - 1 else None
                 if transfer and clock:
                     clock.start(q.device)
-                k_positions = token_positions(seq, cp, (rank - step) % cp, q.device)
-                block_out, block_lse = block_attention(q, kv[0], kv[1], q_positions, k_positions)
-                out, lse = merge_partials(out, lse, block_out, block_lse)
+                rows, keys, masked = visible_part(cp, rank, (rank - step) % cp, q.shape[2])
+                block_out, block_lse = block_attention(q[:, :, rows], kv[0][:, :, keys], kv[1][:, :, keys],
+                                                       *((positions, positions) if masked else ()))
+                if step == 0:  # this rank's own block: every row
+                    out, lse = block_out, block_lse
+                else:
+                    out[:, :, rows], lse[:, :, rows] = merge_partials(out[:, :, rows], lse[:, :, rows],
+                                                                      block_out, block_lse)
                 if transfer:
                     if clock:
                         clock.computed(q.device)
@@ -120,18 +127,20 @@ class RingAttention(torch.autograd.Function):
         group, seq = ctx.group, ctx.seq
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         with torch.autocast(q.device.type, enabled=False):
-            q_positions = token_positions(seq, cp, rank, q.device)
+            positions = token_positions(seq, cp, rank, q.device)
             out_dot_grad = output_dot_grad(out, grad_out)
             grad_q = torch.zeros_like(q, dtype=torch.float32)
             kv = torch.stack((k, v))
             kv_transfer = start_ring_exchange(kv, group, KV_TAG) if cp > 1 else None
             grad_kv_transfer = own_grad_kv = None
             for step in range(cp):
-                k_positions = token_positions(seq, cp, (rank - step) % cp, q.device)
-                block_grads = block_attention_backward(q, kv[0], kv[1], grad_out, lse, out_dot_grad,
-                                                       q_positions, k_positions)
-                grad_q += block_grads[0]
-                block_grad_kv = torch.stack(block_grads[1:])
+                rows, keys, masked = visible_part(cp, rank, (rank - step) % cp, q.shape[2])
+                block_grads = block_attention_backward(
+                    q[:, :, rows], kv[0][:, :, keys], kv[1][:, :, keys], grad_out[:, :, rows],
+                    lse[:, :, rows], out_dot_grad[:, :, rows], *((positions, positions) if masked else ()))
+                grad_q[:, :, rows] += block_grads[0]
+                block_grad_kv = torch.zeros_like(kv, dtype=torch.float32)
+                block_grad_kv[:, :, :, keys] = torch.stack(block_grads[1:])
                 if step == 0:
                     own_grad_kv = block_grad_kv  # stays here; the others' shares arrive at the end
                 else:  # add to the block's dK/dV so far (none before step 1) and pass it on

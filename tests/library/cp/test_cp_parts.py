@@ -12,9 +12,10 @@ from reference_impl.checks import assert_close
 from reference_impl.cp.cp_attention import RotaryAttention
 from reference_impl.cp.cp_costs import (allgather_attention_bytes, attention_activation_bytes,
                                         kv_block_bytes, ring_attention_bytes)
-from reference_impl.cp.load_balance import shard_sequence, token_positions, unshard_sequence
+from reference_impl.cp.load_balance import (shard_sequence, token_positions, unshard_sequence,
+                                            visible_part)
 from reference_impl.cp.online_softmax import (block_attention, block_attention_backward,
-                                              merge_partials, output_dot_grad)
+                                              merge_partials, output_dot_grad, visible_keys)
 from reference_impl.cp.ring_attention import ring_attention
 from reference_impl.model import causal_attention, repeat_kv_heads
 from support.toys import random
@@ -89,6 +90,15 @@ def test_load_balanced_layout():
         # the point of the layout: every rank has the same number of visible (query, key) pairs
         work = {int((token_positions(24, cp, rank)[:, None] + 1).sum()) for rank in range(cp)}
         assert len(work) == 1, f"cp {cp}: unequal causal work per rank {work}"
+        # the part of each block the ring computes is exactly where the causal mask sees keys
+        for rank in range(cp):
+            for owner in range(cp):
+                visible = visible_keys(token_positions(24, cp, rank), token_positions(24, cp, owner))
+                rows, keys, masked = visible_part(cp, rank, owner, 24 // cp)
+                outside = visible.clone()
+                outside[rows, keys] = False
+                assert not outside.any(), f"cp {cp}, rank {rank}, owner {owner}: visible keys left out"
+                assert masked == (owner == rank) and (masked or visible[rows, keys].all()), (cp, rank, owner)
 
 
 def test_cost_formulas():
