@@ -7,7 +7,7 @@ stay; the K/V blocks travel round the ring, rank r sending to r+1 and receiving 
 
     forward, step t = 0 .. cp-1, on rank r (holding the K/V block of rank r - t):
         start sending that block to r+1 and receiving the next one from r-1   (cp - 1 times)
-        attend this rank's queries to the block -> (out, lse), causal by global positions
+        attend this rank's queries to the block's visible part (below) -> (out, lse)
         merge into the running (out, lse) (online softmax, ``online_softmax.py``)
         wait for the transfer: it ran while the block was computed (overlap)
 
