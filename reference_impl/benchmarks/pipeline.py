@@ -7,7 +7,8 @@ Everything runs the reference executor (``pipeline_executor.run_schedule``) on p
 
 1. **Bubble fraction, measured vs simulated vs formula** for GPipe, 1F1B, interleaved 1F1B
    (v = 2) and ZB-H1 at m = 4, 8, 16. The stages are *calibrated*
-   (``pipeline/calibrated_stages.py``): ``SleepStage`` sleeps a fixed time per pass (T_F = ``--cost-f``, the whole backward T_B + T_W = 2 T_F,
+   (``pipeline/calibrated_stages.py``): ``SleepStage`` sleeps a fixed time per pass
+   (T_F = ``--cost-f``, the whole backward T_B + T_W = 2 T_F,
    split evenly between B and W for ZB-H1, each chunk 1/v of it), so the timeline is made of
    known costs and the point-to-point overhead is small beside them. Sleeping uses no CPU,
    so 4 ranks on a 2-core laptop measure the schedule, not the machine. The measured bubble
