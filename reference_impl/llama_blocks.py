@@ -14,10 +14,11 @@
 
 The SwiGLU's gate and up projections are one fused weight ``gate_up`` of rows ``[gate; up]``
 (2 * ffn, hidden), so one matmul computes both, and tensor parallelism splits it per block
-(``tp/llama_tp.py``). The attention keeps q, k and v as three weights, as Llama does (and as
-``cp/cp_attention.py``'s layer does): a fused ``[q; k; v]`` weight with fewer KV heads than query
-heads is made of *unequal* blocks, and ``tp_layers``' marks (``tp_dim``, ``tp_blocks``: equal
-blocks) could not gather its shards back; separate weights each split in equal pieces can.
+(``tp/llama_tp.py``). The attention keeps q, k and v as three weights, as Llama does: a fused
+``[q; k; v]`` weight with fewer KV heads than query heads is made of *unequal* blocks, which
+``tp_layers``' marks (``tp_dim``, ``tp_blocks``: equal blocks, piece r of each on rank r) cannot
+describe, so ``full_state`` could not gather its shards back; three weights, each split in equal
+pieces (or kept whole), it can.
 """
 from __future__ import annotations
 

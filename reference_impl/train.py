@@ -296,10 +296,9 @@ def train_on_rank(args) -> dict:
     dataset = parallel_3d.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
 
     backend = dist.get_backend()
-    _say(f"training {args.model} dp {args.dp} x tp {args.tp} x pp {args.pp} = "
-         f"{dist.get_world_size()} "
-         f"ranks ({backend}), {args.schedule} with {args.microbatches} micro-batches, "
-         f"{args.dtype}, " + ("sp, " if args.sp else "")
+    _say(f"training dp {args.dp} x tp {args.tp} x pp {args.pp} = {dist.get_world_size()} "
+         f"ranks ({backend}), {args.model}, {args.schedule} with {args.microbatches} "
+         f"micro-batches, {args.dtype}, " + ("sp, " if args.sp else "")
          + f"dp-kind {args.dp_kind}, recompute {args.recompute}, "
          + (f"steps {start + 1}..{args.steps}" if start < args.steps else "no steps left")
          + (f" (resumed at step {start})" if start else ""))
