@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_impl.model import attention_core, check_attention, merge_heads, repeat_kv_heads
+from reference_impl.attention import attention_core, check_attention, merge_heads, repeat_kv_heads
 from reference_impl.rotary import apply_rotary
 
 RMS_NORM_EPS = 1e-5  # Llama 2's; nn.LayerNorm's default eps too
@@ -100,14 +100,18 @@ class GroupedQueryAttention(nn.Module):
         self.v = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
         self.proj = nn.Linear(heads * head_dim, hidden, bias=bias)
 
-    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The projections of ``x``: q (batch, heads, seq, d), k and v (batch, kv_heads, seq, d)."""
-        return (heads_of(self.q(x), self.heads), heads_of(self.k(x), self.kv_heads),
-                heads_of(self.v(x), self.kv_heads))
+    def project(self, x: torch.Tensor, positions: torch.Tensor | None = None):
+        """The projections of tokens ``x``: q (batch, heads, seq, d), k and v (batch, kv_heads,
+        seq, d), q and k turned by the tokens' ``positions`` with ``rotary`` (default 0..s-1, the
+        whole sequence's; a context-parallel rank passes its tokens' places in the sequence)."""
+        q, k, v = (heads_of(self.q(x), self.heads), heads_of(self.k(x), self.kv_heads),
+                   heads_of(self.v(x), self.kv_heads))
+        if self.rotary:
+            if positions is None:
+                positions = torch.arange(q.shape[-2], device=q.device)
+            q, k = apply_rotary(q, positions), apply_rotary(k, positions)
+        return q, k, v
 
     def forward(self, x):
         q, k, v = self.project(x)
-        if self.rotary:
-            positions = torch.arange(q.shape[-2], device=q.device)  # the whole sequence's
-            q, k = apply_rotary(q, positions), apply_rotary(k, positions)
         return self.proj(merge_heads(grouped_attention(q, k, v, self.attention)))

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.device import current_device
 from reference_impl.comm.launcher import launch
-from reference_impl.cp.cp_attention import ContextParallelAttention, RotaryAttention
+from reference_impl.cp.cp_attention import ContextParallelAttention
+from reference_impl.llama_blocks import GroupedQueryAttention
 from reference_impl.cp.cp_costs import allgather_attention_bytes, ring_attention_bytes
 from reference_impl.cp.load_balance import shard_sequence
 from reference_impl.cp.ring_overlap import RingClock
@@ -89,7 +90,7 @@ def measure_on_rank(batch: int, seq: int, hidden: int, heads: int, kv_heads: int
     time the ring's steps, and try PyTorch's CP."""
     cp, rank, device = dist.get_world_size(), dist.get_rank(), current_device()
     torch.manual_seed(0)
-    single = RotaryAttention(hidden, heads, kv_heads).to(device)
+    single = GroupedQueryAttention(hidden, heads, kv_heads, bias=True).to(device)
     layers = {variant: ContextParallelAttention(single, None, variant) for variant in VARIANTS}
     generator = torch.Generator().manual_seed(1)
     x, upstream = (torch.randn(batch, seq, hidden, generator=generator).to(device) for _ in range(2))

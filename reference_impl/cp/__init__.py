@@ -15,5 +15,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "allgather_attention": ["AllGatherAttention", "allgather_attention"],
     "cp_costs": ["allgather_attention_bytes", "attention_activation_bytes", "kv_block_bytes",
         "ring_attention_bytes"],
-    "cp_attention": ["ContextParallelAttention", "RotaryAttention", "sync_context_parallel_grads"],
+    "cp_attention": ["ContextParallelAttention", "sync_context_parallel_grads"],
 })

@@ -1,8 +1,7 @@
 """Self-attention with context parallelism: the layer a CP rank runs on its tokens.
 
-:class:`RotaryAttention` is the single-device layer, written the Llama way (separate q, k, v
-projections, grouped-query attention with ``kv_heads`` KV heads, rotary embeddings on q and k,
-``rotary.py``) with the course's causal attention core (``model.causal_attention``).
+The single-device layer is the Llama-style ``llama_blocks.GroupedQueryAttention`` (separate q,
+k, v projections, ``kv_heads`` KV heads, rotary embeddings on q and k, ``rotary.py``).
 :class:`ContextParallelAttention` is the same layer on one rank of a context-parallel group:
 
     x_r (batch, seq/cp, hidden), this rank's tokens in the load-balanced layout (load_balance.py)
@@ -32,63 +31,25 @@ from reference_impl.cp.cp_costs import VARIANTS
 from reference_impl.cp.load_balance import token_positions
 from reference_impl.cp.ring_attention import ring_attention
 from reference_impl.hybrid.data_parallel import all_reduce_mean
-from reference_impl.model import causal_attention, merge_heads, repeat_kv_heads
-from reference_impl.rotary import apply_rotary
+from reference_impl.attention import merge_heads
+from reference_impl.llama_blocks import GroupedQueryAttention
 
 
-def _split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """(batch, seq, heads*d) -> (batch, heads, seq, d)."""
-    batch, seq, _ = x.shape
-    return x.view(batch, seq, heads, -1).transpose(1, 2)
-
-
-class RotaryAttention(nn.Module):
-    """Causal self-attention with grouped-query heads and rotary embeddings, on one device."""
-
-    def __init__(self, hidden: int, heads: int, kv_heads: int | None = None, bias: bool = True):
-        super().__init__()
-        kv_heads = heads if kv_heads is None else kv_heads
-        if hidden % heads:
-            raise ValueError(f"hidden size {hidden} is not divisible by heads = {heads}")
-        if heads % kv_heads:
-            raise ValueError(f"kv_heads {kv_heads} does not divide heads {heads}")
-        self.heads, self.kv_heads, self.rotary = heads, kv_heads, True
-        head_dim = hidden // heads
-        self.q = nn.Linear(hidden, heads * head_dim, bias=bias)
-        self.k = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
-        self.v = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
-        self.proj = nn.Linear(hidden, hidden, bias=bias)
-
-    def project(self, x: torch.Tensor, positions: torch.Tensor):
-        """q (batch, heads, seq, d), k and v (batch, kv_heads, seq, d) of tokens ``x`` at
-        ``positions``, q and k turned by them."""
-        q, k = _split_heads(self.q(x), self.heads), _split_heads(self.k(x), self.kv_heads)
-        if self.rotary:
-            q, k = apply_rotary(q, positions), apply_rotary(k, positions)
-        return q, k, _split_heads(self.v(x), self.kv_heads)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.project(x, torch.arange(x.shape[1], device=x.device))
-        out = causal_attention(q, repeat_kv_heads(k, self.heads), repeat_kv_heads(v, self.heads))
-        return self.proj(merge_heads(out))
-
-
-class ContextParallelAttention(RotaryAttention):
+class ContextParallelAttention(GroupedQueryAttention):
     """``attention``'s layer (a copy of its weights, under the same names) on this rank of the
     CP ``group`` (None: the world); ``variant`` "ring" or "allgather". Input and output: this
     rank's tokens (batch, seq/cp, hidden), load-balanced. After the backward, call
     :func:`sync_context_parallel_grads` (or reduce the gradients over DP x CP).
 
-    ``attention`` is a :class:`RotaryAttention` or any layer laid out the same way: ``heads``,
-    ``kv_heads``, linear ``q``, ``k``, ``v``, ``proj`` and optionally ``rotary`` (a bool,
-    True when absent), such as ``llama_blocks.GroupedQueryAttention``."""
+    ``attention`` is a ``llama_blocks.GroupedQueryAttention`` (grouped-query heads, rotary
+    embeddings, q, k, v and proj weights); the ring replaces its attention kernel."""
 
-    def __init__(self, attention: RotaryAttention, group=None, variant: str = "ring"):
+    def __init__(self, attention: GroupedQueryAttention, group=None, variant: str = "ring"):
         nn.Module.__init__(self)
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(map(repr, VARIANTS))}, got {variant!r}")
         self.heads, self.kv_heads = attention.heads, attention.kv_heads
-        self.rotary = getattr(attention, "rotary", True)
+        self.rotary, self.attention = attention.rotary, attention.attention
         for name in ("q", "k", "v", "proj"):
             setattr(self, name, copy.deepcopy(getattr(attention, name)))
         self.group, self.variant = group, variant

@@ -121,12 +121,12 @@ class ParallelGroupedQueryAttention(GroupedQueryAttention):
         self.proj = (SequenceParallelRowLinear(attention.proj, group) if sequence_parallel
                      else RowParallelLinear(attention.proj, group, input_is_parallel=True))
 
-    def project(self, x):
+    def project(self, x, positions=None):
         if self.sequence_parallel:
             x = gather_from_sp(x, SEQ_DIM, self.group)  # the whole sequence, for every head
         else:
             x = copy_to_tp(x, self.group)  # one all-reduce of x's gradient for q, k and v
-        return super().project(x)
+        return super().project(x, positions)
 
 
 class ParallelSwiGLU(SwiGLU):

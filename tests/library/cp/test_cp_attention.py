@@ -1,4 +1,5 @@
-"""The context-parallel attention layer against the single-device one (``RotaryAttention``: GQA
+"""The context-parallel attention layer against the single-device one
+(``llama_blocks.GroupedQueryAttention``: GQA
 with heads 4 and kv_heads 2, rotary embeddings at positions 0..s-1), on 4 CPU ranks: ring and
 all-gather, cp = 4 (the world) and cp = 2 (groups {0, 1} and {2, 3}, each with its own data);
 this rank's output and input gradient against its tokens' share, every parameter's gradient
@@ -19,7 +20,8 @@ import torch.distributed as dist
 
 from reference_impl.checks import assert_close
 from reference_impl.comm.device import current_device
-from reference_impl.cp.cp_attention import (ContextParallelAttention, RotaryAttention,
+from reference_impl.llama_blocks import GroupedQueryAttention
+from reference_impl.cp.cp_attention import (ContextParallelAttention,
                                             sync_context_parallel_grads)
 from reference_impl.cp.load_balance import shard_sequence
 from reference_impl.precision import autocast
@@ -49,7 +51,7 @@ def layer_pairs():
         group, index = my_cp_group(cp)
         rank = dist.get_rank(group)
         torch.manual_seed(index)  # each CP group its own layer and data
-        reference = RotaryAttention(HIDDEN, HEADS, KV_HEADS).to(current_device())
+        reference = GroupedQueryAttention(HIDDEN, HEADS, KV_HEADS, bias=True).to(current_device())
         layer = ContextParallelAttention(reference, group, variant)
         x, upstream = random((BATCH, SEQ, HIDDEN), seed=index + 1), random((BATCH, SEQ, HIDDEN), seed=9)
         x = x.requires_grad_()
@@ -100,7 +102,7 @@ def test_context_parallel_attention_matches_the_single_device_layer(run_on_ranks
 
 
 def test_the_layer_copies_the_weights_under_the_same_names():
-    reference = RotaryAttention(HIDDEN, HEADS, KV_HEADS)
+    reference = GroupedQueryAttention(HIDDEN, HEADS, KV_HEADS, bias=True)
     layer = ContextParallelAttention(copy.deepcopy(reference), None, "allgather")
     names = dict(reference.named_parameters())
     assert [name for name, _ in layer.named_parameters()] == list(names)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reference_impl.checks import assert_close
-from reference_impl.cp.cp_attention import RotaryAttention
+from reference_impl.llama_blocks import GroupedQueryAttention
 from reference_impl.cp.cp_costs import (allgather_attention_bytes, attention_activation_bytes,
                                         kv_block_bytes, ring_attention_bytes)
 from reference_impl.cp.load_balance import (shard_sequence, token_positions, unshard_sequence,
@@ -123,7 +123,7 @@ def test_errors_name_the_constraint_and_the_numbers():
     with pytest.raises(ValueError, match="seq 20 is not divisible by 8"):
         ring_attention_bytes(1, 1, 20, 8, 4)
     with pytest.raises(ValueError, match="kv_heads 3 does not divide heads 8"):
-        RotaryAttention(32, 8, kv_heads=3)
+        GroupedQueryAttention(32, 8, kv_heads=3)
     q, k, v = random((1, 4, 6, 8), 0), random((1, 3, 6, 8), 1), random((1, 3, 6, 8), 2)
     with pytest.raises(ValueError, match="kv_heads 3 does not divide heads 4"):
         ring_attention(q, k, v)
