@@ -10,7 +10,7 @@
                              "RoFormer", ``rotary.py``); ``kv_heads`` KV heads, each shared by
                              heads / kv_heads consecutive query heads (Ainslie et al. 2023, "GQA",
                              ``model.repeat_kv_heads``); the GPT's causal attention core
-                             (``model.attention_core``, either kernel); output projection ``proj``
+                             (``attention.attention_core``, either kernel); output projection ``proj``
 
 The SwiGLU's gate and up projections are one fused weight ``gate_up`` of rows ``[gate; up]``
 (2 * ffn, hidden), so one matmul computes both, and tensor parallelism splits it per block

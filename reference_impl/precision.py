@@ -16,7 +16,7 @@ gradient back into fp32. So gradients accumulate over micro-batches in fp32, are
 fp32 (``data_parallel.sync_gradients``' all-reduce, ZeRO's reduce-scatter), and Adam updates
 the fp32 weights, which are the master copy, from fp32 m and v. What leaves a matmul is bf16:
 the TP collectives of the forward (the row-parallel all-reduce, SP's reduce-scatter) move bf16,
-as Megatron-LM's do. Layernorm, softmax (``model.causal_attention``) and the loss run in fp32,
+as Megatron-LM's do. Layernorm, softmax (``attention.causal_attention``) and the loss run in fp32,
 and the residual stream stays fp32 (x + a bf16 branch is fp32), so pipeline stages exchange
 fp32 activations.
 

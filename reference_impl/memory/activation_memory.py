@@ -47,7 +47,7 @@ tensors the explicit count already has). Korthikanti et al.'s 5as/h term goes th
 **bf16** (``precision.py``: autocast, the residual stream and layernorms in fp32): every
 tensor a matmul saves is bf16, 2 bytes, and the rest keeps 4: the layernorm inputs (the
 residual stream) 4 sbh each, the linears' inputs 2 sbh each (the bf16 casts of the layernorm
-outputs) and 2 * 12sbh/t; the explicit softmax runs in fp32 (``model.causal_attention``), so
+outputs) and 2 * 12sbh/t; the explicit softmax runs in fp32 (``attention.causal_attention``), so
 its output takes 4 as^2b/t and the bf16 copy the @ v matmul keeps 2 more:
 
     bf16, per block:  36 sbh + 6 as^2b + s^2 + 16 sb    (explicit, t = 1)
