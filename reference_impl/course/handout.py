@@ -30,8 +30,6 @@ from reference_impl.course.make_labs import modules_with_exercises, stubbed_sour
 
 REPO = Path(__file__).resolve().parents[2]
 _LAB_FILE = re.compile(r"^(?:solutions|slides)/lab(\d+)_.*\.ipynb$")
-# The graded tests, and the one helper module they share (seeded tensors, the toy model).
-GRADED_TESTS = ("tests/labs/", "tests/support/__init__.py", "tests/support/toys.py")
 # Sections of the kit's README a student needs, in this order.
 STUDENT_SECTIONS = ("Course map", "Set up and test", "For students")
 
@@ -49,7 +47,7 @@ def left_out(name: str, first_withheld: int) -> bool:
     if lab_file:
         return int(lab_file.group(1)) >= first_withheld  # solved notebooks and decks
     if name.startswith("tests/"):
-        return not name.startswith(GRADED_TESTS)
+        return not name.startswith("tests/labs/")  # the graded tests only
     return name == "README.md" or name == str(WITHHELD_LIST.relative_to(REPO))
 
 
@@ -94,7 +92,7 @@ def build(out: Path, first_withheld: int) -> list[str]:
     (out / WITHHELD_LIST.relative_to(REPO)).write_text("".join(f"{n}\n" for n in names))
     (out / "README.md").write_text(student_readme(first_withheld))
     # Only the graded tests, from the handout's root (pytest.ini outranks pyproject.toml).
-    (out / "pytest.ini").write_text("[pytest]\ntestpaths = tests/labs\npythonpath = tests\n")
+    (out / "pytest.ini").write_text("[pytest]\ntestpaths = tests/labs\n")
     return names
 
 

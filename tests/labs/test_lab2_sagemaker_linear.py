@@ -24,7 +24,7 @@ from reference_impl.checks import assert_close_naming
 from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.device import current_device
 from reference_impl.equivalence import parameters_of, source_pairs
-from support.toys import random
+from reference_impl.toys import random
 
 pytestmark = pytest.mark.lab2
 

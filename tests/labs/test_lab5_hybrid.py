@@ -31,7 +31,7 @@ from reference_impl.model import MLP
 from reference_impl.comm.process_groups import create_process_groups
 from reference_impl.tp.sagemaker_linear import DistributedLinear
 from reference_impl.tp.tp_layers import ParallelMLP, unshard
-from support.toys import HIDDEN, toy_and_batch, toy_grads, toy_loss
+from reference_impl.toys import HIDDEN, toy_and_batch, toy_grads, toy_loss
 
 pytestmark = pytest.mark.lab5
 

@@ -21,8 +21,7 @@ from pathlib import Path
 from reference_impl.course.grade.results import Graded, RunEnd, read_log, results_of
 
 REPO = Path(__file__).resolve().parents[3]
-TESTS = REPO / "tests"
-GRADED_TESTS = TESTS / "labs"
+GRADED_TESTS = REPO / "tests" / "labs"
 OUTPUT_TAIL = 20_000  # bytes of the graded run's own output kept
 KILL_GRACE = 30.0  # seconds past the budget before the graded run is killed
 PROGRESS_EVERY = 15.0  # seconds between progress lines while a submission runs
@@ -67,7 +66,7 @@ def grade_one(submission: Path, labs: list[str], limits: Limits, gpus: list[int]
         for path in files_of(submission).glob("*.py"):
             shutil.copy(path, folder / path.name)
         ini, log, output = workdir / "pytest.ini", workdir / "log.jsonl", workdir / "output.txt"
-        ini.write_text(f"[pytest]\npythonpath = {TESTS}\n")  # the graded tests' helpers
+        ini.write_text("[pytest]\n")
         environment = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
         environment.pop("PYTEST_ADDOPTS", None)
         if gpus is not None:

@@ -25,7 +25,7 @@ from reference_impl.cp.cp_attention import (ContextParallelAttention,
                                             sync_context_parallel_grads)
 from reference_impl.cp.load_balance import shard_sequence
 from reference_impl.precision import autocast
-from support.toys import random
+from reference_impl.toys import random
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 BF16_TOL = 3e-2  # of each tensor's largest |element| (or of the step's largest change)

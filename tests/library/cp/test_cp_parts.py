@@ -18,7 +18,7 @@ from reference_impl.cp.online_softmax import (block_attention, block_attention_b
                                               merge_partials, output_dot_grad, visible_keys)
 from reference_impl.cp.ring_attention import ring_attention
 from reference_impl.model import causal_attention, repeat_kv_heads
-from support.toys import random
+from reference_impl.toys import random
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 BATCH, HEADS, SEQ, DIM = 2, 4, 12, 8

@@ -25,7 +25,7 @@ from reference_impl.cp.load_balance import shard_sequence
 from reference_impl.cp.ring_attention import ring_attention
 from reference_impl.cp.ring_overlap import RingClock
 from reference_impl.model import causal_attention, repeat_kv_heads
-from support.toys import random
+from reference_impl.toys import random
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 BATCH, HEADS, SEQ, DIM = 3, 4, 24, 8

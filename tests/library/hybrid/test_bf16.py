@@ -47,7 +47,7 @@ from reference_impl.tp.sequence_parallel import SequenceParallelBlock, sync_sequ
 from reference_impl.tp.tp_attention import ParallelBlock
 from reference_impl.tp.tp_collectives import all_gather_along
 from reference_impl.tp.tp_layers import full_state
-from support.toys import random
+from reference_impl.toys import random
 
 TOL = 2e-2  # of each tensor's largest |element|: outputs, gradients, losses
 STEP_TOL = 3e-2  # of the largest change the steps made: weights after optimizer steps

@@ -25,7 +25,7 @@ from reference_impl.model import GPT, ModelConfig
 from reference_impl.comm.process_groups import create_process_groups
 from reference_impl.tp.sagemaker_linear import DistributedLinear
 from reference_impl.tp.tp_layers import unshard
-from support.toys import toy_and_batch, toy_grads, toy_loss
+from reference_impl.toys import toy_and_batch, toy_grads, toy_loss
 
 ATOL = 1e-5
 WORLD = 8

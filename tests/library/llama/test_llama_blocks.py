@@ -18,7 +18,7 @@ from reference_impl.model import GPT, Block, CausalSelfAttention, ModelConfig, l
 from reference_impl.pipeline.pipeline_partition import gpt_layers
 from reference_impl.rotary import apply_rotary
 from reference_impl.tp.llama_tp import kv_head_layout
-from support.toys import random
+from reference_impl.toys import random
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 BATCH, SEQ, HIDDEN = 2, 8, 32

@@ -24,7 +24,7 @@ from reference_impl.tp.llama_tp import (ParallelGroupedQueryAttention, ParallelL
 from reference_impl.tp.sequence_parallel import sync_sequence_parallel_grads
 from reference_impl.tp.tp_collectives import all_gather_along
 from reference_impl.tp.tp_layers import full_state
-from support.toys import random
+from reference_impl.toys import random
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 WORLD, PAIRS = 4, [[0, 1], [2, 3]]

@@ -30,7 +30,7 @@ from reference_impl.moe.expert_groups import ExpertGroups, create_expert_groups
 from reference_impl.moe.expert_parallel import ExpertParallelMoE, sync_moe_grads
 from reference_impl.moe.moe_costs import all_to_all_bytes, tokens_to_ranks
 from reference_impl.moe.moe_layer import MoELayer
-from support.toys import random
+from reference_impl.toys import random
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 WORLD, HIDDEN, FFN = 4, 8, 16

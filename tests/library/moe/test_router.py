@@ -14,7 +14,7 @@ import torch
 from reference_impl.checks import assert_close
 from reference_impl.moe.moe_layer import MoELayer
 from reference_impl.moe.router import Router, expert_capacity
-from support.toys import random
+from reference_impl.toys import random
 
 TOLERANCE = dict(atol=1e-6, rtol=1e-6)
 # Logits written directly (the gate is the identity, hidden = E = 4): each row's two largest

@@ -21,7 +21,7 @@ from reference_impl.tp.sequence_parallel import SequenceParallelBlock, sync_sequ
 from reference_impl.tp.tp_attention import ParallelBlock
 from reference_impl.tp.tp_collectives import all_gather_along
 from reference_impl.tp.tp_layers import full_state
-from support.toys import random
+from reference_impl.toys import random
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
 CONFIG = ModelConfig(seq_len=8, hidden=32, heads=4)

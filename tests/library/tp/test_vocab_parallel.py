@@ -22,7 +22,7 @@ from reference_impl.comm.device import current_device
 from reference_impl.tp.tp_layers import full_state
 from reference_impl.tp.vocab_parallel import (ParallelLMHead, VocabParallelEmbedding,
                                            padded_vocab_size, vocab_parallel_cross_entropy)
-from support.toys import random
+from reference_impl.toys import random
 
 TOLERANCE = dict(atol=1e-6, rtol=1e-6)
 BATCH, SEQ, HIDDEN = 2, 8, 16
