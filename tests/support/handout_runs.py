@@ -55,6 +55,11 @@ def handout_python(folder: Path) -> Path:
                                          "['purelib'])"], capture_output=True, text=True,
                           check=True).stdout.strip()
     Path(site, "kit_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # Its own `pytest` command, as pip would install it: what a student types runs here.
+    launcher = folder / "bin" / "pytest"
+    launcher.write_text(f"#!{python}\nimport sys\nfrom pytest import console_main\n"
+                        "sys.exit(console_main())\n")
+    launcher.chmod(0o755)
     return python
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from reference_impl.benchmarks import tp_block
+from support.printed_tables import is_number, section
 
 
 def test_tp_block_benchmark_prints_every_measurement_and_plots(capsys, tmp_path, backend):
@@ -39,23 +40,3 @@ def test_tp_block_benchmark_prints_every_measurement_and_plots(capsys, tmp_path,
         assert dtensor == "2/2" and verdict == "match", row
 
     assert plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", "no PNG written"
-
-
-def is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def section(out: str, header: str) -> list[str]:
-    """The table rows printed under the line containing ``header``, up to a blank or text line."""
-    lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if header in line) + 1
-    rows = []
-    for line in lines[start:]:
-        if not line.strip() or not line.split()[0].isdigit():
-            break
-        rows.append(line)
-    return rows

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from reference_impl.benchmarks import ring_attention
+from support.printed_tables import is_number, section
 
 
 def test_ring_attention_benchmark_prints_every_measurement(capsys, backend):
@@ -35,23 +36,3 @@ def test_ring_attention_benchmark_prints_every_measurement(capsys, backend):
     torch_rows = section(out, "PyTorch's context_parallel")
     assert [row.split()[0] for row in torch_rows] == ["2", "4"], out
     assert all("skipped: " in row or "max |diff| from one device" in row for row in torch_rows), out
-
-
-def is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def section(out: str, header: str) -> list[str]:
-    """The rows printed under the line containing ``header``, up to a blank or a text line."""
-    lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if header in line) + 1
-    rows = []
-    for line in lines[start:]:
-        if not line.strip() or not line.split()[0].isdigit():
-            break
-        rows.append(line)
-    return rows
