@@ -1,9 +1,10 @@
 # Student file for the labs, generated from reference_impl/comm/groups.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
-"""Rank layout for tensor x pipeline x data parallelism: every rank's coordinates and groups.
+"""Rank layout for tensor x pipeline x data (x context) parallelism: every rank's coordinates
+and groups.
 
-A pure function of (world size, tp, pp, order): no process group is needed, so the layout can
+A pure function of (world size, tp, pp, order, cp): no process group is needed, so the layout can
 be printed, drawn and tested anywhere. ``process_groups.py`` turns it into real
 ``torch.distributed`` groups.
 
@@ -41,11 +42,27 @@ listed fastest-varying first.
   over which Megatron reduces what every TP rank holds a copy of.
 
 Any other permutation of tp, pp and rdp may be given, e.g. ``rdp-tp-pp``.
+
+**Context parallelism** (``cp``, default 1): a fourth axis, the cp ranks that split one sequence
+(``reference_impl.cp``). It sits just faster than rdp in every order, so ``megatron`` becomes
+Megatron-core's ``tp-cp-dp-pp`` (its "tp-cp-ep-dp-pp" without experts): TP peers neighbours,
+then the CP peers, then the replicas, then the stages. With cp > 1 the layout has two more
+kinds of group, and the others keep their meaning:
+
+    CP_GROUP      varies cp        the cp ranks holding the parts of one sequence
+    RDP_CP_GROUP  varies cp, rdp   the replicas and their CP ranks (Megatron-core's data-parallel
+                                   group with CP): gradients are averaged over it, since each CP
+                                   rank's loss covers its own tokens only
+    RDP_GROUP     varies rdp       the replicas only (W / (tp*cp*pp) ranks)
+    DP_GROUP      varies tp, cp, rdp   every rank of the same stage, W / pp ranks
+    TP, PP, MP, WORLD              as above (MP: tp*pp ranks, one CP rank's copy of the model)
+
+and every rank a ``cp_rank``, its index in its CP group (0 when cp = 1).
 """
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 
 AXES = ("tp", "pp", "rdp")
@@ -59,6 +76,8 @@ GROUP_AXES = {
     "MP": ("tp", "pp"),
     "WORLD": AXES,
 }
+# The kinds a layout with cp > 1 adds (its DP and WORLD groups vary cp too).
+CP_GROUP_AXES = {"CP": ("cp",), "RDP_CP": ("cp", "rdp")}
 
 
 @dataclass(frozen=True)
@@ -71,6 +90,7 @@ class RankCoordinates:
     rdp_rank: int
     dp_rank: int
     mp_rank: int
+    cp_rank: int = 0  # index in the CP group (0 without context parallelism)
 
     def describe(self) -> str:
         """SageMaker's notation, e.g. ``GPU2: pp_rank 0, tp_rank 1, rdp_rank 0, dp_rank 1, mp_rank 2``."""
@@ -80,19 +100,36 @@ class RankCoordinates:
 
 @dataclass(frozen=True)
 class RankLayout:
-    """Every rank's coordinates and every group, for one (world size, tp, pp, order)."""
+    """Every rank's coordinates and every group, for one (world size, tp, pp, order, cp)."""
 
     world_size: int
     tp: int
     pp: int
-    order: tuple[str, ...]  # axes, fastest-varying first
+    order: tuple[str, ...]  # axes, fastest-varying first (cp, if any, just before rdp)
     groups: dict[str, tuple[tuple[int, ...], ...]]  # kind -> all groups of that kind
     ranks: tuple[RankCoordinates, ...]
+    cp: int = 1
 
     @property
     def rdp(self) -> int:
-        """Number of model replicas: the size of RDP_GROUP, W / (tp*pp)."""
-        return self.world_size // (self.tp * self.pp)
+        """Number of model replicas: the size of RDP_GROUP, W / (tp*cp*pp)."""
+        return self.world_size // (self.tp * self.cp * self.pp)
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The order with the cp axis (when cp > 1) just before rdp, fastest first."""
+        if self.cp == 1:
+            return self.order
+        at = self.order.index("rdp")
+        return self.order[:at] + ("cp",) + self.order[at:]
+
+    def varying(self, kind: str) -> tuple[str, ...]:
+        """The axes along which the members of a group of ``kind`` differ, cp included."""
+        if kind in CP_GROUP_AXES:
+            return CP_GROUP_AXES[kind]
+        if self.cp > 1 and kind in ("DP", "WORLD"):
+            return GROUP_AXES[kind] + ("cp",)
+        return GROUP_AXES[kind]
 
     @property
     def dp(self) -> int:
@@ -116,12 +153,15 @@ class RankLayout:
         return next(group for group in self.groups[kind] if rank in group)
 
     def describe(self) -> str:
-        """One line per rank in SageMaker's notation, then every group of every kind."""
-        lines = [coords.describe() for coords in self.ranks]
+        """One line per rank in SageMaker's notation (and its cp_rank, if cp > 1), then every
+        group of every kind."""
+        cp_rank = ", cp_rank {}" if self.cp > 1 else ""
+        lines = [coords.describe() + cp_rank.format(coords.cp_rank) for coords in self.ranks]
         lines.append("")
+        width = 11 if self.cp == 1 else 14
         for kind, groups in self.groups.items():
             label = kind if kind == "WORLD" else f"{kind}_GROUP"
-            lines.append(f"{label + ':':<11}" + " ".join(str(list(group)) for group in groups))
+            lines.append(f"{label + ':':<{width}}" + " ".join(str(list(group)) for group in groups))
         return "\n".join(lines)
 
 
@@ -139,18 +179,44 @@ def parse_order(order: str | tuple[str, ...]) -> tuple[str, ...]:
 
 
 def build_rank_layout(world_size: int, tp: int = 1, pp: int = 1,
-                      order: str | tuple[str, ...] = "sagemaker") -> RankLayout:
-    """Coordinates and groups of every rank for ``world_size`` ranks, ``tp`` x ``pp`` x the rest."""
-    for name, value in (("world size", world_size), ("tp", tp), ("pp", pp)):
+                      order: str | tuple[str, ...] = "sagemaker", cp: int = 1) -> RankLayout:
+    """Coordinates and groups of every rank for ``world_size`` ranks, ``tp`` x ``pp`` x the rest
+    (with ``cp`` > 1: ``tp`` x ``cp`` x ``pp`` x the rest, see the module's docstring)."""
+    for name, value in (("world size", world_size), ("tp", tp), ("pp", pp), ("cp", cp)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if world_size % (tp * pp):
-        raise ValueError(f"world size {world_size} is not divisible by tp*pp = {tp * pp} "
-                         f"(tp={tp}, pp={pp})")
+    if world_size % (tp * cp * pp):
+        product = (f"tp*pp = {tp * pp} (tp={tp}, pp={pp})" if cp == 1 else
+                   f"tp*cp*pp = {tp * cp * pp} (tp={tp}, cp={cp}, pp={pp})")
+        raise ValueError(f"world size {world_size} is not divisible by {product}")
     axes = parse_order(order)
+    # With cp > 1, the axis numbered rdp here is cp x rdp (cp the faster digit): split after.
     sizes = {"tp": tp, "pp": pp, "rdp": world_size // (tp * pp)}
     raise NotImplementedError("lab1: position[rank][axis] (mixed radix, the first axis of `axes` varying fastest), then groups[kind] for every kind in GROUP_AXES (ranks agreeing on every axis the kind does not vary; sorted tuples) and `ranks`, each rank's RankCoordinates (its index in each group)")
-    return RankLayout(world_size, tp, pp, axes, groups, ranks)
+    if cp > 1:
+        groups, ranks = _split_context_parallel(groups, ranks, cp)
+    return RankLayout(world_size, tp, pp, axes, groups, ranks, cp)
+
+
+def _split_context_parallel(groups: dict, ranks: tuple[RankCoordinates, ...], cp: int):
+    """The groups and coordinates of a layout whose rdp axis was numbered as cp x rdp (cp the
+    faster digit): that axis's groups are the RDP_CP groups; each, in increasing rank order,
+    holds its cp x rdp ranks as rdp runs of cp consecutive members, the CP groups, and cp
+    strided sets, the replicas (RDP groups)."""
+    merged = groups["RDP"]
+    cp_groups = tuple(group[start:start + cp] for group in merged
+                      for start in range(0, len(group), cp))
+    rdp_groups = tuple(group[offset::cp] for group in merged for offset in range(cp))
+    kinds = dict(groups, RDP=tuple(sorted(rdp_groups)))
+    world = kinds.pop("WORLD")
+    kinds |= {"CP": tuple(sorted(cp_groups)), "RDP_CP": merged, "WORLD": world}
+
+    def index_in(kind: str, rank: int) -> int:
+        return next(group for group in kinds[kind] if rank in group).index(rank)
+
+    ranks = tuple(replace(coords, rdp_rank=index_in("RDP", coords.rank),
+                          cp_rank=index_in("CP", coords.rank)) for coords in ranks)
+    return kinds, ranks
 
 
 def _check_rank(rank: int, world_size: int) -> None:
@@ -166,15 +232,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    parser.add_argument("--cp", type=int, default=1,
+                        help="context-parallel degree (its axis just faster than rdp)")
     parser.add_argument("--order", default="sagemaker",
                         help="sagemaker (pp-tp-rdp), megatron (tp-rdp-pp), or a permutation "
                              "of tp, pp, rdp, fastest-varying first")
     parser.add_argument("--plot", metavar="FILE", help="also save a figure of the groups")
     args = parser.parse_args(argv)
     try:
-        layout = build_rank_layout(args.world_size, args.tp, args.pp, args.order)
+        layout = build_rank_layout(args.world_size, args.tp, args.pp, args.order, args.cp)
     except ValueError as error:
         parser.error(str(error))
+    if args.plot and args.cp > 1:
+        parser.error(f"--plot draws tp x pp x rdp layouts; --cp {args.cp} has no figure")
     print(layout.describe())
     if args.plot:
         from reference_impl.figures.rank_groups import plot_rank_groups

@@ -1,4 +1,4 @@
-"""The reference 3D trainer: the course's GPT on dp x tp x pp ranks, from the command line.
+"""The reference 3D trainer: the course's GPT on dp x tp x pp (x cp) ranks, from the command line.
 
 Under torchrun (one process per GPU; NCCL on GPUs, gloo on CPU), one node:
 
@@ -9,7 +9,7 @@ several nodes (run on every node, NODE_RANK = 0, 1, ...; HOST = node 0's hostnam
     torchrun --nnodes 2 --nproc-per-node 8 --node-rank NODE_RANK --rdzv-backend c10d \\
         --rdzv-endpoint HOST:29500 --rdzv-id myjob -m reference_impl.train --dp 4 --tp 2 --pp 2
 
-On a laptop, without torchrun, the same command runs the dp * tp * pp ranks itself
+On a laptop, without torchrun, the same command runs the dp * tp * cp * pp ranks itself
 (``launcher.launch``: gloo ranks on the CPU, or one NCCL rank per GPU when there are enough
 GPUs):
 
@@ -47,6 +47,13 @@ starts, with the rule and the numbers:
 
     python -m reference_impl.train --dp 2 --tp 2 --sp --dp-kind zero1 --recompute selective
 
+``--cp N`` adds context parallelism (``hybrid/context_parallel.py``): N ranks share each
+sequence, each holding 2 of its 2N chunks (the load-balanced layout), the attention a ring over
+them, the gradients reduced over dp x cp. It needs the rotary positions of ``--model llama``
+and ``--seq`` divisible by 2N, and composes with ``--tp``, ``--sp``, ``--pp`` and ``--dp``:
+
+    python -m reference_impl.train --model llama --cp 2 --tp 2 --steps 3
+
 Checkpoints (``reference_impl.hybrid.checkpoint``): ``--checkpoint-dir DIR`` writes ``DIR/checkpoint.pt``
 every ``--checkpoint-every`` steps and at the end, in the single-device GPT's names, so it loads
 into any layout or a plain ``model.GPT``. ``--resume`` continues from it (same ``--seed``,
@@ -81,11 +88,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m reference_impl.train",
         description="Train the course's GPT with dp x tp x pp parallelism (torchrun, or "
-                    "dp*tp*pp local ranks without it).")
+                    "dp*tp*cp*pp local ranks without it).")
     layout = parser.add_argument_group("layout")
     layout.add_argument("--dp", type=int, default=1, help="model replicas (RDP_GROUP size)")
     layout.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     layout.add_argument("--pp", type=int, default=1, help="pipeline stages (ranks)")
+    layout.add_argument("--cp", type=int, default=1,
+                        help="context parallelism: ranks sharing each sequence, ring attention "
+                             "over them (needs --model llama and --seq divisible by 2 x --cp)")
     layout.add_argument("--order", default="megatron", choices=("megatron", "sagemaker"),
                         help="rank order of the layout (default: megatron, tp fastest)")
     layout.add_argument("--schedule", default="1f1b",
@@ -149,7 +159,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--timeout", type=float, default=1800.0,
                      help="seconds before a stuck collective ends the run")
     args = parser.parse_args(argv)
-    for name in ("dp", "tp", "pp", "steps", "batch", "layers", "hidden", "heads", "seq",
+    for name in ("dp", "tp", "pp", "cp", "steps", "batch", "layers", "hidden", "heads", "seq",
                  "vocab", "log_every", "chunks"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -165,21 +175,22 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def world_size_of(args) -> int:
-    return args.dp * args.tp * args.pp
+    return args.dp * args.tp * args.cp * args.pp
 
 
 def check_world_size(args, world: int) -> None:
     if world_size_of(args) != world:
+        cp = f" x --cp {args.cp}" if args.cp > 1 else ""
         raise ValueError(
-            f"--dp {args.dp} x --tp {args.tp} x --pp {args.pp} = {world_size_of(args)} ranks, "
-            f"but WORLD_SIZE is {world} (torchrun's --nnodes x --nproc-per-node): make the "
-            f"product of the three degrees equal the number of processes")
+            f"--dp {args.dp} x --tp {args.tp}{cp} x --pp {args.pp} = {world_size_of(args)} "
+            f"ranks, but WORLD_SIZE is {world} (torchrun's --nnodes x --nproc-per-node): make "
+            f"the product of the degrees equal the number of processes")
 
 
 def parallel_dims(args) -> parallelize.ParallelDims:
     """The composition the flags ask for (a ValueError names a combination that cannot work)."""
     return parallelize.ParallelDims(
-        dp=args.dp, tp=args.tp, pp=args.pp, sp=args.sp, recompute=args.recompute,
+        dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, sp=args.sp, recompute=args.recompute,
         dp_kind=args.dp_kind, schedule=args.schedule, microbatches=args.microbatches,
         chunks=args.chunks, vocab_parallel=args.vocab_parallel, precision=args.dtype)
 
@@ -273,11 +284,12 @@ def _say(*parts) -> None:
 
 
 def train_on_rank(args) -> dict:
-    """The training run, on one rank of an initialised default group of dp*tp*pp ranks.
+    """The training run, on one rank of an initialised default group of dp*tp*cp*pp ranks.
     Returns {"start_step", "losses" (this run's steps), "seconds"} (the same on every rank)."""
     check_world_size(args, dist.get_world_size())
     dims = check_composition(args)
-    context = parallel_3d.initialize_parallelism(args.dp, args.tp, args.pp, order=args.order)
+    context = parallel_3d.initialize_parallelism(args.dp, args.tp, args.pp, order=args.order,
+                                                 cp=args.cp)
     torch.manual_seed(args.seed)
     gpt = GPT(model_config(args))
     saved = checkpoint.load(args.checkpoint_dir) if args.resume else None
@@ -296,7 +308,8 @@ def train_on_rank(args) -> dict:
     dataset = parallel_3d.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
 
     backend = dist.get_backend()
-    _say(f"training dp {args.dp} x tp {args.tp} x pp {args.pp} = {dist.get_world_size()} "
+    cp = f" x cp {args.cp}" if args.cp > 1 else ""
+    _say(f"training dp {args.dp} x tp {args.tp}{cp} x pp {args.pp} = {dist.get_world_size()} "
          f"ranks ({backend}), {args.model}, {args.schedule} with {args.microbatches} "
          f"micro-batches, {args.dtype}, " + ("sp, " if args.sp else "")
          + f"dp-kind {args.dp_kind}, recompute {args.recompute}, "
@@ -355,7 +368,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if under_torchrun():
         return _run_under_torchrun(args)
-    # No torchrun: run the dp*tp*pp ranks here (laptop mode), once the flags compose.
+    # No torchrun: run the dp*tp*cp*pp ranks here (laptop mode), once the flags compose.
     check_composition(args)
     results = launch(train_on_rank, world_size_of(args), args, backend=args.backend,
                      timeout=args.timeout)

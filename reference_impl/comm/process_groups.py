@@ -8,8 +8,13 @@ default process group is initialised (the launcher does that), with the same lay
     dist.all_reduce(grad, group=groups.rdp)
 
 The same layout is also a ``DeviceMesh`` (:func:`device_mesh`), PyTorch's own description of
-a multi-dimensional rank grid: its ``tp``, ``pp`` and ``rdp`` dimensions are exactly the TP,
-PP and RDP groups, and the two-axis DP and MP groups are its 2-D sub-meshes.
+a multi-dimensional rank grid: its ``tp``, ``pp`` and ``rdp`` dimensions (and ``cp``) are
+exactly the TP, PP and RDP (and CP) groups, and the groups of several axes (DP, MP, RDP_CP)
+its sub-meshes.
+
+With context parallelism (a layout with cp > 1) there are two more groups, ``cp`` and
+``rdp_cp``; without it they are None, and :attr:`ParallelGroups.rdp_cp_or_rdp` is the RDP
+group: the group gradients are averaged over either way.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from reference_impl.comm.groups import GROUP_AXES, RankCoordinates, RankLayout
+from reference_impl.comm.groups import RankCoordinates, RankLayout
 from reference_impl.comm.device import current_device
 
 
@@ -34,9 +39,18 @@ class ParallelGroups:
     rdp: dist.ProcessGroup
     mp: dist.ProcessGroup
     world: dist.ProcessGroup
+    cp: dist.ProcessGroup | None = None  # layouts with cp > 1 only
+    rdp_cp: dist.ProcessGroup | None = None
+
+    @property
+    def rdp_cp_or_rdp(self) -> dist.ProcessGroup:
+        """The ranks that hold other tokens of the same stage's batch: RDP x CP, or RDP
+        without context parallelism."""
+        return self.rdp if self.rdp_cp is None else self.rdp_cp
 
     def of_kind(self, kind: str) -> dist.ProcessGroup:
-        """The group for a kind name of the layout (``TP``, ``PP``, ``DP``, ``RDP``, ``MP``, ``WORLD``)."""
+        """The group for a kind name of the layout (``TP``, ``PP``, ``DP``, ``RDP``, ``MP``,
+        ``WORLD``; ``CP``, ``RDP_CP``)."""
         return getattr(self, kind.lower())
 
 
@@ -66,18 +80,20 @@ def create_process_groups(layout: RankLayout) -> ParallelGroups:
 
 def mesh_dim_names(layout: RankLayout, kind: str = "WORLD") -> tuple[str, ...]:
     """The device-mesh dimensions spanned by a kind of group, in the mesh's own order."""
-    return tuple(axis for axis in reversed(layout.order) if axis in GROUP_AXES[kind])
+    return tuple(axis for axis in reversed(layout.axes) if axis in layout.varying(kind))
 
 
 def device_mesh(layout: RankLayout, device_type: str | None = None) -> DeviceMesh:
-    """The layout as a 3-D ``DeviceMesh`` named ``tp``, ``pp``, ``rdp``, on ``device_type``
-    (default: the type of this rank's ``current_device()``, "cuda" under NCCL, else "cpu").
+    """The layout as a 3-D ``DeviceMesh`` named ``tp``, ``pp``, ``rdp`` (4-D with ``cp`` when
+    cp > 1), on ``device_type`` (default: the type of this rank's ``current_device()``, "cuda"
+    under NCCL, else "cpu").
 
     A mesh numbers ranks row-major, last dimension fastest, so its dimensions are the
-    layout's axes slowest first: sagemaker gives shape (rdp, tp, pp), megatron (pp, rdp, tp).
+    layout's axes slowest first: sagemaker gives shape (rdp, tp, pp), megatron (pp, rdp, tp),
+    megatron with cp (pp, rdp, cp, tp).
     """
     names = mesh_dim_names(layout)
     device_type = device_type or current_device().type
-    sizes = {"tp": layout.tp, "pp": layout.pp, "rdp": layout.rdp}
+    sizes = {"tp": layout.tp, "pp": layout.pp, "rdp": layout.rdp, "cp": layout.cp}
     return init_device_mesh(device_type, tuple(sizes[name] for name in names),
                             mesh_dim_names=names)

@@ -42,17 +42,26 @@ class ContextParallelAttention(GroupedQueryAttention):
     :func:`sync_context_parallel_grads` (or reduce the gradients over DP x CP).
 
     ``attention`` is a ``llama_blocks.GroupedQueryAttention`` (grouped-query heads, rotary
-    embeddings, q, k, v and proj weights); the ring replaces its attention kernel."""
+    embeddings, q, k, v and proj weights); the ring replaces its attention kernel. With
+    ``copy_weights=False`` the layer uses ``attention``'s q, k, v and proj modules themselves
+    (a model being parallelised hands over its own)."""
 
-    def __init__(self, attention: GroupedQueryAttention, group=None, variant: str = "ring"):
+    def __init__(self, attention: GroupedQueryAttention, group=None, variant: str = "ring",
+                 copy_weights: bool = True):
         nn.Module.__init__(self)
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(map(repr, VARIANTS))}, got {variant!r}")
         self.heads, self.kv_heads = attention.heads, attention.kv_heads
         self.rotary, self.attention = attention.rotary, attention.attention
-        for name in ("q", "k", "v", "proj"):
-            setattr(self, name, copy.deepcopy(getattr(attention, name)))
+        for name in ("q", "k", "v", "proj"):  # copy_weights=False: take the modules themselves
+            module = getattr(attention, name)
+            setattr(self, name, copy.deepcopy(module) if copy_weights else module)
         self.group, self.variant = group, variant
+
+    def enter(self, x: torch.Tensor) -> torch.Tensor:
+        """What the projections are applied to: ``x`` itself (a tensor-parallel subclass
+        enters its TP region here, ``hybrid/context_parallel.py``)."""
+        return x
 
     def positions(self, x: torch.Tensor) -> torch.Tensor:
         """The global positions of this rank's tokens ``x`` (batch, seq/cp, hidden)."""
@@ -67,6 +76,7 @@ class ContextParallelAttention(GroupedQueryAttention):
         return allgather_attention(q, k, v, self.group)
 
     def forward(self, x: torch.Tensor, clock=None) -> torch.Tensor:
+        x = self.enter(x)
         q, k, v = self.project(x, self.positions(x))
         return self.proj(merge_heads(self.core(q, k, v, clock)))
 

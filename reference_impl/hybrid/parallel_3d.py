@@ -28,8 +28,10 @@ What each piece does:
   parallelism (DDP hooks, ZeRO 1-3) to the same model; :func:`train_step` trains either.
 * :func:`train_step` gives replica ``rdp_rank`` its slice of the global batch (the **Megatron
   data layout**: every rank of a TP group sees the same micro-batches, the data is split over
-  the RDP group), runs the pipeline schedule over the PP group (``pipeline_executor``), where
-  the TP collectives run inside each stage, then synchronises the gradients
+  the RDP group; with context parallelism, ``initialize_parallelism(..., cp=)``, each CP rank
+  its load-balanced share of the slice's tokens, ``context_parallel.py``), runs the pipeline
+  schedule over the PP group (``pipeline_executor``), where the TP collectives run inside each
+  stage, then synchronises the gradients
   (``data_parallel.sync_gradients``, convention ``"megatron"``: every gradient averaged over
   RDP_GROUP; see that module for why, and for SageMaker's rule; or what the model's
   ``dp_kind`` leaves to do, ``parallelize.finish_gradients``) and steps. It returns the
@@ -55,6 +57,7 @@ import torch.distributed as dist
 from reference_impl.comm.groups import RankCoordinates, RankLayout, build_rank_layout
 from reference_impl.comm.device import current_device
 from reference_impl.comm.process_groups import ParallelGroups, create_process_groups
+from reference_impl.hybrid.context_parallel import context_shard
 from reference_impl.hybrid.data_parallel import DEFAULT_BUCKET_BYTES, SyncReport
 from reference_impl.hybrid.parallelize import (  # noqa: F401 (TPEmbedding, TPHead: exported)
     Parallel3DModel, ParallelDims, TPEmbedding, TPHead, finish_gradients, parallelize_gpt,
@@ -78,6 +81,7 @@ class ParallelContext:
     pp: int
     layout: RankLayout
     groups: ParallelGroups
+    cp: int = 1  # context parallelism: ranks sharing each sequence
 
     @property
     def coordinates(self) -> RankCoordinates:
@@ -89,23 +93,26 @@ class ParallelContext:
         return self.coordinates.rdp_rank
 
     def describe(self) -> str:
+        cp = f"cp_rank {self.coordinates.cp_rank} of {self.cp}, " if self.cp > 1 else ""
         return (f"rank {self.coordinates.rank}: replica {self.replica} of {self.dp}, "
-                f"tp_rank {self.coordinates.tp_rank} of {self.tp}, "
+                f"tp_rank {self.coordinates.tp_rank} of {self.tp}, {cp}"
                 f"stage {self.coordinates.pp_rank} of {self.pp}")
 
 
-def initialize_parallelism(dp: int, tp: int = 1, pp: int = 1,
-                           order: str = "megatron") -> ParallelContext:
-    """Lay out ``dp * tp * pp`` ranks and create their process groups (call on every rank)."""
+def initialize_parallelism(dp: int, tp: int = 1, pp: int = 1, order: str = "megatron",
+                           cp: int = 1) -> ParallelContext:
+    """Lay out ``dp * tp * cp * pp`` ranks and create their process groups (call on every
+    rank); ``cp`` > 1 adds the context-parallel axis (``groups.py``: tp-cp-dp-pp)."""
     if not dist.is_initialized():
         raise RuntimeError("initialize_parallelism needs an initialised default process group "
                            "(run it inside reference_impl.comm.launcher.launch or under torchrun)")
     world = dist.get_world_size()
-    if dp * tp * pp != world:
-        raise ValueError(f"dp * tp * pp = {dp} * {tp} * {pp} = {dp * tp * pp}, but there are "
-                         f"{world} ranks")
-    layout = build_rank_layout(world, tp, pp, order)
-    return ParallelContext(dp, tp, pp, layout, create_process_groups(layout))
+    if dp * tp * cp * pp != world:
+        degrees = (f"dp * tp * pp = {dp} * {tp} * {pp}" if cp == 1 else
+                   f"dp * tp * cp * pp = {dp} * {tp} * {cp} * {pp}")
+        raise ValueError(f"{degrees} = {dp * tp * cp * pp}, but there are {world} ranks")
+    layout = build_rank_layout(world, tp, pp, order, cp=cp)
+    return ParallelContext(dp, tp, pp, layout, create_process_groups(layout), cp)
 
 
 # ---------------------------------------------------------------- the model
@@ -125,9 +132,11 @@ def build_3d_gpt(gpt: GPT, context: ParallelContext, microbatches: int,
 # ---------------------------------------------------------------- training
 
 def replica_slice(batch: torch.Tensor, context: ParallelContext) -> torch.Tensor:
-    """This rank's replica's share of the global batch (Megatron layout: the data is split over
-    the RDP group; every rank of a TP group and of a pipeline gets the same slice)."""
-    return split_batch(batch, context.dp)[context.replica]
+    """This rank's share of the global batch (Megatron layout: the data is split over the RDP
+    group; every rank of a TP group and of a pipeline gets the same slice; with context
+    parallelism, the CP rank's load-balanced part of each sample's tokens)."""
+    samples = split_batch(batch, context.dp)[context.replica]
+    return context_shard(samples, context.cp, context.coordinates.cp_rank)
 
 
 @dataclass(frozen=True)
@@ -163,11 +172,12 @@ def train_step(model: Parallel3DModel, tokens: torch.Tensor, targets: torch.Tens
                        group=context.groups.pp, precision=model.precision, timed=False)
     report = finish_gradients(model, convention)  # dp_kind's reduction, sp's sum over TP
     optimizer.step()
-    # The replica's loss is its slice's mean; the global mean averages the dp replicas.
-    loss = run.loss
-    if context.dp > 1:
-        dist.all_reduce(loss, group=context.groups.rdp)
-        loss /= context.dp
+    # The rank's loss is its tokens' mean; the global mean averages the dp x cp shards (all of
+    # equal size).
+    loss, shards = run.loss, context.dp * context.cp
+    if shards > 1:
+        dist.all_reduce(loss, group=context.groups.rdp_cp_or_rdp)
+        loss /= shards
     result = StepResult(loss, report)
     return result if return_report else result.loss
 

@@ -2,7 +2,7 @@
 torchtitan's ``parallelize_llama``: apply_pp, apply_tp, apply_ac, apply_fsdp / apply_ddp).
 
     dims = ParallelDims(dp=2, tp=2, sp=True, dp_kind="zero1", recompute="selective")
-    context = parallel_3d.initialize_parallelism(dims.dp, dims.tp, dims.pp)
+    context = parallel_3d.initialize_parallelism(dims.dp, dims.tp, dims.pp, cp=dims.cp)
     model = parallelize_gpt(gpt, dims, context)             # this rank's part of gpt
     optimizer = build_optimizer(model, lambda params: torch.optim.Adam(params, lr=3e-3))
     loss = parallel_3d.train_step(model, tokens, targets, optimizer)
@@ -19,6 +19,9 @@ The steps, in the order :func:`parallelize_gpt` runs them:
   embedding and the final layernorm is this rank's sequence shard: the embedding's output is
   split along the sequence (``scatter_to_tp``), the head's input gathered (``gather_from_tp``),
   so pipeline stages exchange (micro_batch, seq / tp, hidden).
+* :func:`apply_cp` (with ``cp`` > 1, ``context_parallel.py``): each block's attention becomes
+  ring attention over the CP group; :func:`parallel_3d.train_step` gives each CP rank its
+  load-balanced share of the sequence, and the gradients below are reduced over RDP x CP.
 * :func:`apply_recompute`: ``memory/recompute.py`` on every block, ``selective`` (the attention
   core) or ``full`` (the whole block; same paper, section 5).
 * :func:`apply_dp`: how the replicas' gradients become the global batch's (``dp_kind``):
@@ -34,7 +37,8 @@ The steps, in the order :func:`parallelize_gpt` runs them:
 
 What does not compose is refused by :class:`ParallelDims` with the rule and the numbers:
 ``sp`` without ``tp > 1``; a sequence, head count or hidden size that ``tp`` does not divide;
-KV heads ``tp`` neither divides nor is divided by (``llama_tp.kv_head_layout``); selective
+KV heads ``tp`` neither divides nor is divided by (``llama_tp.kv_head_layout``); ``cp`` with
+learned positions or a sequence not divisible by 2cp (``context_parallel.py``); selective
 recomputation of grouped-query attention (``recompute.py`` re-implements the GPT's attention);
 the hook-driven kinds (ddp_hooks, zero2, zero3) with a split-backward schedule (zb-h1: its W
 adds the weight gradients without autograd, so no hook sees them); ZeRO with another optimizer
@@ -44,12 +48,15 @@ included (a layer recomputed in the backward gathers its parameters again, as in
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from reference_impl.comm.device import current_device
+from reference_impl.hybrid.context_parallel import (check_context_parallel,
+                                                    context_parallel_attention)
 from reference_impl.hybrid.data_parallel import (DEFAULT_BUCKET_BYTES, SyncReport,
                                                  all_reduce_mean, sync_gradients)
 from reference_impl.hybrid.ddp_hooks import OverlappingDataParallel
@@ -82,6 +89,7 @@ class ParallelDims:
     dp: int = 1  # model replicas (RDP_GROUP size)
     tp: int = 1
     pp: int = 1
+    cp: int = 1  # context parallelism: ranks sharing each sequence (CP_GROUP size)
     sp: bool = False  # sequence parallelism inside the TP group
     recompute: str = "none"  # none | selective | full
     dp_kind: str = "sync"  # sync | ddp_hooks | zero1 | zero2 | zero3
@@ -98,7 +106,7 @@ class ParallelDims:
             object.__setattr__(self, "chunks", self.schedule.chunks)
         elif self.microbatches is None:
             object.__setattr__(self, "microbatches", self.pp)
-        for name in ("dp", "tp", "pp", "microbatches", "chunks"):
+        for name in ("dp", "tp", "pp", "cp", "microbatches", "chunks"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -120,7 +128,7 @@ class ParallelDims:
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.cp * self.pp
 
     def build_schedule(self) -> Schedule:
         if isinstance(self.schedule, Schedule):
@@ -143,6 +151,7 @@ class ParallelDims:
         if self.sp and config.seq_len % self.tp:
             raise ValueError(f"seq_len {config.seq_len} is not divisible by tp = {self.tp}: "
                              f"sequence parallelism gives each TP rank seq_len / tp positions")
+        check_context_parallel(config, self.cp, self.tp, self.sp)
         stages = self.pp * self.chunks
         if config.layers + 2 < stages:
             raise ValueError(f"{config.layers} blocks + embedding + head = {config.layers + 2} "
@@ -241,6 +250,13 @@ class Parallel3DModel(nn.Module):
         return vocab_parallel_cross_entropy(logits, targets, self.context.groups.tp,
                                             self.config.vocab_size).mean()
 
+    @property
+    def gradient_groups(self):
+        """The groups for the data-parallel reduction: the context's, with RDP standing for
+        RDP x CP when there is context parallelism (each CP rank one more data shard)."""
+        groups = self.context.groups
+        return groups if self.dims.cp == 1 else dataclasses.replace(groups, rdp=groups.rdp_cp)
+
     def named_gpt_parameters(self):
         """(single-device GPT name, this rank's parameter) for every local parameter."""
         for parameter in self.parameters():
@@ -285,6 +301,13 @@ def apply_tp(model: Parallel3DModel, stage_layers: dict, sp: bool = False) -> No
         model.stages[str(s)] = Stage(*modules)
 
 
+def apply_cp(model: Parallel3DModel) -> None:
+    """With ``cp`` > 1: every block's attention to ring attention over the CP group
+    (``context_parallel.apply_cp``); nothing with cp = 1."""
+    if model.dims.cp > 1:
+        context_parallel_attention(model.stages, model.context.groups.cp)
+
+
 def apply_recompute(model: Parallel3DModel, mode: str) -> None:
     """Activation recomputation on every block of ``model``'s stages (none: nothing)."""
     if mode not in RECOMPUTE_MODES:
@@ -314,26 +337,30 @@ class _AccumulatingDataParallel(OverlappingDataParallel):
 
 
 def apply_dp(model: Parallel3DModel, kind: str) -> None:
-    """Prepare the gradient reduction ``kind`` over the RDP group (ddp_hooks: install the
-    hooks; sync: nothing, :func:`finish_gradients` reduces; zero: :func:`build_optimizer`)."""
+    """Prepare the gradient reduction ``kind`` over the RDP group, RDP x CP with context
+    parallelism (ddp_hooks: install the hooks; sync: nothing, :func:`finish_gradients`
+    reduces; zero: :func:`build_optimizer`)."""
     if kind not in DP_KINDS:
         raise ValueError(f"dp_kind must be one of {', '.join(DP_KINDS)}, got {kind!r}")
     if kind == "ddp_hooks":  # kept beside the model, not as a submodule of it
         object.__setattr__(model, "gradient_hooks", _AccumulatingDataParallel(
-            model.stages, model.context.groups.rdp, model.bucket_bytes or 0,
+            model.stages, model.gradient_groups.rdp, model.bucket_bytes or 0,
             model.schedule.microbatches))
 
 
 def parallelize_gpt(gpt: nn.Module, dims: ParallelDims, context) -> Parallel3DModel:
     """This rank's part of ``gpt`` under ``dims`` (laid out by ``context``, from
-    ``parallel_3d.initialize_parallelism(dims.dp, dims.tp, dims.pp)``)."""
-    if (context.dp, context.tp, context.pp) != (dims.dp, dims.tp, dims.pp):
-        raise ValueError(f"dims are dp x tp x pp = {dims.dp} x {dims.tp} x {dims.pp}, the "
-                         f"context was laid out for {context.dp} x {context.tp} x {context.pp}")
+    ``parallel_3d.initialize_parallelism(dims.dp, dims.tp, dims.pp, cp=dims.cp)``)."""
+    wanted = (dims.dp, dims.tp, dims.cp, dims.pp)
+    laid_out = (context.dp, context.tp, context.cp, context.pp)
+    if laid_out != wanted:
+        raise ValueError("dims are dp x tp x cp x pp = {} x {} x {} x {}, the context was laid "
+                         "out for {} x {} x {} x {}".format(*wanted, *laid_out))
     dims.check_model(gpt.config)
     schedule, stage_layers = apply_pp(gpt, dims, context)
     model = Parallel3DModel(gpt.config, context, dims, schedule)
     apply_tp(model, stage_layers, dims.sp)
+    apply_cp(model)
     apply_recompute(model, dims.recompute)
     apply_dp(model, dims.dp_kind)
     return model
@@ -342,7 +369,8 @@ def parallelize_gpt(gpt: nn.Module, dims: ParallelDims, context) -> Parallel3DMo
 # ---------------------------------------------------------------- optimizer and gradients
 
 def build_optimizer(model: Parallel3DModel, make_optimizer):
-    """``make_optimizer(model.parameters())``; for zero1-3 a ``ZeroOptimizer`` over RDP with
+    """``make_optimizer(model.parameters())``; for zero1-3 a ``ZeroOptimizer`` over RDP (RDP x
+    CP with context parallelism) with
     that Adam's hyperparameters instead (ZeRO shards Adam's state: another one is refused)."""
     optimizer = make_optimizer(model.parameters())
     kind = model.dims.dp_kind
@@ -352,7 +380,7 @@ def build_optimizer(model: Parallel3DModel, make_optimizer):
     if type(optimizer) is not torch.optim.Adam or settings.get("amsgrad"):
         raise ValueError(f"dp_kind {kind} shards Adam's state (ZeroOptimizer, plain Adam); got "
                          f"{type(optimizer).__name__}: use Adam, or dp_kind sync or ddp_hooks")
-    model.zero = ZeroOptimizer(model, model.context.groups.rdp, ZERO_STAGES[kind],
+    model.zero = ZeroOptimizer(model, model.gradient_groups.rdp, ZERO_STAGES[kind],
                                lr=settings["lr"], betas=settings["betas"], eps=settings["eps"],
                                weight_decay=settings["weight_decay"])
     return model.zero
@@ -366,7 +394,7 @@ def finish_gradients(model: Parallel3DModel, convention: str = "megatron") -> Sy
     if convention != "megatron" and kind != "sync":
         raise ValueError(f"convention {convention!r} is for dp_kind sync only (got {kind})")
     if kind == "sync":
-        report = sync_gradients(list(model.stages.values()), model.context.groups,
+        report = sync_gradients(list(model.stages.values()), model.gradient_groups,
                                 convention, model.bucket_bytes)
     elif kind == "ddp_hooks":
         model.gradient_hooks.finish_gradient_sync()

@@ -69,6 +69,13 @@ def kv_head_layout(heads: int, kv_heads: int, tp: int) -> str:
                      f"kv_heads divides tp; {tp} does not divide {kv_heads} nor {kv_heads} {tp}")
 
 
+def enter_tp_region(x, group=None, sequence_parallel: bool = False):
+    """The attention's input, entering the TP region once for q, k and v: with
+    ``sequence_parallel`` all-gathered along the sequence (every head needs every token), else
+    ``copy_to_tp`` (one all-reduce of its gradient)."""
+    return gather_from_sp(x, SEQ_DIM, group) if sequence_parallel else copy_to_tp(x, group)
+
+
 class SharedInputColumnLinear(ColumnParallelLinear):
     """A column-parallel layer whose input has entered the TP region already (the attention
     enters it once for q, k and v): no ``copy_to_tp`` of its own."""
@@ -122,11 +129,7 @@ class ParallelGroupedQueryAttention(GroupedQueryAttention):
                      else RowParallelLinear(attention.proj, group, input_is_parallel=True))
 
     def project(self, x, positions=None):
-        if self.sequence_parallel:
-            x = gather_from_sp(x, SEQ_DIM, self.group)  # the whole sequence, for every head
-        else:
-            x = copy_to_tp(x, self.group)  # one all-reduce of x's gradient for q, k and v
-        return super().project(x, positions)
+        return super().project(enter_tp_region(x, self.group, self.sequence_parallel), positions)
 
 
 class ParallelSwiGLU(SwiGLU):

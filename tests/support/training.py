@@ -35,7 +35,7 @@ def train_combinations(gpt, dataset, combinations):
     results = {}
     for name, fields, optimizer in combinations:
         dims = ParallelDims(**fields)
-        context = hybrid.initialize_parallelism(dims.dp, dims.tp, dims.pp)
+        context = hybrid.initialize_parallelism(dims.dp, dims.tp, dims.pp, cp=dims.cp)
         model = parallelize_gpt(gpt, dims, context)
         optim = build_optimizer(model, make_optimizer(optimizer, dims.precision))
         losses = [hybrid.train_step(model, tokens, targets, optim).item()

@@ -13,6 +13,9 @@ traffic as ZeRO, DeepSpeed, Megatron-LM and FSDP allocate them), ``layout`` (deg
 ``memory_estimate``, ``time_estimate``, ``plans`` (evaluate, rank, recommend), ``explain``,
 ``practice`` (public recipes' layouts), ``published_runs`` and ``validation`` (predicted
 against published).
+
+Mixture-of-experts models (``ModelSpec(experts=, top_k=)``, the ``mixtral-8x7b`` preset) are
+planned with expert parallelism (``Layout.ep``, carved out of dp) among the layouts searched.
 """
 from reference_impl.perf.planner.hardware import GB, GPUS, GiB, Cluster, cluster_of
 from reference_impl.perf.planner.layout import Layout, check_layout

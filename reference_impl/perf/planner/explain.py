@@ -31,7 +31,10 @@ def explain(plan: Plan) -> str:
     lines = [
         f"{mo.name}: {mo.layers} layers, hidden {mo.hidden}, {mo.heads} heads"
         f"{f' ({mo.kv_heads} KV heads)' if mo.kv_heads else ''}, vocab {mo.vocab}, seq "
-        f"{mo.seq_len}: N = {mo.num_params / 1e9:.2f}B parameters",
+        f"{mo.seq_len}: N = {mo.num_params / 1e9:.2f}B parameters"
+        + (f" ({mo.experts} experts of MLP {mo.ffn}, top-{mo.top_k}: {mo.active_params / 1e9:.2f}B"
+           f" active, their all-to-all {t.ep_exposed_s * 1e3:.2f} ms per layer and microbatch)"
+           if mo.experts else ""),
         f"cluster: {cl.nodes} nodes x {cl.gpus_per_node} {cl.gpu.name} = {cl.num_gpus} GPUs "
         f"({cl.usable_bytes / GiB:.1f} GiB usable after {cl.reserve:.0%} reserve)",
         f"layout: {lay.describe()}",

@@ -53,8 +53,8 @@ def activation_bytes(model: ModelSpec, s: int, b: int, t: int = 1,
     replicated = (4 * e + 2 * m) * sb * h
     if sequence_parallel:
         replicated /= t
-    up = (2 if model.gated_mlp else 1) * model.ffn
-    split = e * sb * (h + 2 * model.kv_dim + h + up + model.ffn)
+    up = (2 if model.gated_mlp else 1) * model.active_ffn  # with experts: top_k experts'
+    split = e * sb * (h + 2 * model.kv_dim + h + up + model.active_ffn)
     total = replicated + split / t
     if recompute is None:
         if check_attention(_kernel(attention)) == "explicit":

@@ -2,6 +2,7 @@
 rules that make one legal, and every legal one for a model on a cluster."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from reference_impl.perf.planner.framework_memory import STAGES, check_accounting
@@ -16,7 +17,9 @@ CONTEXT_PARALLEL = (1, 2, 4)
 
 @dataclass(frozen=True)
 class Layout:
-    """tp x cp x pp x dp GPUs (Megatron-LM's order: TP fastest, then CP, DP, PP); ``v``
+    """tp x cp x pp x dp GPUs (Megatron-LM's order: TP fastest, then CP, DP, PP); ``ep``
+    expert-parallel ranks carved out of dp (Megatron-core's tp-cp-ep-dp-pp: each EP group
+    holds every expert once, E / ep per rank, and exchanges tokens all-to-all); ``v``
     virtual stages per pipeline rank (the interleaved schedule, Narayanan et al. 2021);
     ``tp_comm_overlap``: TP collectives overlapped with the GEMMs, as Megatron-Core's option of
     that name does (time_estimate.py prices it); ``embedding_in_split``: the embedding and the
@@ -36,6 +39,7 @@ class Layout:
     attention: str = "flash"
     tp_comm_overlap: bool = False
     embedding_in_split: bool = False
+    ep: int = 1
 
     @property
     def gpus(self) -> int:
@@ -43,7 +47,8 @@ class Layout:
 
     def describe(self) -> str:
         return (f"TP {self.tp} x PP {self.pp}{f' (v {self.v})' if self.v > 1 else ''}"
-                f"{f' x CP {self.cp}' if self.cp > 1 else ''} x DP {self.dp}, "
+                f"{f' x CP {self.cp}' if self.cp > 1 else ''} x DP {self.dp}"
+                f"{f' (EP {self.ep})' if self.ep > 1 else ''}, "
                 f"{self.accounting} ZeRO-{self.zero}, micro-batch {self.micro_batch}, "
                 f"recompute {self.recompute or 'none'}"
                 f"{', SP' if self.sequence_parallel and self.tp > 1 else ''}"
@@ -53,14 +58,15 @@ class Layout:
         """One line for tables: TP2 PP8 v10 CP2 DP4 mb1 (and the options that are not the
         default: ZeRO stage, recomputation)."""
         return (f"TP{self.tp} PP{self.pp}{f' v{self.v}' if self.v > 1 else ''}"
-                f"{f' CP{self.cp}' if self.cp > 1 else ''} DP{self.dp} mb{self.micro_batch}"
+                f"{f' CP{self.cp}' if self.cp > 1 else ''} DP{self.dp}"
+                f"{f' EP{self.ep}' if self.ep > 1 else ''} mb{self.micro_batch}"
                 f"{f' ZeRO-{self.zero}' if self.zero != 1 else ''}"
                 f"{f' {self.recompute}' if self.recompute else ''}")
 
 
 def check_layout(model: ModelSpec, cluster: Cluster, layout: Layout) -> None:
     """What the model, the cluster and the schedule allow; a ValueError names the numbers."""
-    for name in ("tp", "pp", "dp", "cp", "v", "micro_batch"):
+    for name in ("tp", "pp", "dp", "cp", "ep", "v", "micro_batch"):
         value = getattr(layout, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -80,6 +86,7 @@ def check_layout(model: ModelSpec, cluster: Cluster, layout: Layout) -> None:
     if model.seq_len % (2 * cp if cp > 1 else 1):
         raise ValueError(f"cp {cp} needs the sequence {model.seq_len} split in 2 cp chunks "
                          f"(load balance): {model.seq_len} is not divisible by 2 x {cp}")
+    check_expert_parallel(model, layout.ep, dp)
     if layout.attention not in ATTENTION_KERNELS:
         raise ValueError(f"attention must be one of {ATTENTION_KERNELS}, got {layout.attention!r}")
     if cp > 1 and layout.attention != "flash":
@@ -101,6 +108,22 @@ def check_layout(model: ModelSpec, cluster: Cluster, layout: Layout) -> None:
     if layout.recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of none, selective, full, got {layout.recompute!r}")
     check_accounting(layout.accounting, layout.zero)
+
+
+def check_expert_parallel(model: ModelSpec, ep: int, dp: int) -> None:
+    """ep > 1 needs experts, and ep must divide both dp (EP ranks are data-parallel ranks for
+    everything but the experts) and the experts (each EP rank holds E / ep of them)."""
+    if ep == 1:
+        return
+    if not model.experts:
+        raise ValueError(f"ep {ep} needs a mixture-of-experts model; {model.name} is dense")
+    if dp % ep or model.experts % ep:
+        raise ValueError(f"ep {ep} must divide dp {dp} and the {model.experts} experts")
+
+
+def expert_parallel_degrees(model: ModelSpec, dp: int) -> list[int]:
+    """The ep a layout of ``dp`` replicas allows: the common divisors of dp and the experts."""
+    return [e for e in divisors(dp) if model.experts % e == 0] if model.experts else [1]
 
 
 def pipeline_slots(model: ModelSpec, layout: Layout) -> int:
@@ -137,7 +160,8 @@ def candidate_layouts(model: ModelSpec, cluster: Cluster, global_batch: int,
     """Every legal layout: TP within a node, CP in {1, 2, 4}, PP dividing what is left (with
     virtual stages where the layers divide), DP the rest; each ZeRO stage the accounting has,
     micro-batch 1, 2 or 4, and recomputation (with flash attention "selective" is "none": the
-    kernel already recomputes the scores). CP only with flash attention."""
+    kernel already recomputes the scores). CP only with flash attention. With experts, EP of
+    every degree dividing dp and the experts."""
     g = cluster.num_gpus
     recomputes = (None, "full") if attention == "flash" else RECOMPUTE
     for t in divisors(cluster.gpus_per_node):
@@ -150,7 +174,8 @@ def candidate_layouts(model: ModelSpec, cluster: Cluster, global_batch: int,
                 if p > model.layers or (pp and p != pp):
                     continue
                 d = g // (t * c * p)
-                for v in virtual_stages(model, p):
+                for v, e in itertools.product(virtual_stages(model, p),
+                                              expert_parallel_degrees(model, d)):
                     for zero in STAGES[accounting]:
                         if zero and d * c == 1:
                             continue
@@ -159,4 +184,4 @@ def candidate_layouts(model: ModelSpec, cluster: Cluster, global_batch: int,
                                 continue
                             for recompute in recomputes:
                                 yield Layout(t, p, d, zero, b, recompute, True, c, v,
-                                             accounting, attention, tp_comm_overlap)
+                                             accounting, attention, tp_comm_overlap, ep=e)

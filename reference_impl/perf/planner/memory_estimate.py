@@ -1,7 +1,10 @@
 """Memory per GPU of a layout, on the pipeline stage that needs most.
 
 * model states: :func:`framework_memory.model_state_bytes` on the stage's parameters (its layers
-  / tp, the embedding on the first stage, the LM head on the last), sharded over dp x cp;
+  / tp, the embedding on the first stage, the LM head on the last), sharded over dp x cp; with
+  experts, a layer's experts are split over the EP group too (E / ep per rank, / tp each) and
+  their states sharded over the dp x cp / ep ranks holding the same experts (Megatron-core's
+  expert-data-parallel group);
 * activations per layer: Korthikanti et al. 2022's count with the layer's real shapes (the
   MLP's width, a gated MLP, the key/value heads: :func:`layer_activations.activation_bytes`)
   on the s/cp tokens a CP rank holds; no 1-byte dropout masks for models without dropout
@@ -56,7 +59,9 @@ def activation_per_layer(model: ModelSpec, layout: Layout, recompute: str | None
 def estimate_memory(model: ModelSpec, layout: Layout, microbatches: int) -> MemoryEstimate:
     tp, pp, shards = layout.tp, layout.pp, layout.dp * layout.cp
     per_stage = first_stage_layers(model, layout)
-    layer_params = model.params_per_layer / tp
+    expert_params = model.expert_params_per_layer / (tp * layout.ep)  # one layer's, this GPU's
+    layer_params = (model.params_per_layer - model.expert_params_per_layer) / tp + expert_params
+    experts_on_stage = per_stage * expert_params
     vocab_params = model.vocab * model.hidden / tp
     head = 0 if model.tied_embeddings and pp == 1 else vocab_params
     first = per_stage * layer_params + vocab_params + (head if pp == 1 else 0)
@@ -70,7 +75,12 @@ def estimate_memory(model: ModelSpec, layout: Layout, microbatches: int) -> Memo
     logits = 4 * (model.seq_len // layout.cp) * layout.micro_batch * model.vocab / tp
 
     def states(params):
-        return model_state_bytes(params, shards, layout.zero, layout.accounting, layer_params)
+        if not experts_on_stage:
+            return model_state_bytes(params, shards, layout.zero, layout.accounting, layer_params)
+        return (model_state_bytes(params - experts_on_stage, shards, layout.zero,
+                                  layout.accounting, layer_params)
+                + model_state_bytes(experts_on_stage, shards // layout.ep, layout.zero,
+                                    layout.accounting))
 
     first_total = states(first) + activations + (logits if pp == 1 else 0)
     last_total = states(last) + per_layer * per_stage + logits  # the last stage: 1 in flight

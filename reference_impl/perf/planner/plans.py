@@ -62,7 +62,8 @@ class Plan:
         return (f"{lay.tp:>3} {lay.pp:>3} {lay.v:>2} {lay.cp:>3} {lay.dp:>4} {lay.zero:>5} "
                 f"{lay.micro_batch:>3} {(lay.recompute or 'none'):>9} "
                 f"{self.memory_bytes / GiB:>8.1f} {self.time.bubble:>7.1%} "
-                f"{self.step_s:>8.2f} {self.mfu:>6.1%}")
+                f"{self.step_s:>8.2f} {self.mfu:>6.1%}"
+                f"{f'  EP{lay.ep}' if lay.ep > 1 else ''}")
 
 
 TABLE_HEADER = " tp  pp  v  cp   dp  zero  mb recompute  mem GiB  bubble   step s    MFU"

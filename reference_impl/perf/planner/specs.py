@@ -2,6 +2,8 @@
 
     --evaluate tp=8,pp=12,v=8,dp=64,cp=1,mb=1,zero=1,recompute=none,attention=flash
     --model layers=96,hidden=12288,heads=96,vocab=51200,seq=2048,tied=1
+    --model layers=32,hidden=4096,heads=32,kv_heads=8,vocab=32000,seq=4096,ffn=14336,gated=1,experts=8,top_k=2
+    --evaluate tp=2,pp=4,dp=8,ep=8     # experts over 8 of the 8 data-parallel ranks
     --model my_model.json          # the same keys as a JSON object
 
 Every key is checked: an unknown one, a missing one or a value of the wrong kind is an error
@@ -21,6 +23,7 @@ LAYOUT_KEYS = {  # the command line's name: (Layout's field, kind)
     "recompute": ("recompute", str), "attention": ("attention", str),
     "accounting": ("accounting", str), "sp": ("sequence_parallel", bool),
     "tp_overlap": ("tp_comm_overlap", bool), "embedding_in_split": ("embedding_in_split", bool),
+    "ep": ("ep", int),
 }
 LAYOUT_REQUIRED = ("tp", "pp", "dp")
 MODEL_KEYS = {
@@ -28,6 +31,7 @@ MODEL_KEYS = {
     "heads": ("heads", int), "vocab": ("vocab", int), "seq": ("seq_len", int),
     "kv_heads": ("kv_heads", int), "ffn": ("ffn_hidden", int), "gated": ("gated_mlp", bool),
     "tied": ("tied_embeddings", bool), "dropout": ("dropout", bool),
+    "experts": ("experts", int), "top_k": ("top_k", int),  # ffn: each expert's width
 }
 MODEL_REQUIRED = ("layers", "hidden", "heads", "vocab", "seq")
 

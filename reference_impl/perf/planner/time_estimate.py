@@ -18,6 +18,12 @@ clock the GPU holds under load, ``cluster_compute.ClusterTerms``)::
                  bound max(0, TP - GEMMs) is the best case (``--best-case``)
                + CP: the ring exchange of K and V (forward, and twice that backward) beyond
                  what the attention it overlaps with hides, and the SMs it takes meanwhile
+               + EP (experts over ep > 1 ranks): the all-to-alls of the tokens' rows,
+                 dispatch + combine, forward + backward (and the forward's again under full
+                 recomputation), each b (s/cp) k rows of h bf16 values of which (ep-1)/ep
+                 leave the rank (GShard's count, ``moe/moe_costs.py``), over the links the
+                 EP group spans (tp x cp x ep GPUs): exposed, as Megatron-core's default
+                 dispatcher runs them between the router and the experts
     stage    = the slowest pipeline stage: whole layers per stage, none holding more than
                ceil(L/pp) (the memory estimate's count), the LM head on the last, which may
                take fewer layers to balance it (as Llama 3 did):
@@ -49,7 +55,9 @@ clock the GPU holds under load, ``cluster_compute.ClusterTerms``)::
                gradient, m and v read and written, the bf16 copy written)
     step     = pipeline + framework + sends + DP + optimizer, or, term by term
                (:meth:`TimeEstimate.breakdown`), m x (the slowest stage's layers,
-               recomputation, TP, CP, LM head) + bubble + framework + sends + DP + optimizer
+               recomputation, TP, CP, EP, LM head) + bubble + framework + sends + DP +
+               optimizer. The DP term reduces every local parameter over dp x cp: the
+               experts' (over dp x cp / ep ranks, fewer per gradient) are priced alike
 
 Ring collectives inside a node use lab 0's alpha-beta cost (``dp_collectives.ring_seconds``);
 a reduce-scatter or an all-gather is half an all-reduce. A group lies inside a node when the
@@ -90,6 +98,7 @@ class TimeEstimate:
     dp_s: float
     optimizer_s: float
     framework_s: float = 0.0
+    ep_exposed_s: float = 0.0  # per layer and microbatch, the all-to-alls of the experts
 
     @property
     def step_s(self) -> float:
@@ -101,6 +110,7 @@ class TimeEstimate:
         m, n = self.microbatches, self.stage_layers
         terms = {"layers": m * n * self.layer_s, "recompute": m * n * self.recompute_s,
                  "TP": m * n * self.tp_exposed_s, "CP": m * n * self.cp_exposed_s,
+                 "EP": m * n * self.ep_exposed_s,
                  "LM head": m * self.head_s if self.stage_has_head else 0.0}
         terms["bubble"] = self.pipeline_s - m * self.stage_s
         terms.update({"framework": self.framework_s, "sends": self.sends_s, "DP": self.dp_s,
@@ -183,7 +193,8 @@ def estimate_time(model: ModelSpec, cluster: Cluster, layout: Layout, microbatch
     else:
         cp_exposed = 0.0
 
-    layer_total = layer + recompute + tp_exposed + cp_exposed
+    ep_exposed = all_to_all_seconds(model, cluster, layout)
+    layer_total = layer + recompute + tp_exposed + cp_exposed + ep_exposed
     head = eff.gemm_only_seconds(b * s_local, model.hidden, model.vocab // tp) / terms.clock
     stage_layers, stage_has_head = slowest_stage(model.layers, pp, layer_total, head)
     stage = stage_layers * layer_total + (head if stage_has_head else 0.0)
@@ -221,4 +232,17 @@ def estimate_time(model: ModelSpec, cluster: Cluster, layout: Layout, microbatch
                  / (shards if layout.zero else 1) / eff.memory_bandwidth)
     return TimeEstimate(layer, recompute, tp_comm, tp_exposed, cp_exposed, head, stage_layers,
                         stage_has_head, stage, m, bubble, pipeline, sends, dp_time, optimizer,
-                        framework)
+                        framework, ep_exposed)
+
+
+def all_to_all_seconds(model: ModelSpec, cluster: Cluster, layout: Layout) -> float:
+    """One layer's expert all-to-alls per microbatch (the module docstring's EP term): rows =
+    b (s/cp) k, each exchange (ep-1)/ep of rows x h x 2 bytes; 0 without expert parallelism."""
+    ep = layout.ep
+    if ep == 1 or not model.experts:
+        return 0.0
+    rows = layout.micro_batch * (model.seq_len // layout.cp) * model.top_k
+    leaving = rows * model.hidden * 2 * (ep - 1) / ep
+    exchanges = 2 * (3 if layout.recompute == "full" else 2)  # (dispatch, combine) x passes
+    alpha, bandwidth = cluster.link(layout.tp * layout.cp * ep)
+    return exchanges * ((ep - 1) * alpha + leaving / bandwidth)
