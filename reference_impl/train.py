@@ -79,7 +79,7 @@ import torch.distributed as dist
 from reference_impl.comm.device import resolve_backend, wait_for_device
 from reference_impl.comm.launcher import launch, under_torchrun
 from reference_impl.hybrid import checkpoint, parallel_3d, parallelize
-from reference_impl.hybrid.parallelize import DP_KINDS, RECOMPUTE_MODES, ZERO_STAGES
+from reference_impl.hybrid.parallel_dims import DP_KINDS, RECOMPUTE_MODES, ZERO_STAGES
 from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig, llama_config
 from reference_impl.precision import PRECISIONS
 

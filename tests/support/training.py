@@ -15,7 +15,8 @@ import torch
 
 from reference_impl.checks import assert_close
 from reference_impl.hybrid import parallel_3d as hybrid
-from reference_impl.hybrid.parallelize import ParallelDims, build_optimizer, parallelize_gpt
+from reference_impl.hybrid.parallel_dims import ParallelDims
+from reference_impl.hybrid.parallelize import build_optimizer, parallelize_gpt
 
 ATOL = 1e-5
 TOL, STEP_TOL = 2e-2, 3e-2  # bf16, as in test_bf16.py

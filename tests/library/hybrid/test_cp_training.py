@@ -16,7 +16,8 @@ from reference_impl import train
 from reference_impl.checks import assert_close
 from reference_impl.cp.cp_attention import ContextParallelAttention
 from reference_impl.hybrid import parallel_3d as hybrid
-from reference_impl.hybrid.parallelize import ParallelDims, parallelize_gpt
+from reference_impl.hybrid.parallel_dims import ParallelDims
+from reference_impl.hybrid.parallelize import parallelize_gpt
 from reference_impl.model import GPT, ModelConfig, llama_config
 from support.training import ATOL, check, single_device_oracles, train_combinations
 

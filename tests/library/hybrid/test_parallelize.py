@@ -23,7 +23,7 @@ import torch
 from reference_impl import train
 from reference_impl.checks import assert_close
 from reference_impl.hybrid import parallel_3d as hybrid
-from reference_impl.hybrid.parallelize import ParallelDims
+from reference_impl.hybrid.parallel_dims import ParallelDims
 from reference_impl.model import GPT, ModelConfig
 from support.training import ATOL, check, single_device_oracles, train_combinations
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference_impl.hybrid.parallelize import ParallelDims
+from reference_impl.hybrid.parallel_dims import ParallelDims
 from reference_impl.llama_blocks import RMSNorm, GroupedQueryAttention, SwiGLU
 from reference_impl.model import GPT, Block, CausalSelfAttention, ModelConfig, llama_config
 from reference_impl.pipeline.pipeline_partition import gpt_layers
