@@ -29,7 +29,9 @@ def check_sequence(seq: int, cp: int) -> None:
 
 def chunks_of_rank(cp: int, rank: int) -> tuple[int, int]:
     """The two chunks rank ``rank`` holds: its own index and its mirror image."""
+    # BEGIN SOLUTION lab8: of the 2*cp chunks, this rank's own index and its mirror image from the end (one early chunk, one late)
     return rank, 2 * cp - 1 - rank
+    # END SOLUTION
 
 
 def shard_sequence(x: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
@@ -52,7 +54,11 @@ def unshard_sequence(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
 def token_positions(seq: int, cp: int, rank: int, device=None) -> torch.Tensor:
     """The global positions (int64) of rank ``rank``'s seq / cp tokens, in the order it holds them."""
     check_sequence(seq, cp)
-    return shard_sequence(torch.arange(seq, device=device), cp, rank, dim=0)
+    # BEGIN SOLUTION lab8: the places in the whole sequence (0 .. seq-1) of this rank's two chunks of seq / (2*cp) tokens, first chunk first
+    chunk = seq // (2 * cp)
+    return torch.cat([torch.arange(index * chunk, (index + 1) * chunk, device=device)
+                      for index in chunks_of_rank(cp, rank)])
+    # END SOLUTION
 
 
 def visible_part(cp: int, rank: int, owner: int, seq_local: int) -> tuple[slice, slice, bool]:
@@ -67,8 +73,10 @@ def visible_part(cp: int, rank: int, owner: int, seq_local: int) -> tuple[slice,
                         keys; my first chunk (rank < owner) sees none of them
     """
     half = seq_local // 2
+    # BEGIN SOLUTION lab8: compare the chunks' places: own block (causal inside), an earlier owner (its first chunk only, no mask), a later owner (my second chunk only, no mask)
     if owner == rank:
         return slice(0, seq_local), slice(0, seq_local), True
     if owner < rank:
         return slice(0, seq_local), slice(0, half), False
     return slice(half, seq_local), slice(0, seq_local), False
+    # END SOLUTION

@@ -402,4 +402,61 @@ LAB6_LAB7: list[Mistake] = [
             "4 all-reduces per layer (2 forward, 2 backward)"),
 ]
 
-CATALOGUE = LAB0_LAB1 + LAB2_LAB3 + LAB4 + LAB5 + LAB6_LAB7
+# ---------------------------------------------------------------- lab 8
+RING_TESTS = "ring_attention_on"
+POST_NEXT = "                transfer = start_ring_exchange(kv, group, KV_TAG) if step < cp - 1 else None\n"
+RING_MERGE = ("                    out[:, :, rows], lse[:, :, rows] = merge_partials(out[:, :, rows], "
+              "lse[:, :, rows],\n                                                                      "
+              "block_out, block_lse)\n")
+RING_STEP = ("                rows, keys, masked = visible_part(cp, rank, (rank - step) % cp, q.shape[2])\n"
+             "                block_out, block_lse = block_attention(q[:, :, rows], kv[0][:, :, keys], "
+             "kv[1][:, :, keys],\n                                                       *((positions, "
+             "positions) if masked else ()))\n                if step == 0:  # this rank's own block: "
+             "every row\n                    out, lse = block_out, block_lse\n                else:\n"
+             + RING_MERGE)
+LAB8: list[Mistake] = [
+    Mistake("the partial outputs summed as they are", "lab8", "online_softmax",
+            "out = (lse1 - finite).exp()[..., None] * out1 + (lse2 - finite).exp()[..., None] * out2",
+            "out = out1 + out2", "merge", "added without rescaling by exp(lse_i - lse)"),
+    Mistake("the merge's weights exp(lse_i - lse) taken as they come, -inf rows included", "lab8",
+            "online_softmax", "    finite = _finite(lse)\n    out =", "    finite = lse\n    out =",
+            "merge", "became NaN"),
+    Mistake("the merged lse as the larger of the two", "lab8", "online_softmax",
+            "lse = torch.logaddexp(lse1, lse2)\n    finite", "lse = torch.maximum(lse1, lse2)\n    finite",
+            "merge", "not the log of the summed exponentials"),
+    Mistake("the mirror chunk counted among cp chunks, not 2cp", "lab8", "load_balance",
+            "return rank, 2 * cp - 1 - rank", "return rank, cp - 1 - rank", "chunks_i",
+            "the rank holds chunks i and cp-1-i instead of i and 2cp-1-i"),
+    Mistake("the rank's positions counted from 0", "lab8", "load_balance",
+            "    chunk = seq // (2 * cp)\n    return torch.cat(",
+            "    return torch.arange(seq // cp, device=device)\n    chunk = seq // (2 * cp)\n"
+            "    return torch.cat(",
+            "token_positions", "positions are local to the rank, not the places of its tokens"),
+    Mistake("the own block attended without the causal mask", "lab8", "load_balance",
+            "return slice(0, seq_local), slice(0, seq_local), True",
+            "return slice(0, seq_local), slice(0, seq_local), False",
+            f"visible_part or {RING_TESTS}", "the diagonal block was not masked"),
+    Mistake("an earlier rank's block attended whole", "lab8", "load_balance",
+            "return slice(0, seq_local), slice(0, half), False",
+            "return slice(0, seq_local), slice(0, seq_local), False",
+            f"visible_part or {RING_TESTS}", "was treated as fully visible"),
+    Mistake("the ring turned the other way: sent to r-1, received from r+1", "lab8", "ring_attention",
+            "tensor, global_rank((rank + 1) % cp), group, tag),\n"
+            "                  dist.P2POp(distributed_c10d.irecv, received, global_rank((rank - 1) % cp)",
+            "tensor, global_rank((rank - 1) % cp), group, tag),\n"
+            "                  dist.P2POp(distributed_c10d.irecv, received, global_rank((rank + 1) % cp)",
+            "four_ranks", "sent to the previous rank instead of the next"),
+    Mistake("the block held at step t taken as rank r + t's", "lab8", "ring_attention",
+            "(rank - step) % cp, q.shape[2])\n                block_out,",
+            "(rank + step) % cp, q.shape[2])\n                block_out,",
+            "four_ranks", "holds the K/V block of rank r - t"),
+    Mistake("the next block posted after this block's compute", "lab8", "ring_attention",
+            POST_NEXT + RING_STEP, RING_STEP + POST_NEXT,
+            RING_TESTS, "posted after this block's compute"),
+    Mistake("only out merged, lse left at the first block's", "lab8", "ring_attention",
+            RING_MERGE,
+            RING_MERGE.replace("out[:, :, rows], lse[:, :, rows] = merge", "out[:, :, rows], _ = merge"),
+            RING_TESTS, "the merged lse must be kept"),
+]
+
+CATALOGUE = LAB0_LAB1 + LAB2_LAB3 + LAB4 + LAB5 + LAB6_LAB7 + LAB8

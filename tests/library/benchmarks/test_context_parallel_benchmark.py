@@ -1,20 +1,20 @@
-"""The ring-attention benchmark runs end to end on tiny sizes: it prints the time table (ring,
+"""The context-parallel benchmark runs end to end on tiny sizes: it prints the time table (ring,
 all-gather and one device, with ratios), the bytes table (every row "match": CommTracer's bytes
 equal cp_costs' formulas), the ring's hidden shares (in [0, 1]) and PyTorch's context_parallel
 row (a time or the reason it was skipped). Times are never asserted."""
 import pytest
 import torch
 
-from reference_impl.benchmarks import ring_attention
+from reference_impl.benchmarks import context_parallel
 from support.printed_tables import is_number, section
 
 
-def test_ring_attention_benchmark_prints_every_measurement(capsys, backend):
+def test_context_parallel_benchmark_prints_every_measurement(capsys, backend):
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "nccl" and gpus < 4:
         pytest.skip(f"needs 4 GPUs for nccl, this machine has {gpus}")
-    ring_attention.main(["--batch", "1", "--seq", "16", "--hidden", "16", "--heads", "4",
-                         "--kv-heads", "2", "--cp", "2", "4", "--repeats", "1", "--backend", backend])
+    context_parallel.main(["--batch", "1", "--seq", "16", "--hidden", "16", "--heads", "4",
+                           "--kv-heads", "2", "--cp", "2", "4", "--repeats", "1", "--backend", backend])
     out = capsys.readouterr().out
 
     times = section(out, "ring/allgather")

@@ -1,6 +1,6 @@
 """Context-parallel attention: ring vs all-gather vs one device, bytes sent, overlap.
 
-    python -m reference_impl.benchmarks.ring_attention [--batch 2 --heads 8 --kv-heads 2
+    python -m reference_impl.benchmarks.context_parallel [--batch 2 --heads 8 --kv-heads 2
         --seq 512 --hidden 256 --cp 2 4 --repeats 3 --threads 1 --backend auto]
 
 For each cp, a launch of cp ranks (gloo on the CPU by default; NCCL with a GPU per rank)

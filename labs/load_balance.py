@@ -1,0 +1,73 @@
+# Student file for the labs, generated from reference_impl/cp/load_balance.py by
+# `python -m reference_impl.course.make_labs`: fill in every
+# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
+"""The load-balanced sequence layout of causal context parallelism.
+
+Cut in cp contiguous pieces, a causal sequence gives the last rank the most work (its queries
+see every earlier key) and the first the least. Megatron-core and NVIDIA's TransformerEngine
+(context parallelism, "CP") cut it instead into 2*cp chunks and give rank i chunks i and
+2cp-1-i: one early and one late chunk each, so every rank attends to the same number of
+(query, key) pairs. With cp = 2 and a sequence of 8 tokens:
+
+    chunks   [0 1] [2 3] [4 5] [6 7]
+    rank 0:  chunks 0 and 3 -> positions 0 1 6 7
+    rank 1:  chunks 1 and 2 -> positions 2 3 4 5
+
+A rank's tokens are its two chunks side by side; :func:`token_positions` gives their places in
+the whole sequence (for rotary embeddings and the causal mask).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def check_sequence(seq: int, cp: int) -> None:
+    """ValueError unless ``seq`` splits into 2*cp equal chunks."""
+    if cp < 1:
+        raise ValueError(f"the context-parallel size must be at least 1, got cp = {cp}")
+    if seq % (2 * cp):
+        raise ValueError(f"the load-balanced layout cuts the sequence into 2*cp = {2 * cp} chunks: "
+                         f"seq {seq} is not divisible by {2 * cp}")
+
+
+def chunks_of_rank(cp: int, rank: int) -> tuple[int, int]:
+    """The two chunks rank ``rank`` holds: its own index and its mirror image."""
+    raise NotImplementedError("lab8: of the 2*cp chunks, this rank's own index and its mirror image from the end (one early chunk, one late)")
+
+
+def shard_sequence(x: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
+    """Rank ``rank``'s share of ``x`` along ``dim`` (the sequence): chunks i and 2cp-1-i."""
+    check_sequence(x.shape[dim], cp)
+    chunks = x.chunk(2 * cp, dim=dim)
+    return torch.cat([chunks[i] for i in chunks_of_rank(cp, rank)], dim=dim)
+
+
+def unshard_sequence(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
+    """The whole tensor again from every rank's share (``shards[r]`` is rank r's), in order."""
+    cp = len(shards)
+    chunks = [None] * (2 * cp)
+    for rank, shard in enumerate(shards):
+        first, second = chunks_of_rank(cp, rank)
+        chunks[first], chunks[second] = shard.chunk(2, dim=dim)
+    return torch.cat(chunks, dim=dim)
+
+
+def token_positions(seq: int, cp: int, rank: int, device=None) -> torch.Tensor:
+    """The global positions (int64) of rank ``rank``'s seq / cp tokens, in the order it holds them."""
+    check_sequence(seq, cp)
+    raise NotImplementedError("lab8: the places in the whole sequence (0 .. seq-1) of this rank's two chunks of seq / (2*cp) tokens, first chunk first")
+
+
+def visible_part(cp: int, rank: int, owner: int, seq_local: int) -> tuple[slice, slice, bool]:
+    """Which of rank ``rank``'s queries see which of rank ``owner``'s keys, as (query slice,
+    key slice, whether a causal mask is needed inside), over the two ranks' seq_local tokens.
+    Under this layout every other block is half visible, the rest hidden whole:
+
+        owner == rank:  all x all, causal inside each chunk
+        owner <  rank:  all of my queries x owner's first chunk (owner < rank: before both of
+                        mine); its second chunk (2cp-1-owner > 2cp-1-rank) is after both
+        owner >  rank:  my second chunk (2cp-1-rank > 2cp-1-owner > owner) x all of owner's
+                        keys; my first chunk (rank < owner) sees none of them
+    """
+    half = seq_local // 2
+    raise NotImplementedError("lab8: compare the chunks' places: own block (causal inside), an earlier owner (its first chunk only, no mask), a later owner (my second chunk only, no mask)")

@@ -1,0 +1,159 @@
+# Student file for the labs, generated from reference_impl/cp/ring_attention.py by
+# `python -m reference_impl.course.make_labs`: fill in every
+# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
+"""Ring attention: causal self-attention over a sequence split across a context-parallel group
+(Liu et al. 2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context").
+
+Each of the cp ranks of the group holds the queries, keys and values of its tokens (the
+load-balanced layout of ``load_balance.py``: chunks i and 2cp-1-i of the sequence). Queries
+stay; the K/V blocks travel round the ring, rank r sending to r+1 and receiving from r-1:
+
+    forward, step t = 0 .. cp-1, on rank r (holding the K/V block of rank r - t):
+        start sending that block to r+1 and receiving the next one from r-1   (cp - 1 times)
+        attend this rank's queries to the block's visible part (below) -> (out, lse)
+        merge into the running (out, lse) (online softmax, ``online_softmax.py``)
+        wait for the transfer: it ran while the block was computed (overlap)
+
+Keys and values travel with their kv_heads only and are expanded on arrival (grouped-query
+attention): a step moves 2 * batch * kv_heads * (seq/cp) * head_dim elements, heads/kv_heads
+times less than the queries would be.
+
+Backward (the standard ring backward): the K/V blocks go round again, each rank recomputes
+its queries' probabilities against each block from the saved lse and keeps adding to its dQ;
+each block's dK/dV is accumulated by every rank it visits and travels one rank behind the
+block, so that after cp - 1 hops it reaches its owner (rank r's own share, from step 0, never
+leaves). Only q, k, v, out and lse are saved: nothing of size seq x seq outlives a step.
+
+Only the visible part of a block is computed. A rank's own block is masked from the tokens'
+global positions (key position > query position is hidden); of any other rank's block, the
+load-balanced layout makes exactly half visible, whole, and half hidden
+(``load_balance.visible_part``): all queries against the earlier owner's first chunk, or the
+rank's later chunk against all of a later owner's keys. So every rank computes the same
+number of (query, key) pairs at every step, the point of the layout.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as distributed_c10d
+
+from load_balance import token_positions, visible_part
+from online_softmax import (block_attention, block_attention_backward,
+                                              merge_partials, output_dot_grad)
+from reference_impl.cp.ring_overlap import RingClock
+
+KV_TAG, GRAD_KV_TAG = 0, 1
+
+
+def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """ValueError unless q is (batch, heads, seq_local, d) and k, v (batch, kv_heads,
+    seq_local, d) with kv_heads dividing heads and seq_local even (two chunks)."""
+    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
+        raise ValueError(f"q, k, v must be (batch, heads, seq, head_dim) with k and v alike: got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    (batch, heads, seq, dim), kv_heads = q.shape, k.shape[1]
+    if (k.shape[0], k.shape[2], k.shape[3]) != (batch, seq, dim):
+        raise ValueError(f"k and v {tuple(k.shape)} must match q {tuple(q.shape)} in batch, seq "
+                         "and head_dim")
+    if heads % kv_heads:
+        raise ValueError(f"kv_heads {kv_heads} does not divide heads {heads}")
+    if seq % 2:
+        raise ValueError(f"the load-balanced layout gives each rank 2 equal chunks: this rank's "
+                         f"seq {seq} is odd")
+
+
+class _Transfer:
+    """A posted ring exchange: wait() returns the received tensor."""
+
+    def __init__(self, received: torch.Tensor, works: list):
+        self.received, self.works = received, works
+
+    def wait(self) -> torch.Tensor:
+        for work in self.works:
+            work.wait()
+        return self.received
+
+
+def start_ring_exchange(tensor: torch.Tensor, group, tag: int) -> _Transfer:
+    """Send ``tensor`` to the next rank of the ring and receive one like it from the previous
+    one, posted together (one ``batch_isend_irecv``), not waited for. Group ranks are
+    translated to global ranks, as ``P2POp`` wants."""
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+
+    def global_rank(group_rank):
+        return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+    received = torch.empty_like(tensor)
+    # P2POp accepts torch's own isend/irecv only (not a tracer's wrappers of dist.isend)
+    raise NotImplementedError('lab8: the two operations of the ring: a P2POp isend of tensor to the next group rank, an irecv into received from the previous one (global ranks, the same tag)')
+    return _Transfer(received, dist.batch_isend_irecv(operations))
+
+
+class RingAttention(torch.autograd.Function):
+    """Ring attention's forward and backward (see the module's docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group, clock):
+        check_attention_inputs(q, k, v)
+        cp, rank = dist.get_world_size(group), dist.get_rank(group)
+        seq = q.shape[2] * cp
+        ctx.group, ctx.seq = group, seq
+        with torch.autocast(q.device.type, enabled=False):
+            positions = token_positions(seq, cp, rank, q.device)
+            kv = torch.stack((k, v))  # one message per step: (2, batch, kv_heads, seq/cp, d)
+            for step in range(cp):
+                if clock and step < cp - 1:
+                    clock.start(q.device)
+                raise NotImplementedError("lab8: post the next block's exchange first (transfer; None at the last step), then attend the queries to the visible part of the block held now (whose is it at this step?) and merge the result into out, lse (step 0 sets them)")
+                if transfer:
+                    if clock:
+                        clock.computed(q.device)
+                    kv = transfer.wait()
+                    if clock:
+                        clock.waited(q.device)
+        out = out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        group, seq = ctx.group, ctx.seq
+        cp, rank = dist.get_world_size(group), dist.get_rank(group)
+        with torch.autocast(q.device.type, enabled=False):
+            positions = token_positions(seq, cp, rank, q.device)
+            out_dot_grad = output_dot_grad(out, grad_out)
+            grad_q = torch.zeros_like(q, dtype=torch.float32)
+            kv = torch.stack((k, v))
+            kv_transfer = start_ring_exchange(kv, group, KV_TAG) if cp > 1 else None
+            grad_kv_transfer = own_grad_kv = None
+            for step in range(cp):
+                rows, keys, masked = visible_part(cp, rank, (rank - step) % cp, q.shape[2])
+                block_grads = block_attention_backward(
+                    q[:, :, rows], kv[0][:, :, keys], kv[1][:, :, keys], grad_out[:, :, rows],
+                    lse[:, :, rows], out_dot_grad[:, :, rows], *((positions, positions) if masked else ()))
+                grad_q[:, :, rows] += block_grads[0]
+                block_grad_kv = torch.zeros_like(kv, dtype=torch.float32)
+                block_grad_kv[:, :, :, keys] = torch.stack(block_grads[1:])
+                if step == 0:
+                    own_grad_kv = block_grad_kv  # stays here; the others' shares arrive at the end
+                else:  # add to the block's dK/dV so far (none before step 1) and pass it on
+                    if step > 1:
+                        block_grad_kv += grad_kv_transfer.wait()
+                    grad_kv_transfer = start_ring_exchange(block_grad_kv, group, GRAD_KV_TAG)
+                if step < cp - 1:
+                    kv = kv_transfer.wait()
+                    if step < cp - 2:
+                        kv_transfer = start_ring_exchange(kv, group, KV_TAG)
+            grad_kv = own_grad_kv if cp == 1 else own_grad_kv + grad_kv_transfer.wait()
+        return grad_q.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype), None, None
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None,
+                   clock: RingClock | None = None) -> torch.Tensor:
+    """Causal attention of this rank's queries q (batch, heads, seq/cp, d) over the whole
+    sequence, whose keys and values k, v (batch, kv_heads, seq/cp, d) are spread over the
+    ``group``'s ranks in the load-balanced layout; returns this rank's output, like q.
+    Collective over ``group`` (None: the world), forward and backward. ``clock``: a
+    :class:`RingClock` that times each step's compute and transfer wait."""
+    return RingAttention.apply(q, k, v, group, clock)
