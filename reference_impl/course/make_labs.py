@@ -126,7 +126,7 @@ def student_module(path: Path, solved: bool = False, labs_by_module=None) -> str
     return header + body
 
 
-LIBRARY_PACKAGES = ("comm", "tp", "memory", "pipeline", "hybrid", "perf")  # where exercises can live
+LIBRARY_PACKAGES = ("comm", "tp", "memory", "pipeline", "hybrid", "perf", "moe")  # where exercises can live
 
 
 def modules_with_exercises() -> list[Path]:

@@ -39,6 +39,8 @@ LABS: tuple[Lab, ...] = (
     Lab(5, "hybrid and 3D", ("data_parallel", "ddp_hooks", "zero"), 150, 4, "lab5_hybrid"),
     Lab(6, "profiling and scaling", ("trace_analysis",), 75, 2, "lab6_profiling"),
     Lab(7, "the production slice", ("capacity",), 90, 0, "lab7_production"),
+    Lab(9, "expert parallelism", ("router", "expert_groups", "expert_parallel"), 120, 4,
+        "lab9_expert_parallel"),
 )
 
 
