@@ -8,6 +8,8 @@ a node's links (``node_topology``). Rank layouts (labs 1, 5): the groups (``rank
 the layout on nodes (``node_mesh``). Tensor parallelism (labs 2, 3): ``tensor_parallel``.
 Pipelines (lab 4): Gantt charts and Perfetto traces (``pipeline_gantt``). ZeRO (lab 5):
 ``zero_partitions``. Profiles (lab 6): a merged trace's timeline (``trace_timeline``).
+Experts (lab 9): the dispatch and combine, the EP and EDP groups, the load per expert
+(``experts``).
 """
 from reference_impl.lazy_exports import lazy_exports
 
@@ -24,4 +26,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
         "plot_gantt_with_memory", "save_chrome_trace"],
     "zero_partitions": ["partition_bytes", "plot_zero_partitions"],
     "trace_timeline": ["plot_trace"],
+    "experts": ["exchange_rows", "plot_expert_groups", "plot_expert_load", "plot_token_exchange"],
 })
