@@ -20,7 +20,7 @@ import nbformat
 import pytest
 
 from support.chromium_pipe import Chromium
-from reference_impl.course import deck_vendor
+from reference_impl.course import deck_vendor, syllabus
 from reference_impl.course.build_slides import DeckError, build_deck, deck_html, slide_count
 from reference_impl.course.kernel import notebook_client
 from support import REPO, TESTS
@@ -51,7 +51,8 @@ def slide_groups(notebook) -> list[list]:
 
 
 def test_decks_exist():
-    assert len(DECKS) == 8, [deck.name for deck in DECKS]
+    assert [deck.stem for deck in DECKS] == sorted(lab.notebook for lab in syllabus.LABS), (
+        "one deck per lab of the syllabus, named as its notebook")
 
 
 @pytest.mark.parametrize("deck", DECKS, ids=lambda path: path.stem)
