@@ -126,7 +126,8 @@ def student_module(path: Path, solved: bool = False, labs_by_module=None) -> str
     return header + body
 
 
-LIBRARY_PACKAGES = ("comm", "tp", "memory", "pipeline", "hybrid", "perf", "cp")  # where exercises can live
+# Where exercises can live.
+LIBRARY_PACKAGES = ("comm", "tp", "memory", "pipeline", "hybrid", "perf", "cp", "moe")
 
 
 def modules_with_exercises() -> list[Path]:

@@ -41,6 +41,8 @@ LABS: tuple[Lab, ...] = (
     Lab(7, "the production slice", ("capacity",), 90, 0, "lab7_production"),
     Lab(8, "context parallelism", ("online_softmax", "ring_attention", "load_balance"), 120, 4,
         "lab8_context_parallel"),
+    Lab(9, "expert parallelism", ("router", "expert_groups", "expert_parallel"), 120, 4,
+        "lab9_expert_parallel"),
 )
 
 

@@ -10,6 +10,8 @@ Pipelines (lab 4): Gantt charts and Perfetto traces (``pipeline_gantt``). ZeRO (
 ``zero_partitions``. Profiles (lab 6): a merged trace's timeline (``trace_timeline``).
 Context parallelism (lab 8): the ring's steps, the causal mask in chunks, the traffic
 (``context_parallel``).
+Experts (lab 9): the dispatch and combine, the EP and EDP groups, the load per expert
+(``experts``).
 """
 from reference_impl.lazy_exports import lazy_exports
 
@@ -28,4 +30,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "trace_timeline": ["plot_trace"],
     "context_parallel": ["causal_pairs_per_rank", "plot_causal_chunks", "plot_cp_traffic",
         "plot_ring_steps", "ring_holdings"],
+    "experts": ["exchange_rows", "plot_expert_groups", "plot_expert_load", "plot_token_exchange"],
 })

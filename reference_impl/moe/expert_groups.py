@@ -59,8 +59,10 @@ def expert_parallel_groups(dp_groups: Sequence[Sequence[int]], ep: int) -> Group
         members = tuple(sorted(members))  # a torch group numbers its members in rank order
         check_expert_parallel(len(members), ep)
         groups["DP"].append(members)
+        # BEGIN SOLUTION lab9: add this DP group's EP groups (dp / ep of them, each ep consecutive members: together they hold every expert once) and its EDP groups (ep of them, each the members holding the same experts, one from each EP group), as tuples of global ranks in increasing order
         groups["EP"] += [members[start:start + ep] for start in range(0, len(members), ep)]
         groups["EDP"] += [members[offset::ep] for offset in range(ep)]
+        # END SOLUTION
     return {kind: tuple(found) for kind, found in groups.items()}
 
 

@@ -3,7 +3,7 @@ token dispatcher of Megatron-core): the experts split over the ranks of an EP gr
 sent to their experts and back with two all-to-alls.
 
 Built shard-from-full from a single-device :class:`~reference_impl.moe.moe_layer.MoELayer`:
-every rank copies the router (replicated) and the experts it holds
+every rank rebuilds the router (replicated) and copies the experts it holds
 (``expert_groups.experts_of_rank``); the experts keep their single-device names
 (``experts.5.fc1.weight`` is expert 5 on whichever rank holds it). On each rank, for its own
 tokens:
@@ -40,6 +40,7 @@ from torch import nn
 from reference_impl.hybrid.data_parallel import all_reduce_mean
 from reference_impl.moe.expert_groups import ExpertGroups, experts_of_rank
 from reference_impl.moe.moe_layer import MoELayer, MoEOutput
+from reference_impl.moe.router import Router
 from reference_impl.moe.token_exchange import all_to_all_rows
 
 
@@ -52,7 +53,10 @@ class ExpertParallelMoE(nn.Module):
         self.hidden, self.groups = layer.hidden, groups
         self.num_experts = layer.num_experts
         self.local_experts = experts_of_rank(layer.num_experts, groups.ep_size, groups.ep_rank)
-        self.router = copy.deepcopy(layer.router)
+        gate = layer.router  # rebuilt as this module's Router: the lab's own router runs here
+        self.router = Router(layer.hidden, gate.num_experts, gate.top_k, gate.capacity_factor,
+                             gate.renormalize).to(gate.gate.weight)
+        self.router.load_state_dict(gate.state_dict())
         self.experts = nn.ModuleDict({str(e): copy.deepcopy(layer.experts[e])
                                       for e in self.local_experts})
         for parameter in self.experts.parameters():
@@ -66,6 +70,7 @@ class ExpertParallelMoE(nn.Module):
         ep, group = self.groups.ep_size, self.groups.ep
         self.all_to_all_log = log = []
 
+        # BEGIN SOLUTION lab9: the dispatch. assignment: the flat indices (token * k + slot) of the kept assignments, stably sorted by expert, so each EP rank's rows are consecutive and in token order; token: their tokens; recv_counts (ep, E/ep): the rows each rank of the group sends to each local expert (exchange routing.tokens_per_expert); send_splits, recv_splits: rows to and from each rank; received: the permuted rows after all_to_all_rows (named "dispatch", logged in log)
         # 2. permute: kept assignments (token-major), stably sorted by expert
         top_k = routing.expert_index.shape[1]
         assignment = routing.kept.flatten().nonzero().squeeze(1)
@@ -80,20 +85,27 @@ class ExpertParallelMoE(nn.Module):
         send_splits = routing.tokens_per_expert.view(ep, -1).sum(dim=1).tolist()
         recv_splits = recv_counts.sum(dim=1).tolist()
 
-        # 4. dispatch, 5. local experts, 6. combine
+        # 4. dispatch
         received = all_to_all_rows(permuted, send_splits, recv_splits, group, "dispatch", log)
+        # END SOLUTION
+
+        # 5. local experts: the received rows come by source rank, within it by local expert
         local_expert_of_row = torch.arange(len(self.local_experts), device=tokens.device) \
             .repeat(ep).repeat_interleave(recv_counts.flatten())
         computed = torch.zeros_like(received)
         for j, expert in enumerate(self.experts.values()):
             rows = (local_expert_of_row == j).nonzero().squeeze(1)
             computed = computed.index_add(0, rows, expert(received.index_select(0, rows)))
-        returned = all_to_all_rows(computed, recv_splits, send_splits, group, "combine", log)
         self.tokens_per_local_expert = recv_counts.sum(dim=0).tolist()
+
+        # BEGIN SOLUTION lab9: the combine. Send every computed row back where it came from (all_to_all_rows, named "combine", logged in log); it arrives in the order it left (by expert); y (T, hidden): each token's rows weighted by their routing.weight and summed in the token's place (a token whose slots were all dropped stays 0)
+        # 6. combine
+        returned = all_to_all_rows(computed, recv_splits, send_splits, group, "combine", log)
 
         # 7. un-permute and weight
         weight = routing.weight.flatten()[assignment].unsqueeze(1)
         y = torch.zeros_like(tokens).index_add(0, token, returned * weight)
+        # END SOLUTION
         return MoEOutput(y.view_as(x), routing.aux_loss, (routing,))
 
 
@@ -122,5 +134,7 @@ def sync_moe_grads(module: nn.Module, groups: ExpertGroups) -> None:
         if parameter.grad is None:  # a rank whose tokens missed it: its share is 0
             parameter.grad = torch.zeros_like(parameter)
         (expert if is_expert_parameter(parameter) else dense).append(parameter.grad)
+    # BEGIN SOLUTION lab9: sum each list of gradients over the group of ranks holding copies of those parameters that saw other tokens, and divide so that every gradient is that of the mean of the dp ranks' losses (all_reduce_mean sums over a group, then divides by the number you give it)
     all_reduce_mean(dense, groups.dp, groups.dp_size)
     all_reduce_mean(expert, groups.edp, groups.dp_size)
+    # END SOLUTION

@@ -459,4 +459,59 @@ LAB8: list[Mistake] = [
             RING_TESTS, "the merged lse must be kept"),
 ]
 
-CATALOGUE = LAB0_LAB1 + LAB2_LAB3 + LAB4 + LAB5 + LAB6_LAB7 + LAB8
+# ---------------------------------------------------------------- lab 9
+MOE_LAYER = "expert_parallel_layer_matches_one_device"
+LAB9: list[Mistake] = [
+    Mistake("the softmax taken over the k largest logits only", "lab9", "router",
+            "        top_probability, expert_index = probabilities.topk(self.top_k, dim=-1)\n",
+            "        top_logit, expert_index = self.gate(tokens).float().topk(self.top_k, dim=-1)\n"
+            "        top_probability = top_logit.softmax(dim=-1)\n",
+            "router_top_k", "the softmax was taken over the top-k only"),
+    Mistake("the weights not renormalised over the k experts", "lab9", "router",
+            "        if self.renormalize:\n            weight = top_probability /",
+            "        if False:\n            weight = top_probability /",
+            "router_top_k", "not renormalised over the k chosen experts"),
+    Mistake("an expert keeps capacity + 1 assignments", "lab9", "router",
+            "return (position.sum(dim=1) < capacity).view_as(expert_index)",
+            "return (position.sum(dim=1) <= capacity).view_as(expert_index)",
+            "router_top_k", "tokens past capacity were kept"),
+    Mistake("the capacity queue counted slot by slot, first choices first", "lab9", "router",
+            "one_hot = F.one_hot(expert_index.flatten(), num_experts)     # (T*k, E), token-major\n"
+            "    position = (one_hot.cumsum(dim=0) - 1) * one_hot              "
+            "# place in its expert's queue\n"
+            "    return (position.sum(dim=1) < capacity).view_as(expert_index)",
+            "one_hot = F.one_hot(expert_index.t().flatten(), num_experts)\n"
+            "    position = (one_hot.cumsum(dim=0) - 1) * one_hot\n"
+            "    return (position.sum(dim=1) < capacity).view(expert_index.shape[1], -1).t()",
+            "router_top_k", "counted slot by slot"),
+    Mistake("EP groups taken with a stride, EDP groups consecutive", "lab9", "expert_groups",
+            "        groups[\"EP\"] += [members[start:start + ep] for start in range(0, len(members), ep)]\n"
+            "        groups[\"EDP\"] += [members[offset::ep] for offset in range(ep)]\n",
+            "        step = len(members) // ep\n"
+            "        groups[\"EP\"] += [members[offset::step] for offset in range(step)]\n"
+            "        groups[\"EDP\"] += [members[start:start + step]\n"
+            "                          for start in range(0, len(members), step)]\n",
+            "ep_and_edp_groups", "EP groups strided instead of consecutive ranks"),
+    Mistake("the dispatch's input and output split sizes swapped", "lab9", "expert_parallel",
+            "all_to_all_rows(permuted, send_splits, recv_splits, group, \"dispatch\", log)",
+            "all_to_all_rows(permuted, recv_splits, send_splits, group, \"dispatch\", log)",
+            MOE_LAYER, "input and output split sizes swapped"),
+    Mistake("the combine adds the returned rows in token order, not at their tokens", "lab9",
+            "expert_parallel", "index_add(0, token, returned * weight)",
+            "index_add(0, token.sort().values, returned * weight)",
+            MOE_LAYER, "the combine did not un-permute the tokens"),
+    Mistake("the expert outputs summed without their weights", "lab9", "expert_parallel",
+            "index_add(0, token, returned * weight)", "index_add(0, token, returned)",
+            MOE_LAYER, "not weighted by the router's weights"),
+    Mistake("expert gradients averaged over the DP group", "lab9", "expert_parallel",
+            "    all_reduce_mean(expert, groups.edp, groups.dp_size)\n",
+            "    all_reduce_mean(expert, groups.dp, groups.dp_size)\n",
+            MOE_LAYER, "expert gradients averaged over the DP group instead of summed over the "
+            "EDP group and divided by dp"),
+    Mistake("expert gradients divided by the EDP size", "lab9", "expert_parallel",
+            "    all_reduce_mean(expert, groups.edp, groups.dp_size)\n",
+            "    all_reduce_mean(expert, groups.edp, groups.dp_size // groups.ep_size)\n",
+            MOE_LAYER, "instead of dp"),
+]
+
+CATALOGUE = LAB0_LAB1 + LAB2_LAB3 + LAB4 + LAB5 + LAB6_LAB7 + LAB8 + LAB9

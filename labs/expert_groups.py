@@ -1,0 +1,99 @@
+# Student file for the labs, generated from reference_impl/moe/expert_groups.py by
+# `python -m reference_impl.course.make_labs`: fill in every
+# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
+"""The process groups of expert parallelism (GShard, Lepikhin et al. 2020; Megatron-core's
+``expert_model_parallel_size``): which ranks share out the experts, and which hold copies.
+
+Inside a data-parallel group of dp ranks (each with its own tokens), expert parallelism of
+size ep cuts the group into dp / ep EP groups of ep consecutive ranks (Megatron-core's default
+order, experts varying fastest). The E experts are split over each EP group, E / ep per rank,
+rank i of the EP group holding experts [i E/ep, (i+1) E/ep); the router and anything else dense
+stays replicated on all dp ranks. So:
+
+    EP group    ep consecutive ranks         together they hold every expert once; tokens
+                                             travel between them (all-to-all)
+    EDP group   dp / ep ranks, stride ep     "expert data parallel": the ranks holding the
+                                             same experts, one per EP group
+    DP group    dp ranks                     everything dense is replicated over it
+
+With dp = 8 and ep = 4: EP groups [0 1 2 3] [4 5 6 7], EDP groups [0 4] [1 5] [2 6] [3 7].
+
+The layout is a pure function of the DP groups and ep (:func:`expert_parallel_groups`, for
+printing or drawing as ``comm.groups`` does); :func:`create_expert_groups` makes the torch
+groups.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+KINDS = ("DP", "EP", "EDP")
+
+
+def check_expert_parallel(dp: int, ep: int) -> None:
+    """A ValueError naming the numbers unless ep divides the data-parallel size dp."""
+    if ep < 1 or dp < 1:
+        raise ValueError(f"ep and dp must be >= 1, got ep = {ep} and dp = {dp}")
+    if dp % ep:
+        raise ValueError(f"the data-parallel size dp = {dp} is not divisible by ep = {ep}: "
+                         "expert parallelism cuts the data-parallel group into EP groups of ep ranks")
+
+
+def experts_of_rank(num_experts: int, ep: int, ep_rank: int) -> range:
+    """The experts (global indices) rank ``ep_rank`` of an EP group of ``ep`` holds."""
+    if num_experts % ep:
+        raise ValueError(f"{num_experts} experts are not divisible by ep = {ep}: each rank of "
+                         "the EP group holds E / ep of them")
+    per_rank = num_experts // ep
+    return range(ep_rank * per_rank, (ep_rank + 1) * per_rank)
+
+
+Groups = dict[str, tuple[tuple[int, ...], ...]]  # kind -> every group of that kind
+
+
+def expert_parallel_groups(dp_groups: Sequence[Sequence[int]], ep: int) -> Groups:
+    """Every DP, EP and EDP group (global ranks) for the given data-parallel groups: kind ->
+    groups, in the order :func:`create_expert_groups` creates them. A DP group's ranks are
+    taken in increasing order; its EP groups are runs of ep of them."""
+    groups: dict[str, list[tuple[int, ...]]] = {kind: [] for kind in KINDS}
+    for members in dp_groups:
+        members = tuple(sorted(members))  # a torch group numbers its members in rank order
+        check_expert_parallel(len(members), ep)
+        groups["DP"].append(members)
+        raise NotImplementedError("lab9: add this DP group's EP groups (dp / ep of them, each ep consecutive members: together they hold every expert once) and its EDP groups (ep of them, each the members holding the same experts, one from each EP group), as tuples of global ranks in increasing order")
+    return {kind: tuple(found) for kind, found in groups.items()}
+
+
+@dataclass(frozen=True)
+class ExpertGroups:
+    """This rank's DP, EP and EDP groups, with its place in them."""
+
+    dp: dist.ProcessGroup
+    ep: dist.ProcessGroup
+    edp: dist.ProcessGroup
+    dp_size: int
+    ep_size: int
+    ep_rank: int   # which slice of the experts this rank holds
+
+
+def create_expert_groups(ep: int, dp_groups: Sequence[Sequence[int]] | None = None) -> ExpertGroups:
+    """The torch groups of :func:`expert_parallel_groups`; this rank's. ``dp_groups``: every
+    data-parallel group of the world (default: one, the world). Collective: every rank creates
+    every group (``dist.new_group``), in the same order, members of it or not."""
+    world = dist.get_world_size()
+    dp_groups = [tuple(range(world))] if dp_groups is None else [tuple(g) for g in dp_groups]
+    if sorted(rank for group in dp_groups for rank in group) != list(range(world)):
+        raise ValueError(f"the data-parallel groups {dp_groups} must hold each of the {world} "
+                         "ranks exactly once")
+    rank, mine = dist.get_rank(), {}
+    for kind, groups in expert_parallel_groups(dp_groups, ep).items():
+        for members in groups:
+            whole = len(members) == world
+            group = dist.group.WORLD if whole else dist.new_group(list(members))
+            if rank in members:
+                mine[kind] = (group, members)
+    ep_members = mine["EP"][1]
+    return ExpertGroups(dp=mine["DP"][0], ep=mine["EP"][0], edp=mine["EDP"][0],
+                        dp_size=len(mine["DP"][1]), ep_size=ep, ep_rank=ep_members.index(rank))

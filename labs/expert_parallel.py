@@ -1,0 +1,116 @@
+# Student file for the labs, generated from reference_impl/moe/expert_parallel.py by
+# `python -m reference_impl.course.make_labs`: fill in every
+# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
+"""The expert-parallel MoE layer (GShard, Lepikhin et al. 2020; Switch Transformers; the
+token dispatcher of Megatron-core): the experts split over the ranks of an EP group, the tokens
+sent to their experts and back with two all-to-alls.
+
+Built shard-from-full from a single-device :class:`~reference_impl.moe.moe_layer.MoELayer`:
+every rank rebuilds the router (replicated) and copies the experts it holds
+(``expert_groups.experts_of_rank``); the experts keep their single-device names
+(``experts.5.fc1.weight`` is expert 5 on whichever rank holds it). On each rank, for its own
+tokens:
+
+1. route: its own router call, so its own capacity and auxiliary loss (GShard's groups: a
+   rank's tokens are one group; the single-device oracle routes each rank's tokens as one
+   group, ``MoELayer(x, routing_groups=...)``);
+2. permute: the kept (token, slot) assignments sorted by expert (stably: token order within an
+   expert), so that the rows for EP rank d, holding experts [d E/ep, (d+1) E/ep), are
+   consecutive;
+3. exchange counts: an all-to-all of the E tokens-per-expert counts (E/ep to each rank) tells
+   each rank how many rows it will receive from each rank for each of its experts;
+4. dispatch: ``all_to_all_rows`` (``dist.all_to_all_single`` with uneven splits, its backward
+   the reverse exchange);
+5. run each local expert on its rows (from every source rank);
+6. combine: the reverse all-to-all brings every row home, in the order it left;
+7. un-permute and weight: y_t = sum of w_ts * row, ``index_add`` into the token's place.
+
+The calls of steps 4 and 6, forward and backward, are recorded in ``all_to_all_log``
+(``token_exchange.AllToAllCall``); ``moe_costs.py`` has their bytes as a formula.
+
+The backward runs the combine's reverse exchange, then the dispatch's, the latter only when the
+input requires a gradient: as with every collective in a backward, the ranks of an EP group
+must agree on it (inside a model they do: the input of a layer comes out of the layers below).
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from reference_impl.hybrid.data_parallel import all_reduce_mean
+from expert_groups import ExpertGroups, experts_of_rank
+from reference_impl.moe.moe_layer import MoELayer, MoEOutput
+from router import Router
+from reference_impl.moe.token_exchange import all_to_all_rows
+
+
+class ExpertParallelMoE(nn.Module):
+    """This rank's part of ``layer``: the router and E/ep experts; input and output are this
+    rank's own tokens (..., hidden). After the backward, call :func:`sync_moe_grads`."""
+
+    def __init__(self, layer: MoELayer, groups: ExpertGroups):
+        super().__init__()
+        self.hidden, self.groups = layer.hidden, groups
+        self.num_experts = layer.num_experts
+        self.local_experts = experts_of_rank(layer.num_experts, groups.ep_size, groups.ep_rank)
+        gate = layer.router  # rebuilt as this module's Router: the lab's own router runs here
+        self.router = Router(layer.hidden, gate.num_experts, gate.top_k, gate.capacity_factor,
+                             gate.renormalize).to(gate.gate.weight)
+        self.router.load_state_dict(gate.state_dict())
+        self.experts = nn.ModuleDict({str(e): copy.deepcopy(layer.experts[e])
+                                      for e in self.local_experts})
+        for parameter in self.experts.parameters():
+            parameter.expert_parallel = True  # synced over the EDP group (sync_moe_grads)
+        self.all_to_all_log: list = []          # this forward's and backward's exchanges
+        self.tokens_per_local_expert: list[int] = []  # rows each local expert ran on, last forward
+
+    def forward(self, x: torch.Tensor) -> MoEOutput:
+        tokens = x.reshape(-1, self.hidden)
+        routing = self.router(tokens)
+        ep, group = self.groups.ep_size, self.groups.ep
+        self.all_to_all_log = log = []
+
+        raise NotImplementedError('lab9: the dispatch. assignment: the flat indices (token * k + slot) of the kept assignments, stably sorted by expert, so each EP rank\'s rows are consecutive and in token order; token: their tokens; recv_counts (ep, E/ep): the rows each rank of the group sends to each local expert (exchange routing.tokens_per_expert); send_splits, recv_splits: rows to and from each rank; received: the permuted rows after all_to_all_rows (named "dispatch", logged in log)')
+
+        # 5. local experts: the received rows come by source rank, within it by local expert
+        local_expert_of_row = torch.arange(len(self.local_experts), device=tokens.device) \
+            .repeat(ep).repeat_interleave(recv_counts.flatten())
+        computed = torch.zeros_like(received)
+        for j, expert in enumerate(self.experts.values()):
+            rows = (local_expert_of_row == j).nonzero().squeeze(1)
+            computed = computed.index_add(0, rows, expert(received.index_select(0, rows)))
+        self.tokens_per_local_expert = recv_counts.sum(dim=0).tolist()
+
+        raise NotImplementedError('lab9: the combine. Send every computed row back where it came from (all_to_all_rows, named "combine", logged in log); it arrives in the order it left (by expert); y (T, hidden): each token\'s rows weighted by their routing.weight and summed in the token\'s place (a token whose slots were all dropped stays 0)')
+        return MoEOutput(y.view_as(x), routing.aux_loss, (routing,))
+
+
+def is_expert_parameter(parameter: nn.Parameter) -> bool:
+    return getattr(parameter, "expert_parallel", False)
+
+
+def sync_moe_grads(module: nn.Module, groups: ExpertGroups) -> None:
+    """Make every gradient that of the mean of the dp ranks' losses (L = (1/dp) sum_r L_r):
+
+    * a **dense** parameter (the router, anything replicated): each rank's gradient is dL_r/dw,
+      its own tokens' only: summed over the whole DP group, divided by dp, as in plain data
+      parallelism;
+    * an **expert** parameter (marked ``expert_parallel``): the expert saw the tokens of every
+      rank of its EP group (the dispatch brought them, the combine's backward brought their
+      gradients), so after the backward its gradient is already sum_{r in EP group} dL_r/dw.
+      Its copies live on the EDP group, one per EP group, each with the other ranks' tokens:
+      summed over the EDP group it is sum over all dp ranks of dL_r/dw; divided by **dp**
+      (not by the EDP size dp/ep, which would make it ep times too large; Megatron-core's
+      DDP scales expert gradients by 1/dp too).
+
+    One bucketed all-reduce per group (``hybrid.data_parallel.all_reduce_mean``). Collective
+    over the DP and EDP groups; call after the backward, before the optimizer step."""
+    expert, dense = [], []
+    for parameter in module.parameters():
+        if parameter.grad is None:  # a rank whose tokens missed it: its share is 0
+            parameter.grad = torch.zeros_like(parameter)
+        (expert if is_expert_parameter(parameter) else dense).append(parameter.grad)
+    raise NotImplementedError("lab9: sum each list of gradients over the group of ranks holding copies of those parameters that saw other tokens, and divide so that every gradient is that of the mean of the dp ranks' losses (all_reduce_mean sums over a group, then divides by the number you give it)")

@@ -1,0 +1,98 @@
+"""Lab 9, graded: the groups of expert parallelism (``expert_groups.py``), checked as data in one
+helper process, no ranks launched.
+
+For data-parallel groups of 8 ranks (the world, and two strided groups of 4 as in a layout
+with tp = 2) and ep = 1, 2, 4, 8: the student's ``expert_parallel_groups`` against the lists
+written here by the rule (Megatron-core's order, experts varying fastest): a DP group's
+ranks sorted, its EP groups runs of ep consecutive members (together they hold every expert
+once), its EDP groups the members ep apart (those holding the same experts, one per EP group).
+Then the refusals, naming the numbers: dp not divisible by ep, E not divisible by ep.
+"""
+import pytest
+
+pytestmark = pytest.mark.lab9
+
+CASES = [  # (data-parallel groups, ep)
+    (((0, 1, 2, 3, 4, 5, 6, 7),), 1),
+    (((0, 1, 2, 3, 4, 5, 6, 7),), 2),
+    (((0, 1, 2, 3, 4, 5, 6, 7),), 4),
+    (((0, 1, 2, 3, 4, 5, 6, 7),), 8),
+    (((6, 0, 2, 4), (1, 3, 5, 7)), 2),   # two DP groups, neither the world; one given unsorted
+]
+
+
+def groups_alone(impl):
+    expert_groups = impl.module("expert_groups")
+    found = {}
+    for dp_groups, ep in CASES:
+        groups = expert_groups.expert_parallel_groups(dp_groups, ep)
+        found[f"{dp_groups}/{ep}"] = {kind: [list(group) for group in groups[kind]]
+                                      for kind in ("DP", "EP", "EDP")}
+    found["experts"] = [list(expert_groups.experts_of_rank(8, 4, rank)) for rank in range(4)]
+    refusals = {}
+    for what, call in (("dp", lambda: expert_groups.expert_parallel_groups([range(6)], 4)),
+                       ("experts", lambda: expert_groups.experts_of_rank(6, 4, 0))):
+        try:
+            call()
+            refusals[what] = None
+        except ValueError as error:
+            refusals[what] = str(error)
+    found["refusals"] = refusals
+    return found
+
+
+def expected_groups(dp_groups, ep):
+    """Written out by the rule of the module docstring."""
+    dp, ep_groups, edp_groups = [], [], []
+    for group in dp_groups:
+        members = sorted(group)
+        dp.append(members)
+        for first in range(0, len(members), ep):
+            ep_groups.append(members[first:first + ep])
+        for offset in range(ep):
+            edp_groups.append([members[i] for i in range(offset, len(members), ep)])
+    return {"DP": dp, "EP": ep_groups, "EDP": edp_groups}
+
+
+def named_mistake(kind, found, expected, dp_groups, ep):
+    """What a wrong list of groups most likely comes from."""
+    members = len(dp_groups[0])
+    rule = expected_groups(dp_groups, ep)
+    strided = expected_groups(dp_groups, members // ep)["EDP"]  # groups of ep, dp/ep apart
+    if kind == "EP" and found in (strided, rule["EDP"]):
+        return ("EP groups strided instead of consecutive ranks: an EP group is ep consecutive "
+                "members of the DP group (they hold every expert once between them; the "
+                "all-to-all stays among neighbours, inside a node)")
+    if kind == "EDP" and found == rule["EP"]:
+        return ("EDP groups made of consecutive ranks (the EP groups) instead of ranks ep "
+                "apart: an EDP group holds the same experts, one member from each EP group")
+    if sorted(map(sorted, found)) == sorted(expected):
+        return ("the right members in another order: a group's ranks in increasing order, "
+                "groups in the order of their first rank, DP group by DP group")
+    return (f"each DP group of {members} holds dp / ep = {members // ep} EP groups of {ep} "
+            f"consecutive members and {ep} EDP groups of {members // ep} members, {ep} apart")
+
+
+def test_ep_and_edp_groups_are_the_rule(impl, run_alone):
+    found = run_alone(groups_alone, impl)
+    for dp_groups, ep in CASES:
+        expected = expected_groups(dp_groups, ep)
+        actual = found[f"{dp_groups}/{ep}"]
+        for kind in ("DP", "EP", "EDP"):
+            assert actual[kind] == expected[kind], (
+                f"{kind} groups for data-parallel groups {[list(g) for g in dp_groups]} and "
+                f"ep = {ep}: got {actual[kind]}, expected {expected[kind]}. "
+                f"{named_mistake(kind, actual[kind], expected[kind], dp_groups, ep)}")
+    assert found["experts"] == [[0, 1], [2, 3], [4, 5], [6, 7]], (
+        f"experts_of_rank(8 experts, ep = 4, rank r) gave {found['experts']}: rank r of an EP "
+        "group holds experts [r E/ep, (r + 1) E/ep)")
+
+
+def test_expert_parallel_refuses_what_does_not_divide(impl, run_alone):
+    found = run_alone(groups_alone, impl)["refusals"]
+    for what, numbers, rule in (("dp", ("6", "4"), "a data-parallel group of 6 ranks with ep = 4"),
+                                ("experts", ("6", "4"), "6 experts over ep = 4")):
+        message = found[what]
+        assert message is not None, f"{rule} was accepted: it must raise a ValueError"
+        assert all(number in message for number in numbers), (
+            f"{rule} raised ValueError({message!r}), which should name the numbers {numbers}")
