@@ -30,7 +30,6 @@ from reference_impl.cp.allgather_attention import allgather_attention
 from reference_impl.cp.cp_costs import VARIANTS
 from reference_impl.cp.load_balance import token_positions
 from reference_impl.cp.ring_attention import ring_attention
-from reference_impl.hybrid.data_parallel import all_reduce_mean
 from reference_impl.attention import merge_heads
 from reference_impl.llama_blocks import GroupedQueryAttention
 
@@ -82,7 +81,9 @@ class ContextParallelAttention(GroupedQueryAttention):
 
 
 def sync_context_parallel_grads(module: nn.Module, group=None) -> None:
-    """Sum every parameter's gradient over the CP ``group`` (coalesced all-reduces): each rank's
-    covers its own tokens. Call after the backward, before the optimizer step; collective."""
-    grads = [parameter.grad for parameter in module.parameters() if parameter.grad is not None]
-    all_reduce_mean(grads, group, divisor=1)
+    """Sum every parameter's gradient over the CP ``group``: each rank's covers its own tokens.
+    Call after the backward, before the optimizer step; collective. (In training, the
+    data-parallel reduction over DP x CP does this sum: ``hybrid/parallelize.py``.)"""
+    for parameter in module.parameters():
+        if parameter.grad is not None:
+            dist.all_reduce(parameter.grad, group=group)
