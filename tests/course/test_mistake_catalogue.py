@@ -40,14 +40,20 @@ def mutated(mistake, destination: Path) -> Path:
     return submission
 
 
+def submission_name(index: int) -> str:
+    """The submission of entry ``index``: three digits, so that no name is part of another
+    (``-k`` matches substrings: "mistake10" would select mistake100 too)."""
+    return f"mistake{index:03d}"
+
+
 def graded_run(lab: str, entries, folder: Path) -> dict[str, list]:
     """One run of ``lab``'s graded tests over its entries' submissions and a correct copy;
     {submission name: [(test name, failure text or None)]}."""
     submissions = {CORRECT: copy_of("solutions", folder / CORRECT)}
     for index, mistake in entries:
-        submissions[f"mistake{index:02d}"] = mutated(mistake, folder / f"mistake{index:02d}")
+        submissions[submission_name(index)] = mutated(mistake, folder / submission_name(index))
     union = " or ".join(sorted({f"({mistake.select})" for _, mistake in entries}))
-    select = " or ".join([f"(({mistake.select}) and mistake{index:02d})"
+    select = " or ".join([f"(({mistake.select}) and {submission_name(index)})"
                           for index, mistake in entries] + [f"(({union}) and {CORRECT})"])
     files = sorted(str(path.relative_to(REPO)) for path in GRADED_TESTS.glob(f"test_{lab}_*.py"))
     report = folder / "report.xml"
@@ -61,7 +67,7 @@ def graded_run(lab: str, entries, folder: Path) -> dict[str, list]:
     outcomes = defaultdict(list)
     for case in cases_of(report).values():
         name = case.get("name")
-        found = re.search(rf"[\[-]({CORRECT}|mistake\d\d)[\]-]", name)
+        found = re.search(rf"[\[-]({CORRECT}|mistake\d{{3}})[\]-]", name)
         submission = found.group(1) if found else ""
         outcomes[submission].append((name, failure_text(case)))
     return outcomes
@@ -89,7 +95,7 @@ def test_every_mistake_is_caught_with_its_message(tmp_path):
             problems.append(f"{lab}: the unmutated solutions fail (or select nothing of) the "
                             f"catalogue's tests: {failed}")
         for index, mistake in entries:
-            cases = outcomes[f"mistake{index:02d}"]
+            cases = outcomes[submission_name(index)]
             caught = [text for _, text in cases if text is not None]
             if not cases:
                 problems.append(f"{mistake.name!r}: -m {lab} -k {mistake.select!r} selects no "
