@@ -319,6 +319,7 @@ if dist.get_rank() == 0:
 """
 
 
+@pytest.mark.slow  # a torchrun job
 def test_runs_unchanged_under_torchrun(tmp_path):
     script = tmp_path / "under_torchrun.py"
     script.write_text(TORCHRUN_SCRIPT)
