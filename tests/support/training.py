@@ -1,6 +1,7 @@
 """Training a parallelised GPT (``hybrid/parallelize.py``) against single-device training of the
 same GPT on the same global batches: the optimizers, the run on every rank, the oracles, and
-the check of losses and weights (``tests/library/hybrid/test_parallelize.py`` and
+the check of losses and weights, and the trainer against one device
+(``tests/library/hybrid/test_parallelize.py``, ``test_cp_training.py`` and
 ``tests/library/llama/``).
 
 Tolerances. fp32: the parallelisms change only the order of additions, so losses and weights
@@ -13,10 +14,12 @@ from __future__ import annotations
 
 import torch
 
+from reference_impl import train
 from reference_impl.checks import assert_close
 from reference_impl.hybrid import parallel_3d as hybrid
 from reference_impl.hybrid.parallel_dims import ParallelDims
 from reference_impl.hybrid.parallelize import build_optimizer, parallelize_gpt
+from reference_impl.model import GPT
 
 ATOL = 1e-5
 TOL, STEP_TOL = 2e-2, 3e-2  # bf16, as in test_bf16.py
@@ -88,3 +91,29 @@ def check(name, fields, optimizer, rank, result, gpt, oracles, observed):
         weight_error = max(weight_error, error)
     previous = observed.get(name, (0.0, 0.0))
     observed[name] = (max(previous[0], loss_error), max(previous[1], weight_error))
+
+
+def gpt_with_uneven_norms(config):
+    """The GPT of ``config`` (seed 0) with its norms' weights moved away from 1, so that a wrong
+    norm gradient shows."""
+    torch.manual_seed(0)
+    gpt = GPT(config)
+    with torch.no_grad():
+        for name, parameter in gpt.named_parameters():
+            if "ln" in name:
+                parameter.add_(0.2 * torch.randn(parameter.shape))
+    return gpt
+
+
+def assert_the_trainer_trains_as_one_device(argv: list[str], what: str):
+    """``python -m reference_impl.train`` with ``argv`` gives single-device training's losses on
+    the same batches (to :data:`ATOL`); returns the trainer's parsed arguments."""
+    result = train.main(argv)
+    args = train.parse_args(argv)
+    torch.manual_seed(args.seed)
+    gpt = GPT(train.model_config(args))
+    dataset = hybrid.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
+    losses, _ = hybrid.train_single_device(gpt, dataset, lambda p: train.make_optimizer(args, p))
+    assert_close(torch.tensor(result["losses"]), torch.tensor(losses), f"the trainer's losses ({what})",
+                 atol=ATOL)
+    return args

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from reference_impl import train
-from reference_impl.checks import assert_close
 from reference_impl.cp.cp_attention import ContextParallelAttention
 from reference_impl.hybrid import parallel_3d as hybrid
 from reference_impl.hybrid.parallel_dims import ParallelDims
 from reference_impl.hybrid.parallelize import parallelize_gpt
-from reference_impl.model import GPT, ModelConfig, llama_config
-from support.training import ATOL, check, single_device_oracles, train_combinations
+from reference_impl.model import ModelConfig, llama_config
+from support.training import (assert_the_trainer_trains_as_one_device, check,
+                              gpt_with_uneven_norms, single_device_oracles, train_combinations)
 
 STEPS, BATCH = 2, 8
 CONFIG = llama_config(vocab_size=32, seq_len=16, hidden=16, heads=4, kv_heads=2, layers=2)
@@ -39,19 +39,9 @@ MATRIX = {
 OBSERVED = {}
 
 
-def llama_gpt(config=CONFIG):
-    torch.manual_seed(0)
-    gpt = GPT(config)
-    with torch.no_grad():  # norms away from 1, so that a wrong norm gradient shows
-        for name, parameter in gpt.named_parameters():
-            if "ln" in name:
-                parameter.add_(0.2 * torch.randn(parameter.shape))
-    return gpt
-
-
 @pytest.mark.parametrize("world", MATRIX)
 def test_cp_compositions_match_single_device_training(run_on_ranks, world):
-    gpt = llama_gpt()
+    gpt = gpt_with_uneven_norms(CONFIG)
     dataset = hybrid.make_dataset(0, STEPS, BATCH, CONFIG.seq_len, CONFIG.vocab_size)
     oracles = single_device_oracles(gpt, dataset)
     results = run_on_ranks(train_combinations, world, gpt, dataset, MATRIX[world], timeout=240)
@@ -73,7 +63,7 @@ def cp_layers_and_shard(gpt, tokens):
 def test_every_attention_is_context_parallel_and_each_rank_holds_its_chunks(run_on_ranks):
     tokens = torch.arange(16).view(1, 16)  # chunks of 4: cp rank 0 holds 0 and 3, rank 1 1 and 2
     expected = {0: [0, 1, 2, 3, 12, 13, 14, 15], 1: [4, 5, 6, 7, 8, 9, 10, 11]}
-    for layers, shard, cp_rank in run_on_ranks(cp_layers_and_shard, 4, llama_gpt(), tokens):
+    for layers, shard, cp_rank in run_on_ranks(cp_layers_and_shard, 4, gpt_with_uneven_norms(CONFIG), tokens):
         assert layers == CONFIG.layers
         assert shard == [expected[cp_rank]]
 
@@ -82,14 +72,7 @@ def test_the_trainer_trains_with_cp_as_one_device():
     argv = ["--model", "llama", "--cp", "2", "--tp", "2", "--steps", "3", "--layers", "2",
             "--hidden", "16", "--heads", "4", "--seq", "16", "--vocab", "32", "--batch", "4",
             "--adam-eps", "1e-4"]
-    result = train.main(argv)
-    args = train.parse_args(argv)
-    torch.manual_seed(args.seed)
-    gpt = GPT(train.model_config(args))
-    dataset = hybrid.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
-    losses, _ = hybrid.train_single_device(gpt, dataset, lambda p: train.make_optimizer(args, p))
-    assert_close(torch.tensor(result["losses"]), torch.tensor(losses),
-                 "the trainer's losses (llama, tp 2 x cp 2)", atol=ATOL)
+    assert_the_trainer_trains_as_one_device(argv, "llama, tp 2 x cp 2")
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -21,11 +21,11 @@ import pytest
 import torch
 
 from reference_impl import train
-from reference_impl.checks import assert_close
 from reference_impl.hybrid import parallel_3d as hybrid
 from reference_impl.hybrid.parallel_dims import ParallelDims
 from reference_impl.model import GPT, ModelConfig
-from support.training import ATOL, check, single_device_oracles, train_combinations
+from support.training import (assert_the_trainer_trains_as_one_device, check,
+                              single_device_oracles, train_combinations)
 
 STEPS, BATCH = 3, 8
 CONFIG = ModelConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2)
@@ -134,11 +134,4 @@ def test_the_trainer_composes_its_flags_as_single_device_training():
     argv = ["--dp", "2", "--tp", "2", "--sp", "--dp-kind", "zero1", "--recompute", "selective",
             "--steps", "3", "--layers", "2", "--hidden", "16", "--heads", "2", "--seq", "8",
             "--vocab", "32", "--batch", "8", "--adam-eps", "1e-4"]
-    result = train.main(argv)
-    args = train.parse_args(argv)
-    torch.manual_seed(args.seed)
-    gpt = GPT(train.model_config(args))
-    dataset = hybrid.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
-    losses, _ = hybrid.train_single_device(gpt, dataset, lambda p: train.make_optimizer(args, p))
-    assert_close(torch.tensor(result["losses"]), torch.tensor(losses),
-                 "the trainer's losses (dp 2 x tp 2, sp, zero1, selective)", atol=ATOL)
+    assert_the_trainer_trains_as_one_device(argv, "dp 2 x tp 2, sp, zero1, selective")

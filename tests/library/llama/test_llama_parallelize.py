@@ -10,13 +10,12 @@ Tolerances: ``support/training.py``'s (fp32: atol 1e-5 on losses and weights; bf
 losses 8.2e-5 and weights 1.4e-2 of their scales (printed with ``-s``).
 """
 import pytest
-import torch
 
 from reference_impl import train
-from reference_impl.checks import assert_close
 from reference_impl.hybrid import parallel_3d as hybrid
-from reference_impl.model import GPT, llama_config
-from support.training import ATOL, check, single_device_oracles, train_combinations
+from reference_impl.model import llama_config
+from support.training import (assert_the_trainer_trains_as_one_device, check,
+                              gpt_with_uneven_norms, single_device_oracles, train_combinations)
 
 STEPS, BATCH = 2, 8
 SPLIT = llama_config(vocab_size=32, seq_len=8, hidden=16, heads=4, kv_heads=2, layers=2)
@@ -37,16 +36,6 @@ MATRIX = {
 OBSERVED = {}
 
 
-def llama_gpt(config):
-    torch.manual_seed(0)
-    gpt = GPT(config)
-    with torch.no_grad():  # norms away from 1, so that a wrong norm gradient shows
-        for name, parameter in gpt.named_parameters():
-            if "ln" in name:
-                parameter.add_(0.2 * torch.randn(parameter.shape))
-    return gpt
-
-
 def train_every_model(models):
     return {label: train_combinations(gpt, dataset, combinations)
             for label, (gpt, dataset, combinations) in models.items()}
@@ -55,7 +44,7 @@ def train_every_model(models):
 def test_llama_compositions_match_single_device_training(run_on_ranks):
     models, oracles = {}, {}
     for label, (config, combinations) in MATRIX.items():
-        gpt = llama_gpt(config)
+        gpt = gpt_with_uneven_norms(config)
         dataset = hybrid.make_dataset(0, STEPS, BATCH, config.seq_len, config.vocab_size)
         models[label] = (gpt, dataset, combinations)
         oracles[label] = single_device_oracles(gpt, dataset)
@@ -73,16 +62,9 @@ def test_the_trainer_trains_a_llama_as_one_device():
     argv = ["--model", "llama", "--kv-heads", "1", "--dp", "2", "--tp", "2", "--sp",
             "--steps", "2", "--layers", "2", "--hidden", "16", "--heads", "4", "--seq", "8",
             "--vocab", "32", "--batch", "8", "--adam-eps", "1e-4"]
-    result = train.main(argv)
-    args = train.parse_args(argv)
+    args = assert_the_trainer_trains_as_one_device(argv, "llama, dp 2 x tp 2, sp")
     config = train.model_config(args)
     assert (config.kv_heads, config.positions, config.mlp) == (1, "rotary", "swiglu")
-    torch.manual_seed(args.seed)
-    gpt = GPT(config)
-    dataset = hybrid.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
-    losses, _ = hybrid.train_single_device(gpt, dataset, lambda p: train.make_optimizer(args, p))
-    assert_close(torch.tensor(result["losses"]), torch.tensor(losses),
-                 "the trainer's losses (llama, dp 2 x tp 2, sp)", atol=ATOL)
 
 
 @pytest.mark.parametrize("argv, message", [
