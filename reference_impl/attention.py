@@ -74,6 +74,13 @@ def repeat_kv_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.repeat_interleave(heads // kv_heads, dim=1)
 
 
+def heads_of(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(batch, seq, heads*d) -> (batch, heads, seq, d): one projection's heads (the inverse of
+    :func:`merge_heads`)."""
+    batch, seq, _ = x.shape
+    return x.view(batch, seq, heads, -1).transpose(1, 2)
+
+
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(batch, heads, seq, d) -> (batch, seq, heads*d)."""
     batch, heads, seq, d = x.shape

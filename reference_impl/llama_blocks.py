@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_impl.attention import attention_core, check_attention, merge_heads, repeat_kv_heads
+from reference_impl.attention import (attention_core, check_attention, heads_of, merge_heads,
+                                      repeat_kv_heads)
 from reference_impl.rotary import apply_rotary
 
 RMS_NORM_EPS = 1e-5  # Llama 2's; nn.LayerNorm's default eps too
@@ -60,12 +61,6 @@ class SwiGLU(nn.Module):
     def forward(self, x):
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(F.silu(gate) * up)
-
-
-def heads_of(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """(batch, seq, heads*d) -> (batch, heads, seq, d)."""
-    batch, seq, _ = x.shape
-    return x.view(batch, seq, heads, -1).transpose(1, 2)
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

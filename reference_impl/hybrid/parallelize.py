@@ -58,8 +58,7 @@ from reference_impl.hybrid.context_parallel import (context_parallel_attention)
 from reference_impl.hybrid.data_parallel import (SyncReport,
                                                  all_reduce_mean, sync_gradients)
 from reference_impl.hybrid.ddp_hooks import OverlappingDataParallel
-from reference_impl.hybrid.parallel_dims import (  # noqa: F401 (the dimensions, with the steps)
-    DP_KINDS, HOOK_KINDS, RECOMPUTE_MODES, ZERO_STAGES, ParallelDims)
+from reference_impl.hybrid.parallel_dims import DP_KINDS, RECOMPUTE_MODES, ZERO_STAGES, ParallelDims
 from reference_impl.hybrid.zero import ZeroOptimizer
 from reference_impl.memory.recompute import recompute
 from reference_impl.model import Block, ModelConfig

@@ -66,7 +66,7 @@ def kv_head_layout(heads: int, kv_heads: int, tp: int) -> str:
         return "replicated"
     raise ValueError(f"kv_heads {kv_heads} and tp = {tp}: the KV heads are split over the "
                      f"tensor-parallel ranks when tp divides kv_heads, or replicated when "
-                     f"kv_heads divides tp; {tp} does not divide {kv_heads} nor {kv_heads} {tp}")
+                     f"kv_heads divides tp; {tp} does not divide {kv_heads}, nor does {kv_heads} divide {tp}")
 
 
 def enter_tp_region(x, group=None, sequence_parallel: bool = False):
