@@ -55,6 +55,9 @@ For code that must not be trusted (a student's submission, graded), three option
   uses it to decide where the student's modules come from before a test module is imported);
   :data:`default_rank_setup` is used where none is given (a student notebook sets it in a
   handout, :func:`reference_impl.course.own_files.use_my_files`).
+* ``sandbox=Sandbox(...)``: the ranks run in namespaces of their own, with read-only files,
+  no network and resource limits, and everything they start ends with the launch
+  (:mod:`reference_impl.comm.sandbox`, :mod:`reference_impl.comm.sandboxed_ranks`).
 
 Beside it: :mod:`reference_impl.comm.device` (where a rank computes, which backend),
 :mod:`reference_impl.comm.rank_payloads` (the work, the results and the output on their way)
@@ -64,7 +67,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import faulthandler
 import multiprocessing
 import multiprocessing.forkserver
@@ -85,12 +87,13 @@ import cloudpickle
 import torch
 import torch.distributed as dist
 
-from reference_impl.comm import rank_payloads
+from reference_impl.comm import rank_payloads, sandboxed_ranks
 # current_device, wait_for_device and BACKENDS: the device policy, also reachable from here
 from reference_impl.comm.device import (BACKENDS, current_device, gpu_count,  # noqa: F401
                                         resolve_backend, wait_for_device)
 from reference_impl.comm.rank_failures import (LaunchTimeout, RankFailure, dump_stacks,
                                                has_died, rank_server_pid, receive, root_cause)
+from reference_impl.comm.sandbox import Sandbox, SandboxError, die_with_parent, unavailable
 from reference_impl.comm.rank_payloads import (RESULT_KINDS, CappedOutput, on_cpu,
                                                pickle_the_work, redirect_output, send,
                                                unpickle_the_work)
@@ -133,14 +136,15 @@ def start_rank_server() -> None:
 
 def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = DEFAULT_TIMEOUT,
            threads: int = 1, start_method: str | None = None, results: str = "any",
-           output_limit: int | None = None, rank_setup=None, **kwargs) -> list:
+           output_limit: int | None = None, rank_setup=None, sandbox: Sandbox | None = None,
+           **kwargs) -> list:
     """Run ``fn(*args, **kwargs)`` on ``world_size`` ranks; return the list of results by rank.
 
     ``start_method`` overrides how ranks start: ``"forkserver"`` (the default: forked from the
     rank server), ``"spawn"`` (a fresh interpreter per rank: slower), or ``"fork"`` (forked
     from this process: refused on a machine with a GPU, where it breaks autograd and CUDA).
-    ``results="data"``, ``output_limit`` and ``rank_setup`` are for code that must not be
-    trusted (see the module's docstring).
+    ``results="data"``, ``output_limit``, ``rank_setup`` and ``sandbox`` are for code that
+    must not be trusted (see the module's docstring).
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
@@ -153,19 +157,23 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
     if under_torchrun():
         return _run_as_torchrun_rank(fn, world_size, args, kwargs, backend, timeout)
     backend = resolve_backend(backend, world_size)
+    if sandbox is not None and unavailable() is not None:
+        raise SandboxError(f"no sandbox can be made here: {unavailable()}")
     start_method = _check_start_method(start_method or default_start_method())
     payload = pickle_the_work(fn, args, kwargs)
     setup = cloudpickle.dumps(rank_setup if rank_setup is not None else default_rank_setup)
     context = _context(start_method)
     workdir = tempfile.mkdtemp(prefix="launch-")
     lifeline, lifeline_end = context.Pipe(duplex=False)  # closed when this process ends
-    processes, connections, outputs = [], [], []
+    processes, connections, outputs, host = [], [], [], None
     expected_parent = os.getpid() if start_method != "forkserver" else None
     try:
         with _main_module_hidden(), warnings.catch_warnings():
             # Python >= 3.12 warns on every fork from a process with threads; only the "fork"
             # method forks this process, and it is refused where that is unsafe.
             warnings.filterwarnings("ignore", _FORK_WARNING, DeprecationWarning)
+            environment = {**os.environ, **(sandbox.environment(workdir) if sandbox else {})}
+            rank_arguments, own_ends = [], []
             for rank in range(world_size):
                 receiver, sender = context.Pipe(duplex=False)
                 output_writer = None
@@ -173,17 +181,24 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
                     output = CappedOutput(context, output_limit)
                     outputs.append(output)
                     output_writer = output.writer
-                process = context.Process(
-                    target=_run_rank, name=f"rank{rank}",
-                    args=(rank, world_size, backend, workdir, timeout, threads, expected_parent,
-                          lifeline, dict(os.environ), sender, (setup, payload), results,
-                          output_writer))
-                process.start()
-                sender.close()
-                if output_writer is not None:
-                    output.started()
-                processes.append(process)
+                rank_arguments.append((rank, world_size, backend, workdir, timeout, threads,
+                                       expected_parent, lifeline, environment, sender,
+                                       (setup, payload), results, output_writer))
+                own_ends.append([end for end in (sender, output_writer) if end is not None])
                 connections.append(receiver)
+            if sandbox is None:
+                for arguments in rank_arguments:
+                    process = context.Process(target=_run_rank, name=f"rank{arguments[0]}",
+                                              args=arguments)
+                    process.start()
+                    processes.append(process)
+            else:
+                host, processes = sandboxed_ranks.start(context, sandbox, workdir, _run_rank,
+                                                        rank_arguments, own_ends, results)
+            for ends in own_ends:
+                ends[0].close()  # the rank holds the only sending end now
+            for output in outputs:
+                output.started()
         lifeline.close()
         server = rank_server_pid() if start_method == "forkserver" else None
         try:
@@ -196,6 +211,8 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
                               failure.remote_traceback) from None
     finally:
         _end(processes)
+        if host is not None:
+            sandboxed_ranks.end(host)
         for connection in connections:
             connection.close()
         lifeline_end.close()
@@ -320,9 +337,7 @@ def _run_rank(rank, world_size, backend, workdir, timeout, threads, expected_par
 def _die_with_parent(expected_parent: int | None) -> None:
     """Ask Linux to kill this rank if its parent process dies (e.g. SIGKILL). That parent is
     the caller (fork, spawn) or the rank server, which itself ends with the caller."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    die_with_parent()
     if expected_parent is not None and os.getppid() != expected_parent:
         os._exit(1)  # the caller died before prctl took effect
 

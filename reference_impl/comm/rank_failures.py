@@ -88,8 +88,12 @@ def dump_stacks(processes, ranks, workdir, start_up_files, lifeline) -> dict[int
     """Ask each stuck rank for its Python stack (faulthandler on SIGUSR1) and read it: the
     frames of the launched work (:func:`work_frames`)."""
     for rank in ranks:
-        if processes[rank].is_alive():
-            os.kill(processes[rank].pid, signal.SIGUSR1)
+        process = processes[rank]
+        if process.is_alive():
+            if hasattr(process, "send_signal"):  # a sandboxed rank: through the sandbox
+                process.send_signal(signal.SIGUSR1)
+            else:
+                os.kill(process.pid, signal.SIGUSR1)
     time.sleep(_STACK_DUMP_WAIT)
     stacks = {}
     for rank in ranks:

@@ -173,7 +173,9 @@ class CappedOutput:
             text = self.kept.decode(errors="replace")
             cut = (f"\n[... {self.total - len(self.kept)} more bytes of output left out: "
                    f"the first {self.limit} are kept]" if self.total > len(self.kept) else "")
-            print(f"--- output of {who} ---\n{text.rstrip()}{cut}", flush=True)
+            # Each line marked as the rank's, so that none can pass for the grader's own.
+            lines = "\n".join("| " + line for line in text.rstrip().splitlines())
+            print(f"--- output of {who} ---\n{lines}{cut}", flush=True)
 
 
 def redirect_output(writer) -> None:

@@ -14,9 +14,14 @@ submitted copy of ``labs/`` at PATH. Tests without a lab marker always check the
 uses NCCL when there is a GPU for each of a test's ranks and gloo on the CPU otherwise;
 with ``nccl`` a test that needs more GPUs than the machine has is skipped, saying so.
 
-Limits, for a submission that hangs or floods: ``--launch-timeout`` (each launch of ranks or
-of a helper), ``--budget`` (the whole run's seconds; once spent, the remaining graded tests
-fail at once, saying so), ``--after-hang`` (once one launch has hung, later ones get this
+Containment: ``--sandbox {auto,namespaces,none}`` (:mod:`reference_impl.course.sandboxing`):
+every graded launch in a sandbox of its own where one can be made (``auto``), always
+(``namespaces``, refusing to grade without one) or never; ``--sandbox-hide PATH`` covers a
+folder with an empty one inside the sandbox (the batch grader hides the class and the
+results). Limits, for a submission that hangs or floods: ``--launch-timeout`` (each launch of
+ranks or of a helper), ``--budget`` (the whole run's seconds in launches, 900 by default when
+one submission is graded; once spent, the remaining graded tests fail at once, saying so),
+``--after-hang`` (once one launch has hung, later ones get this
 limit: a hang costs about one limit, not one per test), ``--output-limit`` (bytes kept of each
 rank's output per launch). ``--grading-log FILE`` appends one JSON line per collected test,
 per test phase, per launch (its world size and backend), per launch that hung and per finding
@@ -27,12 +32,15 @@ graded tests are written: ``reference_impl.course.grading``.
 import collections
 import json
 import re
+import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from reference_impl.course import syllabus
+from reference_impl.comm.sandbox import Sandbox
+from reference_impl.course import sandboxing, syllabus
 from reference_impl.course.grading import Implementation, reference_imports
 from reference_impl.comm.device import BACKENDS, gpu_count
 from reference_impl.comm.launcher import DEFAULT_TIMEOUT, launch
@@ -43,6 +51,7 @@ from reference_impl.comm.rank_failures import LaunchTimeout
 DEFAULT_TEST_TIMEOUT = 300
 DEFAULT_AFTER_HANG = 5.0  # seconds a launch may take once the submission has hung
 DEFAULT_OUTPUT_LIMIT = 8_000  # bytes of each rank's output kept, per launch
+DEFAULT_SUBMISSION_BUDGET = 900.0  # seconds in launches when one submission is graded
 LOG_TEXT_LIMIT = 8_000  # characters of a test's failure message or output in the grading log
 _LAB_MARKER = re.compile(r"^lab\d+$")
 
@@ -61,7 +70,14 @@ def pytest_addoption(parser):
                     help=f"seconds one launch may take (default {DEFAULT_TIMEOUT:g})")
     group.addoption("--budget", type=float, default=None,
                     help="seconds the whole graded run may spend in launches; then the "
-                         "remaining graded tests fail at once (default: no budget)")
+                         "remaining graded tests fail at once (default: "
+                         f"{DEFAULT_SUBMISSION_BUDGET:g} when one submission is graded, else "
+                         "none)")
+    group.addoption("--sandbox", choices=sandboxing.MODES, default="auto",
+                    help="run each graded launch in a sandbox of its own: where one can be "
+                         "made (auto, the default), always (namespaces) or never (none)")
+    group.addoption("--sandbox-hide", action="append", default=[], metavar="PATH",
+                    help="a folder the sandboxed code must not see (it finds it empty)")
     group.addoption("--after-hang", type=float, default=DEFAULT_AFTER_HANG,
                     help="seconds a launch may take once one has hung (default "
                          f"{DEFAULT_AFTER_HANG:g})")
@@ -93,6 +109,14 @@ def pytest_configure(config):
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
     config.grading = GradedRun(config)
+    if config.grading.implementation.folder is not None and \
+            threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupted)
+
+
+def _interrupted(signum, frame):
+    """SIGTERM ends a graded run as Ctrl-C does: with its summary, saying what ended it."""
+    raise KeyboardInterrupt(f"the graded run received {signal.Signals(signum).name}")
 
 
 class GradedRun:
@@ -102,6 +126,14 @@ class GradedRun:
         self.implementation = config.implementation
         self.launch_timeout = config.getoption("--launch-timeout")
         self.budget = config.getoption("--budget")
+        one_submission = [i.folder for i in config.implementations] == [
+            self.implementation.folder] and self.implementation.folder is not None
+        if self.budget is None and one_submission:
+            self.budget = DEFAULT_SUBMISSION_BUDGET
+        self.sandbox_mode = config.getoption("--sandbox")
+        self.hidden = tuple(config.getoption("--sandbox-hide"))
+        self.sandboxed = None  # decided at the first graded launch (it starts the ranks' server)
+        self.sandbox_line = ""
         self.after_hang = config.getoption("--after-hang")
         self.output_limit = config.getoption("--output-limit")
         self.started = time.monotonic()
@@ -120,22 +152,39 @@ class GradedRun:
         if self.log is not None:
             self.log.write(json.dumps(record) + "\n")
 
-    def launch(self, fn, world_size, args, kwargs, backend, timeout, nodeid, implementation):
-        """The launcher under this run's limits, with a data-only result."""
+    def sandbox(self, scratch: Path, implementation) -> Sandbox | None:
+        """The sandbox of this run's launches (None without one): ``scratch`` (the run's
+        temporary folder) writable, the implementation's folder readable."""
+        if self.sandboxed is None:
+            try:
+                self.sandboxed, self.sandbox_line = sandboxing.choose(self.sandbox_mode)
+            except ValueError as error:
+                pytest.exit(str(error), returncode=pytest.ExitCode.USAGE_ERROR)
+        if not self.sandboxed:
+            return None
+        folder = implementation.folder
+        return Sandbox(writable=(str(scratch),), cache=str(scratch / "sandbox-cache"),
+                       readable=(str(folder),) if folder is not None else (),
+                       hidden=self.hidden)
+
+    def launch(self, fn, world_size, args, kwargs, backend, timeout, nodeid, implementation,
+               scratch):
+        """The launcher under this run's limits, in its sandbox, with a data-only result."""
         limit = timeout or self.launch_timeout
         if self.hung_in is not None:
             limit = min(limit, self.after_hang)
         if self.budget is not None:
             remaining = self.budget - (time.monotonic() - self.started)
             if remaining <= 0:
-                pytest.fail(f"not run: the graded run's time budget of {self.budget:g} s is "
-                            f"spent{self._hang_note()}", pytrace=False)
+                pytest.fail(f"not run: the graded run's time budget of {self.budget:g} s "
+                            f"(--budget) is spent{self._hang_note()}", pytrace=False)
             limit = min(limit, remaining)
         self.write(event="launch", nodeid=nodeid, world_size=world_size, backend=backend)
         try:
             return launch(fn, world_size, *args, backend=backend, timeout=limit,
                           results="data", output_limit=self.output_limit,
-                          rank_setup=implementation.enter, **kwargs)
+                          rank_setup=implementation.enter,
+                          sandbox=self.sandbox(scratch, implementation), **kwargs)
         except LaunchTimeout as error:
             self.write(event="hang", nodeid=nodeid, world_size=world_size)
             if self.hung_in is not None:
@@ -177,7 +226,7 @@ def backend(request):
 
 
 @pytest.fixture
-def run_on_ranks(request, backend):
+def run_on_ranks(request, backend, tmp_path_factory):
     """``run_on_ranks(fn, world_size, *args, timeout=None, **kwargs)``: ``fn`` on the ranks,
     on the chosen backend; every rank's result. In a graded test (one with a lab marker):
     under the run's limits, and the results as data."""
@@ -191,19 +240,21 @@ def run_on_ranks(request, backend):
             return launch(fn, world_size, *args, backend=backend,
                           timeout=timeout or DEFAULT_TIMEOUT, **kwargs)
         return request.config.grading.launch(fn, world_size, args, kwargs, backend, timeout,
-                                             request.node.nodeid, _implementation_of(request))
+                                             request.node.nodeid, _implementation_of(request),
+                                             tmp_path_factory.getbasetemp())
 
     return run
 
 
 @pytest.fixture
-def run_alone(request):
+def run_alone(request, tmp_path_factory):
     """``run_alone(fn, *args, timeout=None, **kwargs)``: ``fn`` in one helper process on the
     CPU, under the run's limits; its result, as data."""
 
     def run(fn, *args, timeout=None, **kwargs):
         return request.config.grading.launch(fn, 1, args, kwargs, "gloo", timeout,
-                                             request.node.nodeid, _implementation_of(request))[0]
+                                             request.node.nodeid, _implementation_of(request),
+                                             tmp_path_factory.getbasetemp())[0]
 
     return run
 
@@ -349,6 +400,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     for nodeid in broken:
         terminalreporter.write_line(f"(could not be collected, counted as failed: {nodeid})")
     grading = config.grading
+    if grading.sandbox_line:
+        terminalreporter.write_line(grading.sandbox_line)
+    if grading.budget is not None:
+        terminalreporter.write_line(f"budget: {grading.budget:g} s in launches (--budget), "
+                                    f"{grading.launch_timeout:g} s per launch "
+                                    "(--launch-timeout)")
     for labs, finding in grading.findings:
         terminalreporter.write_line(f"flagged ({', '.join(labs)}): {finding}")
     if grading.hung_in is not None:

@@ -1,0 +1,245 @@
+"""A sandbox for code that must not be trusted, from Linux namespaces and resource limits.
+
+A sandboxed launch (:func:`reference_impl.comm.launcher.launch` with ``sandbox=``) runs its
+ranks in new user, PID, mount, network and IPC namespaces (``unshare(2)``, the mechanism
+bubblewrap and container runtimes are built on), set up before any launched code runs:
+
+* **PID**: the ranks see only each other. The caller's processes cannot be named, so cannot
+  be signalled or traced; when the launch ends, the namespace's first process exits and the
+  kernel ends everything left in it, a process that ran away with ``setsid`` included.
+* **mount**: every file system is read-only except the launch's own folder and the
+  ``writable`` ones; the ``hidden`` folders are covered by an empty one (those of them that
+  are ``readable`` or ``writable`` stay visible); ``/dev`` holds only the harmless devices and
+  the GPUs; ``/dev/shm``, ``/proc`` and IPC are the namespace's own.
+* **network**: a loopback interface of its own, which the ranks talk over; nothing else.
+* **limits** (``setrlimit``): writable memory per process, file size, processes; no core
+  files. Capabilities are dropped once the set-up is done, so nothing can be remounted.
+
+Where user namespaces are not available (macOS, Windows, a container that forbids them),
+:func:`unavailable` says why, and a grader runs the whole grading in a container instead.
+"""
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import glob
+import os
+import resource
+import socket
+import struct
+from dataclasses import dataclass
+
+CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 0x20, 0x400, 0x800, 0x1000
+MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 0x4000, 0x40000, 0x200000, 0x1000000
+_MOUNT_OPTIONS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC,
+                  "noatime": MS_NOATIME, "nodiratime": MS_NODIRATIME,
+                  "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+_CAPABILITY_VERSION_3 = 0x20080522
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+# The devices a rank may open: the harmless ones, and the GPUs (NVIDIA's nodes).
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "nvidia*", "nvidia-caps",
+           "nvidia-uvm*", "dri", "infiniband")
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger")  # the kernel's settings, as containers do
+GIB = 1 << 30
+_libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be set up (the launched code has not run)."""
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """What a sandboxed launch's ranks may reach, and their limits (per process)."""
+    writable: tuple[str, ...] = ()  # folders the ranks may write (besides the launch's own)
+    readable: tuple[str, ...] = ()  # folders kept visible inside hidden ones
+    hidden: tuple[str, ...] = ()  # folders covered by an empty one
+    memory_bytes: int | None = None  # writable memory per process (None: a share of half
+    #                                  the machine's, at least 2 GiB)
+    file_bytes: int = 4 * GIB  # the largest file a rank may write
+    processes: int = 512  # processes the ranks may start, besides those the user runs
+    cache: str | None = None  # a writable folder that outlives the launch (matplotlib's)
+
+    def environment(self, workdir: str) -> dict[str, str]:
+        """What a rank's environment gets inside: its temporary files in the launch's folder,
+        the backends on the loopback interface (the only one)."""
+        return {"TMPDIR": workdir, "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
+                "MPLCONFIGDIR": os.path.join(self.cache or workdir, "matplotlib")}
+
+
+GUARANTEES = ("namespaces: the submission's processes see only each other (PID), write only "
+              "their scratch folders (mount), reach no network, are limited in memory, file "
+              "size and processes, and end with each launch")
+
+
+def unavailable() -> str | None:
+    """Why a sandbox cannot be made on this machine, or None when it can."""
+    if not hasattr(os, "fork") or not os.path.exists("/proc/self/ns/user"):
+        return "no Linux user namespaces on this platform"
+    return None
+
+
+def enter(sandbox: Sandbox, workdir: str, ranks: int, close_in_host=()) -> None:
+    """Move this (single-threaded) process's future children into new namespaces and return
+    in the first of them, set up: the namespace's process 1. This process stays outside as
+    the sandbox's handle, closes ``close_in_host``, waits for it and exits with its status."""
+    processes = _processes_of_this_user() + sandbox.processes
+    uid, gid = os.getuid(), os.getgid()  # as the namespace will map them
+    _call(_libc.unshare, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET
+          | CLONE_NEWIPC, what="unshare (new user, mount, PID, network and IPC namespaces)")
+    _map_to_the_same_user(uid, gid)
+    child = os.fork()
+    if child:
+        for connection in close_in_host:
+            connection.close()
+        _, status = os.waitpid(child, 0)
+        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    die_with_parent()
+    _mount_files(sandbox, workdir)
+    _loopback_up()
+    _limit(sandbox, processes, ranks)
+    _drop_capabilities()
+
+
+def die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (Linux only; elsewhere nothing)."""
+    if hasattr(_libc, "prctl"):
+        _libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+
+
+def _call(function, *args, what: str) -> int:
+    result = function(*args)
+    if result < 0:
+        errno = ctypes.get_errno()
+        raise SandboxError(f"{what} failed: {os.strerror(errno)} (errno {errno})")
+    return result
+
+
+def _mount(source, target, kind, flags, data=None, what=None) -> None:
+    encode = (lambda text: None if text is None else text.encode())
+    _call(_libc.mount, encode(source), encode(target), encode(kind), ctypes.c_ulong(flags),
+          encode(data), what=what or f"mount {target}")
+
+
+def _map_to_the_same_user(uid: int, gid: int) -> None:
+    """Inside, the user is who it was outside (uid and gid), and nothing more."""
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                       ("gid_map", f"{gid} {gid} 1")):
+        handle = os.open(f"/proc/self/{name}", os.O_WRONLY)  # one write, no truncation
+        try:
+            os.write(handle, text.encode())
+        finally:
+            os.close(handle)
+
+
+def _mount_files(sandbox: Sandbox, workdir: str) -> None:
+    _mount(None, "/", None, MS_REC | MS_PRIVATE, what="make / private")
+    writable = [os.path.realpath(path) for path in (workdir, *sandbox.writable, sandbox.cache)
+                if path]
+    visible = writable + [os.path.realpath(path) for path in sandbox.readable]
+    # Reach what stays visible by file descriptor, before hiding folders above it.
+    handles = {path: os.open(path, os.O_PATH) for path in visible}
+    devices = {path: os.open(path, os.O_PATH) for name in DEVICES
+               for path in glob.glob(os.path.join("/dev", name))}
+    for path in sandbox.hidden:
+        _mount("tmpfs", os.path.realpath(path), "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
+    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755", what="a /dev of its own")
+    for path, handle in [*sorted(handles.items()), *devices.items()]:
+        _bind_from(handle, path)
+    os.makedirs("/dev/shm")
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777",
+           what="a /dev/shm of its own")
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, os.path.join("/dev", name))
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+           what="a /proc of the new PID namespace")
+    for path in PROC_READ_ONLY:
+        if os.path.exists(path):
+            _mount(path, path, None, MS_BIND | MS_REC)
+    for target, options in _mounts():
+        if _within(target, writable + ["/dev/shm"]) or (
+                _within(target, ["/proc"]) and not _within(target, PROC_READ_ONLY)):
+            continue
+        if os.path.lexists(target):  # else covered by a mount above it: out of reach
+            _read_only(target, options)
+
+
+def _within(path: str, folders) -> bool:
+    return any(path == folder or path.startswith(folder.rstrip("/") + "/") for folder in folders)
+
+
+def _bind_from(handle: int, path: str) -> None:
+    """Bind the file or folder open as ``handle`` at ``path``, making the place for it."""
+    if os.path.isdir(f"/proc/self/fd/{handle}"):
+        os.makedirs(path, exist_ok=True)
+    elif not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "w").close()
+    _mount(f"/proc/self/fd/{handle}", path, None, MS_BIND | MS_REC, what=f"bind {path}")
+    os.close(handle)
+
+
+def _mounts() -> list[tuple[str, str]]:
+    """(mount point, its options) of every mount, parents first."""
+    found = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            fields = line.split()
+            target = fields[4].encode().decode("unicode_escape")  # \040 is a space
+            found.append((target, fields[5]))
+    return found
+
+
+def _read_only(target: str, options: str) -> None:
+    """Remount ``target`` read-only, keeping the flags a user namespace may not clear."""
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+    for option in options.split(","):
+        flags |= _MOUNT_OPTIONS.get(option, 0)
+    _mount(None, target, None, flags, what=f"make {target} read-only")
+
+
+def _loopback_up() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(probe, _SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(probe, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def _limit(sandbox: Sandbox, processes: int, ranks: int) -> None:
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    memory = sandbox.memory_bytes or max(2 * GIB, machine // (2 * ranks))
+    for limit, value in ((resource.RLIMIT_DATA, memory), (resource.RLIMIT_FSIZE, sandbox.file_bytes),
+                         (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, processes)):
+        hard = resource.getrlimit(limit)[1]
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(limit, (value, value))
+
+
+def _processes_of_this_user() -> int:
+    """How many processes this user runs now (a process limit counts them all)."""
+    uid, count = os.getuid(), 0
+    for status in glob.glob("/proc/[0-9]*/status"):
+        try:
+            with open(status) as handle:
+                count += any(line.startswith("Uid:") and int(line.split()[1]) == uid
+                             for line in handle)
+        except (OSError, ValueError):
+            continue
+    return count
+
+
+def _drop_capabilities() -> None:
+    """No capability from here on, nor after an exec (a rank must not undo its mounts)."""
+    for capability in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) < 0:
+            break  # past the last capability this kernel knows
+    _call(_libc.prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0, what="prctl(PR_SET_NO_NEW_PRIVS)")
+    header = struct.pack("Ii", _CAPABILITY_VERSION_3, 0)
+    data = ctypes.create_string_buffer(24)  # two (effective, permitted, inheritable): all 0
+    _call(_libc.capset, ctypes.c_char_p(header), data, what="capset (drop capabilities)")
+

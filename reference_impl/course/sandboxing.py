@@ -1,0 +1,52 @@
+"""Which sandbox a graded run's launches get (``--sandbox``), and the line that says so.
+
+``namespaces`` (:mod:`reference_impl.comm.sandbox`) where a sandboxed launch works here;
+``none`` where it does not (``auto`` then says why, ``namespaces`` refuses to grade), or when
+asked for. The grading documentation says what each mode guarantees.
+"""
+from __future__ import annotations
+
+import functools
+
+from reference_impl.comm.launcher import launch
+from reference_impl.comm.sandbox import Sandbox, unavailable
+
+MODES = ("auto", "namespaces", "none")
+COVERED = ("each launch of the submission's code in PID, mount, network and IPC namespaces of "
+           "its own: it sees only its own processes, writes only its scratch folders, reaches "
+           "no network, is limited in memory, file size and processes, and everything it "
+           "starts ends with the launch")
+NOT_COVERED = ("the submission's code runs with your rights: it can read and write your files, "
+               "signal your processes and reach the network; grade inside a container "
+               "(docs/grading.md)")
+
+
+def _nothing():
+    return None
+
+
+@functools.cache
+def probe() -> str | None:
+    """None where a sandboxed launch works on this machine, else why not (tried once)."""
+    reason = unavailable()
+    if reason is not None:
+        return reason
+    try:
+        launch(_nothing, 1, sandbox=Sandbox(), timeout=60.0, results="data")
+    except Exception as error:  # noqa: BLE001 - the reason is the answer
+        return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+    return None
+
+
+def choose(mode: str) -> tuple[bool, str]:
+    """Whether launches run sandboxed under ``mode``, and a line saying what that covers."""
+    if mode not in MODES:
+        raise ValueError(f"--sandbox {mode}: choose one of {', '.join(MODES)}")
+    if mode == "none":
+        return False, f"sandbox: none (asked for): {NOT_COVERED}"
+    reason = probe()
+    if reason is None:
+        return True, f"sandbox: namespaces: {COVERED}"
+    if mode == "namespaces":
+        raise ValueError(f"--sandbox namespaces: no sandbox can be made here: {reason}")
+    return False, f"sandbox: none ({reason}): {NOT_COVERED}"

@@ -1,0 +1,179 @@
+"""The sandbox a graded launch runs in: what its ranks can reach (files, processes, the
+network, the caller) and what they are limited to, and that everything they start ends with
+the launch. Each attack is tried from inside and must fail there."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from reference_impl.comm import launcher, sandbox
+from reference_impl.comm.launcher import launch
+from reference_impl.comm.rank_failures import LaunchTimeout, RankFailure
+from reference_impl.comm.sandbox import Sandbox, SandboxError
+from reference_impl.course.sandboxing import probe
+from support import REPO
+
+pytestmark = pytest.mark.skipif(probe() is not None, reason=f"no sandbox here: {probe()}")
+SLEEP_MARK = "1000.125"  # what a rank leaves running, if anything survives
+
+
+def sandboxed(fn, *args, world_size=2, timeout=30.0, **options):
+    return launch(fn, world_size, *args, sandbox=Sandbox(**options), timeout=timeout,
+                  results="data")
+
+
+def attempt(action) -> str:
+    try:
+        action()
+    except Exception as error:  # noqa: BLE001 - the attack's failure is the result
+        return type(error).__name__
+    return "done"
+
+
+# ----------------------------------------------------------------- rank functions
+
+def try_writes(outside_file, writable_folder):
+    return {"outside": attempt(lambda: open(outside_file, "a").close()),
+            "tmpdir": attempt(lambda: open(os.path.join(os.environ["TMPDIR"], "a"), "w").close()),
+            "writable": attempt(lambda: open(os.path.join(writable_folder, "b"), "w").close()),
+            "shm": attempt(lambda: open("/dev/shm/c", "w").close()),
+            "remount": attempt(lambda: subprocess.run(["mount", "-o", "remount,rw", "/"],
+                                                      check=True, capture_output=True))}
+
+
+def look_at(hidden, readable):
+    return sorted(os.listdir(hidden)), sorted(os.listdir(readable))
+
+
+def reach_the_caller(caller):
+    own = sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+    return {"signal": attempt(lambda: os.kill(caller, signal.SIGKILL)),
+            "parent": os.getppid() != caller, "processes": own}
+
+
+def connect(port):
+    with socket.socket() as client:
+        client.settimeout(2.0)
+        return attempt(lambda: client.connect(("127.0.0.1", port)))
+
+
+def all_reduce_rank():
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    return value.item()
+
+
+def run_away():
+    """What a hostile rank leaves behind: a process in a session of its own, twice forked."""
+    subprocess.Popen(["sleep", SLEEP_MARK], start_new_session=True)
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.execvp("sleep", ["sleep", SLEEP_MARK])
+        os._exit(0)
+    return dist.get_rank()
+
+
+def allocate(gib):
+    return attempt(lambda: bytearray(gib << 30)), attempt(lambda: torch.empty(gib << 28))
+
+
+def write_big(megabytes):
+    path = os.path.join(os.environ["TMPDIR"], "big")
+    return attempt(lambda: open(path, "wb").write(b"x" * (megabytes << 20)))
+
+
+def stuck_forever():
+    while True:
+        time.sleep(0.1)
+
+
+def killed():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def sleepers():
+    return subprocess.run(["pgrep", "-f", f"sleep {SLEEP_MARK}"], capture_output=True,
+                          text=True).stdout.split()
+
+
+# ----------------------------------------------------------------- tests
+
+def test_files_are_read_only_but_the_scratch_folders(tmp_path):
+    outside = tmp_path / "grades.csv"
+    outside.write_text("yours\n")
+    writable = tmp_path / "scratch"
+    writable.mkdir()
+    for result in sandboxed(try_writes, str(outside), str(writable), writable=(str(writable),)):
+        assert result == {"outside": "OSError", "tmpdir": "done", "writable": "done",
+                          "shm": "done", "remount": "CalledProcessError"}, result
+    assert outside.read_text() == "yours\n"
+    assert sandboxed(try_writes, str(REPO / "README.md"), str(writable), world_size=1)[0][
+        "outside"] == "OSError"
+
+
+def test_hidden_folders_are_empty_except_what_stays_readable(tmp_path):
+    hidden = tmp_path / "class"
+    (hidden / "other_student").mkdir(parents=True)
+    (hidden / "me").mkdir()
+    (hidden / "me" / "tp_layers.py").write_text("")
+    seen_hidden, seen_mine = sandboxed(look_at, str(hidden), str(hidden / "me"), world_size=1,
+                                       hidden=(str(hidden),), readable=(str(hidden / "me"),))[0]
+    assert "other_student" not in seen_hidden and seen_mine == ["tp_layers.py"]
+
+
+def test_the_caller_cannot_be_named_signalled_or_seen():
+    for result in sandboxed(reach_the_caller, os.getpid()):
+        assert result["signal"] == "ProcessLookupError" and result["parent"], result
+        assert max(result["processes"]) < 100, result  # its own namespace's numbers only
+
+
+def test_no_network_but_the_ranks_own_loopback():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert connect(port) == "done"  # reachable from here...
+        assert sandboxed(connect, port, world_size=1) == ["ConnectionRefusedError"]  # ...not there
+    assert sandboxed(all_reduce_rank, world_size=3) == [6.0, 6.0, 6.0]  # the ranks talk
+
+
+def test_whatever_a_rank_starts_ends_with_the_launch():
+    assert sandboxed(run_away) == [0, 1]
+    time.sleep(0.2)
+    assert not sleepers(), f"left running: {sleepers()}"
+
+
+def test_memory_and_file_size_are_limited():
+    limited = sandboxed(allocate, 2, world_size=1, memory_bytes=1 << 30)[0]
+    assert list(limited) == ["MemoryError", "RuntimeError"], limited
+    assert sandboxed(write_big, 3, world_size=1, file_bytes=2 << 20) == ["OSError"]
+
+
+def test_a_stuck_rank_still_shows_where_it_was():
+    with pytest.raises(LaunchTimeout) as stuck:
+        sandboxed(stuck_forever, timeout=3.0)
+    assert "stuck_forever" in str(stuck.value) and stuck.value.ranks == [0, 1]
+    assert not sleepers()
+
+
+def test_a_rank_killed_by_a_signal_is_named():
+    with pytest.raises(RankFailure, match="killed by signal SIGKILL"):
+        sandboxed(killed, world_size=1)
+
+
+def test_no_sandbox_here_is_refused_with_the_reason(monkeypatch):
+    monkeypatch.setattr(launcher, "unavailable", lambda: "no namespaces in this test")
+    with pytest.raises(SandboxError, match="no namespaces in this test"):
+        sandboxed(all_reduce_rank)
+
+
+def test_the_sandbox_is_linux_only_and_says_so():
+    assert sandbox.unavailable() is None if sys.platform.startswith("linux") else \
+        "namespaces" in sandbox.unavailable()
