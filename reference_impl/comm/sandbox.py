@@ -138,6 +138,8 @@ def _map_to_the_same_user(uid: int, gid: int) -> None:
 
 def _mount_files(sandbox: Sandbox, workdir: str) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE, what="make / private")
+    if sandbox.cache:
+        os.makedirs(sandbox.cache, exist_ok=True)
     writable = [os.path.realpath(path) for path in (workdir, *sandbox.writable, sandbox.cache)
                 if path]
     visible = writable + [os.path.realpath(path) for path in sandbox.readable]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import shutil
+import tempfile
 import threading
 import time
 import traceback
 from pathlib import Path
 
-from reference_impl.course import grade, syllabus
+from reference_impl.course import grade, sandboxing, syllabus
 from reference_impl.course.grade.points import Points, score
 from reference_impl.course.grade.reports import sheet_rows, write_class, write_submission
 from reference_impl.course.grade.results import Graded, errored
@@ -34,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--after-hang", type=float, default=5.0)
     parser.add_argument("--budget", type=float, default=900.0,
                         help="seconds one submission may take in all (default 900)")
+    parser.add_argument("--sandbox", default="auto", choices=sandboxing.MODES,
+                        help="each launch of a submission's code in a sandbox of its own: "
+                             "where one can be made (auto), always (namespaces), never (none)")
     parser.add_argument("-k", default=None, help="only the tests pytest's -k selects")
     args = parser.parse_args(argv)
 
@@ -52,15 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     if not submissions:
         parser.error(f"{args.submissions} holds no submission folders")
     args.out.mkdir(parents=True, exist_ok=True)
-
+    try:
+        sandboxed, sandbox_line = sandboxing.choose(args.sandbox)
+    except ValueError as error:
+        parser.error(str(error))
+    class_folder = Path(tempfile.mkdtemp(prefix="grading-"))
+    hidden = tuple(str(path.resolve()) for path in (class_folder, args.submissions, args.out))
     limits = Limits(args.test_timeout, args.launch_timeout, args.after_hang, args.budget,
-                    args.backend, args.k)
+                    args.backend, args.k, "namespaces" if sandboxed else "none", hidden)
     reaper, slots = Reaper(), gpu_slots(args.jobs, args.gpus_per_submission)
     free = list(range(len(slots)))
     condition = threading.Condition()
     results: dict[str, Graded] = {}
     print(f"grading {len(submissions)} submission(s), {', '.join(labs)}, {len(slots)} at once "
-          f"({'GPUs ' + str(slots) if slots[0] is not None else 'CPU ranks'})", flush=True)
+          f"({'GPUs ' + str(slots) if slots[0] is not None else 'CPU ranks'})\n{sandbox_line}",
+          flush=True)
 
     def work(index: int, submission: Path) -> None:
         with condition:
@@ -70,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(f"[{index}/{len(submissions)}] {submission.name}: grading", flush=True)
             try:
-                graded = grade_one(submission, labs, limits, slots[slot], reaper)
+                graded = grade_one(submission, labs, limits, slots[slot], reaper, class_folder)
             except Exception as error:  # the grader's own failure: an errored row, not a gap
                 graded = errored(submission.name, error, traceback.format_exc(),
                                  time.monotonic() - started)
@@ -95,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         thread.start()
     for thread in threads:
         thread.join()
+    shutil.rmtree(class_folder, ignore_errors=True)
 
     ordered = [results[path.name] for path in submissions]
     write_class(ordered, labs, args.out)

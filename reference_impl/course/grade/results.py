@@ -100,7 +100,8 @@ def _outcomes(records: list[dict]) -> dict[str, _Outcome]:
 
 def _notes(records: list[dict], end: RunEnd) -> list[str]:
     notes = []
-    finished = any(r.get("event") == "finished" for r in records)
+    # A clean end is pytest's own exit (0: all passed, 1: some failed) with its last record.
+    finished = end.returncode in (0, 1) and any(r.get("event") == "finished" for r in records)
     started = [r["nodeid"] for r in records if r.get("event") == "start"]
     if end.killed_for_time:
         notes.append(f"the graded run went past its budget of {end.budget:g} s (+ "

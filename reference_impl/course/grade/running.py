@@ -1,8 +1,10 @@
 """One submission's graded run: the kit's graded tests (``pytest --impl``) on its files, in a
 process tree of its own (its own session and process group, ended as a whole when it is done;
 this process is the "subreaper" of whatever escapes the group, so that is ended too) and a
-temporary folder of its own, removed afterwards; under limits per test, per launch and per
-submission."""
+folder of its own in the class's, removed afterwards; under limits per test, per launch and
+per submission. pytest's process never runs the submission's code: its launches do, each in a
+sandbox (``--sandbox``) that hides the class's folder (the other submissions, this one's log),
+the submissions and the results, so the log the verdict is read from is the grader's alone."""
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from reference_impl.comm.rank_failures import rank_server_pid
 from reference_impl.course.grade.results import Graded, RunEnd, read_log, results_of
 
 REPO = Path(__file__).resolve().parents[3]
@@ -36,6 +39,8 @@ class Limits:
     budget: float = 900.0  # seconds for the whole submission
     backend: str = "auto"
     select: str | None = None  # pytest's -k
+    sandbox: str = "auto"  # the launches' sandbox (pytest's --sandbox)
+    hidden: tuple[str, ...] = ()  # folders the submission's code must not see
 
 
 def files_of(submission: Path) -> Path:
@@ -44,36 +49,43 @@ def files_of(submission: Path) -> Path:
     return inner if inner.is_dir() else submission
 
 
-def graded_run_command(folder: Path, labs: list[str], log: Path, ini: Path,
+def graded_run_command(folder: Path, labs: list[str], log: Path, ini: Path, scratch: Path,
                        limits: Limits) -> list[str]:
     test_files = sorted(str(path) for lab in labs for path in GRADED_TESTS.glob(f"test_{lab}_*.py"))
     command = [sys.executable, "-m", "pytest", *test_files, "-c", str(ini), "--rootdir",
                str(REPO), "-p", "no:cacheprovider", "-q", "--impl", str(folder), "-m",
-               " or ".join(labs), "--grading-log", str(log), "--timeout",
-               str(limits.test_timeout), "--launch-timeout", str(limits.launch_timeout),
-               "--budget", str(limits.budget), "--after-hang", str(limits.after_hang),
-               "--backend", limits.backend]
+               " or ".join(labs), "--grading-log", str(log), "--basetemp", str(scratch),
+               "--timeout", str(limits.test_timeout), "--launch-timeout",
+               str(limits.launch_timeout), "--budget", str(limits.budget), "--after-hang",
+               str(limits.after_hang), "--backend", limits.backend, "--sandbox", limits.sandbox]
+    for path in limits.hidden:
+        command += ["--sandbox-hide", path]
     return command + (["-k", limits.select] if limits.select else [])
 
 
 def grade_one(submission: Path, labs: list[str], limits: Limits, gpus: list[int] | None,
-              reaper: "Reaper") -> Graded:
+              reaper: "Reaper", class_folder: Path | None = None) -> Graded:
+    """Grade ``submission`` in a folder of its own inside ``class_folder`` (which the
+    sandbox hides: give it in ``limits.hidden``)."""
     started = time.monotonic()
-    workdir = Path(tempfile.mkdtemp(prefix="grade-"))
+    workdir = Path(tempfile.mkdtemp(prefix="grade-", dir=class_folder))
     try:
-        folder = workdir / "labs"
+        folder, scratch = workdir / "labs", workdir / "scratch"
         folder.mkdir()
+        (scratch / "tmp").mkdir(parents=True)
         for path in files_of(submission).glob("*.py"):
             shutil.copy(path, folder / path.name)
         ini, log, output = workdir / "pytest.ini", workdir / "log.jsonl", workdir / "output.txt"
         ini.write_text("[pytest]\n")
-        environment = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        environment = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
+                       "TMPDIR": str(scratch / "tmp")}  # where its launches' folders go
         environment.pop("PYTEST_ADDOPTS", None)
         if gpus is not None:
             environment["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         with open(output, "wb") as sink:
-            process = reaper.start(graded_run_command(folder, labs, log, ini, limits), workdir,
-                                   environment, sink)
+            process = reaper.start(
+                graded_run_command(folder, labs, log, ini, scratch / "pytest", limits),
+                workdir, environment, sink)
             progress = threading.Thread(target=_progress, args=(submission.name, log, process),
                                         daemon=True)
             progress.start()
@@ -129,7 +141,7 @@ class Reaper:
     def _end_strays(self) -> None:
         """Kill and reap this process's children that are not a running graded run: what a
         submission started and moved out of its process group, re-parented here."""
-        for pid in children_of(os.getpid()) - self.running:
+        for pid in children_of(os.getpid()) - self.running - {rank_server_pid()}:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ChildProcessError, OSError):
