@@ -116,6 +116,8 @@ def pytest_configure(config):
 
 def _interrupted(signum, frame):
     """SIGTERM ends a graded run as Ctrl-C does: with its summary, saying what ended it."""
+    if _config is not None:
+        _config.grading.interrupted = f"the graded run received {signal.Signals(signum).name}"
     raise KeyboardInterrupt(f"the graded run received {signal.Signals(signum).name}")
 
 
@@ -134,6 +136,7 @@ class GradedRun:
         self.hidden = tuple(config.getoption("--sandbox-hide"))
         self.sandboxed = None  # decided at the first graded launch (it starts the ranks' server)
         self.sandbox_line = ""
+        self.interrupted = ""  # what ended the run early, if something did
         self.after_hang = config.getoption("--after-hang")
         self.output_limit = config.getoption("--output-limit")
         self.started = time.monotonic()
@@ -385,12 +388,19 @@ def _lab_of(report):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """After a run that included graded tests, print passed/total per lab."""
     outcomes = graded_outcomes(terminalreporter.stats)
-    if not outcomes:
+    not_run = {nodeid: lab for nodeid, lab in config.grading.lab_of_test.items()
+               if nodeid not in outcomes}
+    if not outcomes and not not_run:
         return
+    outcomes.update((nodeid, (lab, False)) for nodeid, lab in not_run.items())
     terminalreporter.section(f"graded labs ({config.implementation.name})")
     for lab in sorted({lab for lab, _ in outcomes.values()}, key=lambda name: int(name[3:])):
         results = [ok for name, ok in outcomes.values() if name == lab]
-        terminalreporter.write_line(f"{lab}: {sum(results)}/{len(results)} passed")
+        missing = sum(name == lab for name in not_run.values())
+        terminalreporter.write_line(f"{lab}: {sum(results)}/{len(results)} passed"
+                                    + (f" ({missing} not run)" if missing else ""))
+    if config.grading.interrupted:
+        terminalreporter.write_line(f"interrupted: {config.grading.interrupted}")
     for (lab, other), count in sorted(_stopped_in_other_labs(terminalreporter.stats).items()):
         terminalreporter.write_line(
             f"{lab}: {count} of its failures stopped in {other}'s unfinished exercises "
