@@ -71,11 +71,6 @@ class Sandbox:
                 "MPLCONFIGDIR": os.path.join(self.cache or workdir, "matplotlib")}
 
 
-GUARANTEES = ("namespaces: the submission's processes see only each other (PID), write only "
-              "their scratch folders (mount), reach no network, are limited in memory, file "
-              "size and processes, and end with each launch")
-
-
 def unavailable() -> str | None:
     """Why a sandbox cannot be made on this machine, or None when it can."""
     if not hasattr(os, "fork") or not os.path.exists("/proc/self/ns/user"):
@@ -120,9 +115,12 @@ def _call(function, *args, what: str) -> int:
 
 
 def _mount(source, target, kind, flags, data=None, what=None) -> None:
-    encode = (lambda text: None if text is None else text.encode())
-    _call(_libc.mount, encode(source), encode(target), encode(kind), ctypes.c_ulong(flags),
-          encode(data), what=what or f"mount {target}")
+    _call(_libc.mount, _bytes(source), _bytes(target), _bytes(kind), ctypes.c_ulong(flags),
+          _bytes(data), what=what or f"mount {target}")
+
+
+def _bytes(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
 
 
 def _map_to_the_same_user(uid: int, gid: int) -> None:

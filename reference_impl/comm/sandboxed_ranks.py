@@ -87,7 +87,8 @@ def end(host) -> None:
 def _run_host(sandbox, workdir, run_rank, rank_arguments, own_ends, exit_ends, control, results):
     sandboxes.die_with_parent()
     try:
-        sandboxes.enter(sandbox, workdir, len(rank_arguments), close_in_host=[*exit_ends, control])
+        sandboxes.enter(sandbox, workdir, len(rank_arguments), close_in_host=[
+            *exit_ends, control, *(end for ends in own_ends for end in ends)])
     except BaseException as error:  # noqa: BLE001 - every rank reports it
         message = ("error", type(error).__name__, f"the sandbox could not be set up: {error}",
                    traceback.format_exc())

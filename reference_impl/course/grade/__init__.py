@@ -33,8 +33,10 @@ A test named under ``tests`` (a node id, or its start: every parametrization) ge
 points each. A submission whose file imports the reference implementation of that very file
 is *flagged* in its results, with the line.
 
-Student code runs with the grader's rights: run this inside a container or a throwaway VM
-with no network (README, "For graders").
+Student code runs only in the launches of each graded run, each in a sandbox of its own
+(``--sandbox``, :mod:`reference_impl.comm.sandbox`) that hides the class's folder, the
+submissions and the results; the verdict is read from a log only pytest writes. Where no
+sandbox can be made, the first line says so: grade in a container then (docs/grading.md).
 
 Modules: ``points`` (what each test is worth), ``results`` (a graded run's log read into typed
 results), ``running`` (one submission's graded run in a process tree of its own), ``reports``
