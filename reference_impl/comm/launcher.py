@@ -307,6 +307,7 @@ def _run_rank(rank, world_size, backend, workdir, timeout, threads, expected_par
         os.environ.clear()  # the caller's environment now, not the rank server's
         os.environ.update(environment)
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+        tempfile.tempdir = None  # found again from TMPDIR: the server's choice may be closed
         torch.set_num_threads(threads)
         setup, payload = payloads
         setup = unpickle_the_work(setup)

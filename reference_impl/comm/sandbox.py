@@ -145,7 +145,7 @@ def _mount_files(sandbox: Sandbox, workdir: str) -> None:
     handles = {path: os.open(path, os.O_PATH) for path in visible}
     devices = {path: os.open(path, os.O_PATH) for name in DEVICES
                for path in glob.glob(os.path.join("/dev", name))}
-    for path in sandbox.hidden:
+    for path in filter(os.path.isdir, sandbox.hidden):  # what is not there needs no hiding
         _mount("tmpfs", os.path.realpath(path), "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
     _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755", what="a /dev of its own")
     for path, handle in [*sorted(handles.items()), *devices.items()]:

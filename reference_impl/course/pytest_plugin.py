@@ -19,8 +19,8 @@ every graded launch in a sandbox of its own where one can be made (``auto``), al
 (``namespaces``, refusing to grade without one) or never; ``--sandbox-hide PATH`` covers a
 folder with an empty one inside the sandbox (the batch grader hides the class and the
 results). Limits, for a submission that hangs or floods: ``--launch-timeout`` (each launch of
-ranks or of a helper), ``--budget`` (the whole run's seconds in launches, 900 by default when
-one submission is graded; once spent, the remaining graded tests fail at once, saying so),
+ranks or of a helper), ``--budget`` (the whole run's seconds, 900 by default when one
+submission is graded; once spent, the remaining graded tests fail at once, saying so),
 ``--after-hang`` (once one launch has hung, later ones get this
 limit: a hang costs about one limit, not one per test), ``--output-limit`` (bytes kept of each
 rank's output per launch). ``--grading-log FILE`` appends one JSON line per collected test,
@@ -51,7 +51,7 @@ from reference_impl.comm.rank_failures import LaunchTimeout
 DEFAULT_TEST_TIMEOUT = 300
 DEFAULT_AFTER_HANG = 5.0  # seconds a launch may take once the submission has hung
 DEFAULT_OUTPUT_LIMIT = 8_000  # bytes of each rank's output kept, per launch
-DEFAULT_SUBMISSION_BUDGET = 900.0  # seconds in launches when one submission is graded
+DEFAULT_SUBMISSION_BUDGET = 900.0  # seconds a graded run of one submission may take
 LOG_TEXT_LIMIT = 8_000  # characters of a test's failure message or output in the grading log
 _LAB_MARKER = re.compile(r"^lab\d+$")
 
@@ -69,7 +69,7 @@ def pytest_addoption(parser):
     group.addoption("--launch-timeout", type=float, default=DEFAULT_TIMEOUT,
                     help=f"seconds one launch may take (default {DEFAULT_TIMEOUT:g})")
     group.addoption("--budget", type=float, default=None,
-                    help="seconds the whole graded run may spend in launches; then the "
+                    help="seconds the whole graded run may take; then the "
                          "remaining graded tests fail at once (default: "
                          f"{DEFAULT_SUBMISSION_BUDGET:g} when one submission is graded, else "
                          "none)")
@@ -78,6 +78,9 @@ def pytest_addoption(parser):
                          "made (auto, the default), always (namespaces) or never (none)")
     group.addoption("--sandbox-hide", action="append", default=[], metavar="PATH",
                     help="a folder the sandboxed code must not see (it finds it empty)")
+    group.addoption("--memory-limit", type=float, default=None, metavar="GIB",
+                    help="writable memory of each sandboxed process, in GiB (default: a "
+                         "share of half the machine's, at least 2)")
     group.addoption("--after-hang", type=float, default=DEFAULT_AFTER_HANG,
                     help="seconds a launch may take once one has hung (default "
                          f"{DEFAULT_AFTER_HANG:g})")
@@ -134,7 +137,9 @@ class GradedRun:
             self.budget = DEFAULT_SUBMISSION_BUDGET
         self.sandbox_mode = config.getoption("--sandbox")
         self.hidden = tuple(config.getoption("--sandbox-hide"))
-        self.sandboxed = None  # decided at the first graded launch (it starts the ranks' server)
+        memory = config.getoption("--memory-limit")
+        self.memory_bytes = None if memory is None else int(memory * (1 << 30))
+        self.sandboxed = None  # decided once graded tests are collected (decide_sandbox)
         self.sandbox_line = ""
         self.interrupted = ""  # what ended the run early, if something did
         self.after_hang = config.getoption("--after-hang")
@@ -155,20 +160,26 @@ class GradedRun:
         if self.log is not None:
             self.log.write(json.dumps(record) + "\n")
 
-    def sandbox(self, scratch: Path, implementation) -> Sandbox | None:
-        """The sandbox of this run's launches (None without one): ``scratch`` (the run's
-        temporary folder) writable, the implementation's folder readable."""
+    def decide_sandbox(self) -> str:
+        """Whether this run's launches are sandboxed (decided once: it starts the ranks'
+        server), and the line that says what that covers."""
         if self.sandboxed is None:
             try:
                 self.sandboxed, self.sandbox_line = sandboxing.choose(self.sandbox_mode)
             except ValueError as error:
                 pytest.exit(str(error), returncode=pytest.ExitCode.USAGE_ERROR)
+        return self.sandbox_line
+
+    def sandbox(self, scratch: Path, implementation) -> Sandbox | None:
+        """The sandbox of this run's launches (None without one): ``scratch`` (the run's
+        temporary folder) writable, the implementation's folder readable."""
+        self.decide_sandbox()
         if not self.sandboxed:
             return None
         folder = implementation.folder
         return Sandbox(writable=(str(scratch),), cache=str(scratch / "sandbox-cache"),
                        readable=(str(folder),) if folder is not None else (),
-                       hidden=self.hidden)
+                       hidden=self.hidden, memory_bytes=self.memory_bytes)
 
     def launch(self, fn, world_size, args, kwargs, backend, timeout, nodeid, implementation,
                scratch):
@@ -294,6 +305,9 @@ def pytest_collection_finish(session):
                                              if _LAB_MARKER.match(m.name)), None)] if lab}
     grading.write(event="collected", tests=[{"nodeid": nodeid, "lab": lab}
                                             for nodeid, lab in grading.lab_of_test.items()])
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if grading.lab_of_test and reporter is not None:  # said before the first graded test
+        reporter.write_line(grading.decide_sandbox())
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -413,7 +427,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if grading.sandbox_line:
         terminalreporter.write_line(grading.sandbox_line)
     if grading.budget is not None:
-        terminalreporter.write_line(f"budget: {grading.budget:g} s in launches (--budget), "
+        terminalreporter.write_line(f"budget: {grading.budget:g} s for the run (--budget), "
                                     f"{grading.launch_timeout:g} s per launch "
                                     "(--launch-timeout)")
     for labs, finding in grading.findings:

@@ -79,10 +79,20 @@ _attack()
 '''
 
 
+HOG = """
+_hog = []
+while True:  # memory without end, at import
+    _hog.append(bytearray(64 << 20))
+"""
+
+
 def make_class(root: Path, hostile: bool, results: Path) -> Path:
     """a_correct, c_mistake (a realistic mistake) and, if ``hostile``, b_hostile (the same
-    mistake, and the attack at import)."""
+    mistake, and the attack at import) and d_hog (memory without end at import)."""
     copy_of("solutions", root / "a_correct")
+    if hostile:
+        path = copy_of("solutions", root / "d_hog") / "collectives.py"
+        path.write_text(path.read_text().replace("\nimport torch\n", f"\nimport torch\n{HOG}", 1))
     for name in ["c_mistake"] + (["b_hostile"] if hostile else []):
         path = copy_of("solutions", root / name) / "collectives.py"
         text = path.read_text().replace(ACCUMULATE, ACCUMULATE.replace("+=", "="))
@@ -98,7 +108,7 @@ def make_class(root: Path, hostile: bool, results: Path) -> Path:
 def grade_class(root: Path, out: Path) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "reference_impl.course.grade", str(root), "--labs", "0",
                "--out", str(out), "-k", SELECTED, "--jobs", "1", "--launch-timeout", "30",
-               "--budget", "120", "--test-timeout", "60"]
+               "--budget", "120", "--test-timeout", "60", "--memory-limit", "1.5"]
     return subprocess.run(command, cwd=root.parent, capture_output=True, text=True,
                           timeout=nested.LIMIT)
 
@@ -150,7 +160,7 @@ def test_the_honest_rows_and_results_are_those_of_a_clean_run(graded):
     assert graded["hostile"].returncode == graded["clean"].returncode == 0, \
         graded["hostile"].stdout + graded["hostile"].stderr
     hostile, clean = rows(graded["hostile_out"]), rows(graded["clean_out"])
-    assert set(hostile) == {"a_correct", "b_hostile", "c_mistake"}
+    assert set(hostile) == {"a_correct", "b_hostile", "c_mistake", "d_hog"}
     for name in ("a_correct", "c_mistake"):
         assert hostile[name] == clean[name], (hostile[name], clean[name])
         assert without_times(graded["hostile_out"], name) == without_times(
@@ -164,6 +174,14 @@ def test_the_hostile_submission_gets_its_own_grade(graded):
     result = json.loads((graded["hostile_out"] / "b_hostile" / "results.json").read_text())
     ring = next(test for test in result["tests"] if "subgroup" in test["name"])
     assert ring["status"] == "failed" and "likely cause" in ring["output"].lower(), ring
+
+
+def test_memory_without_end_is_stopped_at_the_limit(graded):
+    row = rows(graded["hostile_out"])["d_hog"]
+    assert (row["passed"], row["total"]) == ("1", "2"), row  # its alpha_beta is right
+    result = json.loads((graded["hostile_out"] / "d_hog" / "results.json").read_text())
+    ring = next(test for test in result["tests"] if "subgroup" in test["name"])
+    assert "MemoryError" in ring["output"], ring["output"]
 
 
 def test_nothing_is_left_running_and_nothing_outside_its_scratch_changed(graded):

@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sandbox", default="auto", choices=sandboxing.MODES,
                         help="each launch of a submission's code in a sandbox of its own: "
                              "where one can be made (auto), always (namespaces), never (none)")
+    parser.add_argument("--memory-limit", type=float, default=None, metavar="GIB",
+                        help="writable memory of each process of a submission, in GiB, in the "
+                             "sandbox (default: a share of half the machine's, at least 2)")
     parser.add_argument("-k", default=None, help="only the tests pytest's -k selects")
     args = parser.parse_args(argv)
 
@@ -64,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     class_folder = Path(tempfile.mkdtemp(prefix="grading-"))
     hidden = tuple(str(path.resolve()) for path in (class_folder, args.submissions, args.out))
     limits = Limits(args.test_timeout, args.launch_timeout, args.after_hang, args.budget,
-                    args.backend, args.k, "namespaces" if sandboxed else "none", hidden)
+                    args.backend, args.k, "namespaces" if sandboxed else "none", hidden,
+                    args.memory_limit)
     reaper, slots = Reaper(), gpu_slots(args.jobs, args.gpus_per_submission)
     free = list(range(len(slots)))
     condition = threading.Condition()

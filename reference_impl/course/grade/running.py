@@ -41,6 +41,7 @@ class Limits:
     select: str | None = None  # pytest's -k
     sandbox: str = "auto"  # the launches' sandbox (pytest's --sandbox)
     hidden: tuple[str, ...] = ()  # folders the submission's code must not see
+    memory_limit: float | None = None  # GiB of writable memory per sandboxed process
 
 
 def files_of(submission: Path) -> Path:
@@ -60,6 +61,8 @@ def graded_run_command(folder: Path, labs: list[str], log: Path, ini: Path, scra
                str(limits.after_hang), "--backend", limits.backend, "--sandbox", limits.sandbox]
     for path in limits.hidden:
         command += ["--sandbox-hide", path]
+    if limits.memory_limit is not None:
+        command += ["--memory-limit", str(limits.memory_limit)]
     return command + (["-k", limits.select] if limits.select else [])
 
 

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -40,7 +41,7 @@ def attempt(action) -> str:
 
 def try_writes(outside_file, writable_folder):
     return {"outside": attempt(lambda: open(outside_file, "a").close()),
-            "tmpdir": attempt(lambda: open(os.path.join(os.environ["TMPDIR"], "a"), "w").close()),
+            "tmpdir": attempt(lambda: tempfile.mkstemp()),
             "writable": attempt(lambda: open(os.path.join(writable_folder, "b"), "w").close()),
             "shm": attempt(lambda: open("/dev/shm/c", "w").close()),
             "remount": attempt(lambda: subprocess.run(["mount", "-o", "remount,rw", "/"],
@@ -123,8 +124,9 @@ def test_hidden_folders_are_empty_except_what_stays_readable(tmp_path):
     (hidden / "other_student").mkdir(parents=True)
     (hidden / "me").mkdir()
     (hidden / "me" / "tp_layers.py").write_text("")
-    seen_hidden, seen_mine = sandboxed(look_at, str(hidden), str(hidden / "me"), world_size=1,
-                                       hidden=(str(hidden),), readable=(str(hidden / "me"),))[0]
+    seen_hidden, seen_mine = sandboxed(
+        look_at, str(hidden), str(hidden / "me"), world_size=1, readable=(str(hidden / "me"),),
+        hidden=(str(hidden), str(tmp_path / "not_there")))[0]
     assert "other_student" not in seen_hidden and seen_mine == ["tp_layers.py"]
 
 
