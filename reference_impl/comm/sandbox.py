@@ -8,9 +8,11 @@ bubblewrap and container runtimes are built on), set up before any launched code
   be signalled or traced; when the launch ends, the namespace's first process exits and the
   kernel ends everything left in it, a process that ran away with ``setsid`` included.
 * **mount**: every file system is read-only except the launch's own folder and the
-  ``writable`` ones; the ``hidden`` folders are covered by an empty one (those of them that
-  are ``readable`` or ``writable`` stay visible); ``/dev`` holds only the harmless devices and
-  the GPUs; ``/dev/shm``, ``/proc`` and IPC are the namespace's own.
+  ``writable`` ones; the ``hidden`` folders are covered by an empty one, and so are the
+  temporary folders and ``/run``, where services and the caller's processes keep their
+  sockets (what lies in them that is ``readable``, ``writable`` or needed to run Python and the
+  kit stays visible); ``/dev`` holds only the harmless devices and the GPUs; ``/dev/shm``,
+  ``/proc`` and IPC are the namespace's own.
 * **network**: a loopback interface of its own, which the ranks talk over; nothing else.
 * **limits** (``setrlimit``): writable memory per process, file size, processes; no core
   files. Capabilities are dropped once the set-up is done, so nothing can be remounted.
@@ -27,6 +29,8 @@ import os
 import resource
 import socket
 import struct
+import sys
+import tempfile
 from dataclasses import dataclass
 
 CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
@@ -43,6 +47,9 @@ _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 # The devices a rank may open: the harmless ones, and the GPUs (NVIDIA's nodes).
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "nvidia*", "nvidia-caps",
            "nvidia-uvm*", "dri", "infiniband")
+# Where a machine's services and the caller's own processes keep their sockets (the rank
+# server's among them): hidden, with the temporary folder and the user's runtime folder.
+SERVICE_FOLDERS = ("/tmp", "/var/tmp", "/run")
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger")  # the kernel's settings, as containers do
 GIB = 1 << 30
 _libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None
@@ -94,7 +101,12 @@ def enter(sandbox: Sandbox, workdir: str, ranks: int, close_in_host=()) -> None:
         _, status = os.waitpid(child, 0)
         os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     die_with_parent()
+    cwd = os.getcwd()
     _mount_files(sandbox, workdir)
+    try:
+        os.chdir(cwd)  # found again in the new mounts: a hidden folder is no way in
+    except OSError:
+        os.chdir(workdir)
     _loopback_up()
     _limit(sandbox, processes, ranks)
     _drop_capabilities()
@@ -140,13 +152,19 @@ def _mount_files(sandbox: Sandbox, workdir: str) -> None:
         os.makedirs(sandbox.cache, exist_ok=True)
     writable = [os.path.realpath(path) for path in (workdir, *sandbox.writable, sandbox.cache)
                 if path]
-    visible = writable + [os.path.realpath(path) for path in sandbox.readable]
+    hidden = list(dict.fromkeys(os.path.realpath(path) for path in (
+        *sandbox.hidden, *SERVICE_FOLDERS, tempfile.gettempdir(),
+        os.environ.get("XDG_RUNTIME_DIR")) if path))
+    readable = [os.path.realpath(path) for path in (*sandbox.readable, *_needed_to_run())
+                if os.path.isabs(path) and os.path.exists(path)]
+    exposed = writable + [path for path in readable if _within(path, hidden)
+                          and not any(_within(folder, [path]) for folder in hidden)]
     # Reach what stays visible by file descriptor, before hiding folders above it.
-    handles = {path: os.open(path, os.O_PATH) for path in visible}
+    handles = {path: os.open(path, os.O_PATH) for path in exposed}
     devices = {path: os.open(path, os.O_PATH) for name in DEVICES
                for path in glob.glob(os.path.join("/dev", name))}
-    for path in filter(os.path.isdir, sandbox.hidden):  # what is not there needs no hiding
-        _mount("tmpfs", os.path.realpath(path), "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
+    for path in filter(os.path.isdir, sorted(hidden)):  # a folder under a hidden one is gone
+        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
     _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755", what="a /dev of its own")
     for path, handle in [*sorted(handles.items()), *devices.items()]:
         _bind_from(handle, path)
@@ -165,8 +183,14 @@ def _mount_files(sandbox: Sandbox, workdir: str) -> None:
         if _within(target, writable + ["/dev/shm"]) or (
                 _within(target, ["/proc"]) and not _within(target, PROC_READ_ONLY)):
             continue
-        if os.path.lexists(target):  # else covered by a mount above it: out of reach
-            _read_only(target, options)
+        _read_only(target, options)
+
+
+def _needed_to_run() -> list[str]:
+    """What a rank must still read wherever it lies: the interpreter's folders, the kit's and
+    every folder it imports from."""
+    kit = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return [sys.prefix, sys.base_prefix, kit, *sys.path]
 
 
 def _within(path: str, folders) -> bool:
@@ -185,14 +209,16 @@ def _bind_from(handle: int, path: str) -> None:
 
 
 def _mounts() -> list[tuple[str, str]]:
-    """(mount point, its options) of every mount, parents first."""
+    """(mount point, its options) of every mount in reach: not covered by a later mount on
+    it or on a folder above it."""
     found = []
     with open("/proc/self/mountinfo") as handle:
         for line in handle:
             fields = line.split()
             target = fields[4].encode().decode("unicode_escape")  # \040 is a space
             found.append((target, fields[5]))
-    return found
+    return [(target, options) for index, (target, options) in enumerate(found)
+            if not any(_within(target, [later]) for later, _ in found[index + 1:])]
 
 
 def _read_only(target: str, options: str) -> None:

@@ -1,6 +1,7 @@
 """The sandbox a graded launch runs in: what its ranks can reach (files, processes, the
 network, the caller) and what they are limited to, and that everything they start ends with
 the launch. Each attack is tried from inside and must fail there."""
+import multiprocessing.forkserver
 import os
 import signal
 import socket
@@ -62,6 +63,15 @@ def connect(port):
     with socket.socket() as client:
         client.settimeout(2.0)
         return attempt(lambda: client.connect(("127.0.0.1", port)))
+
+
+def connect_unix(path):
+    with socket.socket(socket.AF_UNIX) as client:
+        return attempt(lambda: client.connect(path))
+
+
+def read_relative(name):
+    return attempt(lambda: open(name).read()), os.getcwd()
 
 
 def all_reduce_rank():
@@ -145,6 +155,46 @@ def test_no_network_but_the_ranks_own_loopback():
         assert connect(port) == "done"  # reachable from here...
         assert sandboxed(connect, port, world_size=1) == ["ConnectionRefusedError"]  # ...not there
     assert sandboxed(all_reduce_rank, world_size=3) == [6.0, 6.0, 6.0]  # the ranks talk
+
+
+def test_no_unix_socket_of_the_machine_or_the_caller_in_reach(tmp_path):
+    """The rank server's socket, and a service's in the temporary folder, are out of reach:
+    through one, code could run outside the sandbox."""
+    launcher.start_rank_server()
+    server = multiprocessing.forkserver._forkserver._forkserver_address
+    with socket.socket(socket.AF_UNIX) as service:
+        service.bind(str(tmp_path / "service.sock"))
+        service.listen()
+        assert connect_unix(str(tmp_path / "service.sock")) == "done"  # reachable here
+        for path in (server, str(tmp_path / "service.sock")):
+            assert sandboxed(connect_unix, path, world_size=1) == ["FileNotFoundError"], path
+
+
+RELATIVE_READ = """
+import os, sys
+from reference_impl.comm.launcher import launch
+from reference_impl.comm.sandbox import Sandbox
+sys.path.insert(0, {tests!r})
+os.chdir({secret!r})
+from library.comm.test_sandbox import read_relative
+print(launch(read_relative, 1, "answers.txt", sandbox=Sandbox(hidden=({hidden!r},)),
+             results="data", timeout=30)[0])
+"""
+
+
+def test_a_hidden_working_folder_is_no_way_in(tmp_path):
+    """Ranks start in their server's working folder; if it is hidden, they start in the
+    launch's own instead, not in the covered one (where relative paths would still reach)."""
+    secret = tmp_path / "class" / "grader"
+    secret.mkdir(parents=True)
+    (secret / "answers.txt").write_text("42")
+    code = RELATIVE_READ.format(tests=str(REPO / "tests"), secret=str(secret),
+                                hidden=str(tmp_path / "class"))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    read, cwd = eval(run.stdout.strip().splitlines()[-1])  # a tuple of two strings
+    assert read == "FileNotFoundError" and "class" not in cwd, (read, cwd)
 
 
 def test_whatever_a_rank_starts_ends_with_the_launch():
