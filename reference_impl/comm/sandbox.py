@@ -44,9 +44,9 @@ _MOUNT_OPTIONS = {"ro": MS_RDONLY, "nosuid": MS_NOSUID, "nodev": MS_NODEV, "noex
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 _CAPABILITY_VERSION_3 = 0x20080522
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
-# The devices a rank may open: the harmless ones, and the GPUs (NVIDIA's nodes).
-DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "nvidia*", "nvidia-caps",
-           "nvidia-uvm*", "dri", "infiniband")
+# The devices a rank may open: the harmless ones, and the GPUs (NVIDIA's nodes, the driver's
+# control and memory nodes and its capabilities folder among them; DRI; InfiniBand).
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "nvidia*", "dri", "infiniband")
 # Where a machine's services and the caller's own processes keep their sockets (the rank
 # server's among them): hidden, with the temporary folder and the user's runtime folder.
 SERVICE_FOLDERS = ("/tmp", "/var/tmp", "/run")

@@ -16,7 +16,8 @@ COVERED = ("each launch of the submission's code in PID, mount, network and IPC 
            "its own: it sees only its own processes, writes only its scratch folders, reaches "
            "no network, is limited in memory, file size and processes, and everything it "
            "starts ends with the launch; not covered: it can read what your user can read "
-           "outside the hidden folders, and its CPU time and GPU memory are bounded only by "
+           "outside the hidden folders and connect to sockets kept elsewhere than the "
+           "temporary folders and /run, and its CPU time and GPU memory are bounded only by "
            "the time limits")
 NOT_COVERED = ("the submission's code runs with your rights: it can read and write your files, "
                "signal your processes and reach the network; grade inside a container "
