@@ -166,7 +166,9 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
     workdir = tempfile.mkdtemp(prefix="launch-")
     lifeline, lifeline_end = context.Pipe(duplex=False)  # closed when this process ends
     processes, connections, outputs, host = [], [], [], None
-    expected_parent = os.getpid() if start_method != "forkserver" else None
+    # A rank's parent: this process (fork, spawn), or one that ends with it (the rank
+    # server; in a sandbox, the namespace's first process).
+    expected_parent = os.getpid() if start_method != "forkserver" and sandbox is None else None
     try:
         with _main_module_hidden(), warnings.catch_warnings():
             # Python >= 3.12 warns on every fork from a process with threads; only the "fork"

@@ -86,21 +86,18 @@ def unavailable() -> str | None:
 
 
 def enter(sandbox: Sandbox, workdir: str, ranks: int, close_in_host=()) -> None:
-    """Move this (single-threaded) process's future children into new namespaces and return
-    in the first of them, set up: the namespace's process 1. This process stays outside as
-    the sandbox's handle, closes ``close_in_host``, waits for it and exits with its status."""
+    """Return in the first process of new namespaces, set up: their process 1. This process
+    stays outside as the sandbox's handle (a child of it does, if it has threads: a new user
+    namespace takes a process of one thread), closes ``close_in_host``, waits for it and
+    exits with its status."""
     processes = _processes_of_this_user() + sandbox.processes
     uid, gid = os.getuid(), os.getgid()  # as the namespace will map them
+    if len(os.listdir("/proc/self/task")) > 1:  # a new user namespace needs one thread
+        _wait_outside(os.fork(), close_in_host)
     _call(_libc.unshare, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET
           | CLONE_NEWIPC, what="unshare (new user, mount, PID, network and IPC namespaces)")
     _map_to_the_same_user(uid, gid)
-    child = os.fork()
-    if child:
-        for connection in close_in_host:
-            connection.close()
-        _, status = os.waitpid(child, 0)
-        os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-    die_with_parent()
+    _wait_outside(os.fork(), close_in_host)  # the namespace's process 1 goes on from here
     cwd = os.getcwd()
     _mount_files(sandbox, workdir)
     try:
@@ -110,6 +107,18 @@ def enter(sandbox: Sandbox, workdir: str, ranks: int, close_in_host=()) -> None:
     _loopback_up()
     _limit(sandbox, processes, ranks)
     _drop_capabilities()
+
+
+def _wait_outside(child: int, close_in_host) -> None:
+    """In the parent (``child`` > 0): close ``close_in_host``, wait for the child and exit
+    with its status. The child returns and goes on."""
+    if child == 0:
+        die_with_parent()
+        return
+    for connection in close_in_host:
+        connection.close()
+    _, status = os.waitpid(child, 0)
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
 def die_with_parent() -> None:

@@ -222,6 +222,14 @@ def test_a_rank_killed_by_a_signal_is_named():
         sandboxed(killed, world_size=1)
 
 
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
+def test_every_start_method_can_be_sandboxed(start_method):
+    if start_method == "fork" and torch.cuda.is_available():
+        pytest.skip("the fork start method is refused on a machine with a GPU")
+    assert launch(all_reduce_rank, 2, sandbox=Sandbox(), timeout=60.0, results="data",
+                  start_method=start_method) == [3.0, 3.0]
+
+
 def test_no_sandbox_here_is_refused_with_the_reason(monkeypatch):
     monkeypatch.setattr(launcher, "unavailable", lambda: "no namespaces in this test")
     with pytest.raises(SandboxError, match="no namespaces in this test"):
