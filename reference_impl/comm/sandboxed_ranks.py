@@ -20,6 +20,7 @@ from reference_impl.comm.rank_payloads import send
 _EXIT = struct.Struct("i")  # a rank's exit code, from the namespace's first process
 _SIGNAL = struct.Struct("ii")  # (rank, signal) to deliver, from the caller
 _WATCH_EVERY = 0.05  # seconds between the first process's looks at its ranks
+_LONGEST_WAIT = 10.0  # seconds a join without a timeout waits for a rank's exit code
 
 
 class SandboxedRank:
@@ -36,7 +37,10 @@ class SandboxedRank:
         return self.exits
 
     def join(self, timeout: float | None = None) -> None:
-        if self.exitcode is not None or not self.exits.poll(timeout):
+        """Wait for the rank's exit code (at most ``_LONGEST_WAIT`` seconds when no timeout is
+        given: once its host is killed, the sandbox ends within milliseconds)."""
+        if self.exitcode is not None or not self.exits.poll(
+                _LONGEST_WAIT if timeout is None else timeout):
             return
         try:
             self.exitcode = _EXIT.unpack(self.exits.recv_bytes(_EXIT.size))[0]
