@@ -6,7 +6,8 @@ It reports, as Markdown (printed and written to ``OUT/machine-check.md``) and as
 (``OUT/machine-check.json``), to keep beside the term's grades:
 
 1. the machine: torch and its CUDA, the GPUs, NCCL, whether Nsight Systems (``nsys``, for lab
-   6's GPU timelines) is on the PATH;
+   6's GPU timelines) is on the PATH, and the sandbox graded launches get here
+   (:mod:`reference_impl.course.sandboxing`);
 2. an all-reduce over every GPU (NCCL), timed over message sizes: the bus bandwidth of each
    (2(n-1)/n x bytes / time, as NVIDIA's nccl-tests report it) beside lab 0's alpha-beta fit
    (latency alpha and bandwidth B of ``2(n-1) alpha + 2(n-1)/n S/B``);
@@ -34,7 +35,7 @@ import torch.distributed as dist
 
 from reference_impl.comm.device import gpu_count
 from reference_impl.comm.launcher import launch
-from reference_impl.course import syllabus
+from reference_impl.course import sandboxing, syllabus
 from reference_impl.course.grade.results import RunEnd, read_log, results_of
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,7 +52,8 @@ def machine() -> dict:
              "gpu names": [torch.cuda.get_device_name(i) for i in range(gpus)],
              "gpu memory GiB": [round(torch.cuda.get_device_properties(i).total_memory / 2 ** 30,
                                       1) for i in range(gpus)],
-             "nccl": None, "nsys": shutil.which("nsys")}
+             "nccl": None, "nsys": shutil.which("nsys"),
+             "sandbox": sandboxing.choose("auto")[1]}
     if gpus and dist.is_nccl_available():
         version = torch.cuda.nccl.version()  # a tuple, or an int in older torch
         found["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
@@ -149,6 +151,9 @@ def check(labs: list[str]) -> dict:
                                  "multi-rank test would be skipped)")
         report["skipped"].append("the all-reduce over NCCL: no GPU here, so it ran on two CPU "
                                  "ranks over gloo")
+    if sandboxing.probe() is not None:
+        report["skipped"].append(f"the sandbox: {sandboxing.probe()}: grade inside a container "
+                                 "(docs/grading.md)")
     if not report["machine"]["nsys"]:
         report["skipped"].append("Nsight Systems: `nsys` is not on the PATH (lab 6's GPU "
                                  "timelines need it; its CPU traces do not)")
@@ -164,7 +169,8 @@ def markdown(report: dict) -> str:
              f"- Python {found['python']}, torch {found['torch']}, CUDA {found['cuda']}",
              f"- GPUs: {found['gpus']}: {gpus}",
              f"- NCCL: {found['nccl'] or 'not available'}",
-             f"- Nsight Systems: {found['nsys'] or 'not on the PATH'}", "",
+             f"- Nsight Systems: {found['nsys'] or 'not on the PATH'}",
+             f"- {found['sandbox'][0].upper()}{found['sandbox'][1:]}", "",
              f"## All-reduce: {reduce['ranks']} ranks over {reduce['backend']}", "",
              "| bytes | time (us) | bus bandwidth (GB/s) |", "|---|---|---|"]
     lines += [f"| {size:,} | {seconds * 1e6:.1f} | {bus:.3g} |" for size, seconds, bus in

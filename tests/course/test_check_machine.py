@@ -31,6 +31,8 @@ def test_the_machine_check_runs_as_printed_and_reports(tmp_path):
     assert text in process.stdout
 
     gpus = report["machine"]["gpus"]
+    assert report["machine"]["sandbox"].startswith(("sandbox: namespaces: ", "sandbox: none ("))
+    assert "\n- Sandbox: " in text  # the mode graded launches get here, and what it covers
     assert [row["lab"] for row in report["labs"]] == syllabus.markers()
     reduce = report["all-reduce"]
     assert reduce["ranks"] == (gpus or 2) and len(reduce["bus GB/s"]) == len(reduce["bytes"])
