@@ -67,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     class_folder = Path(tempfile.mkdtemp(prefix="grading-"))
     hidden = tuple(str(path.resolve()) for path in (class_folder, args.submissions, args.out))
     limits = Limits(args.test_timeout, args.launch_timeout, args.after_hang, args.budget,
-                    args.backend, args.k, "namespaces" if sandboxed else "none", hidden,
-                    args.memory_limit)
+                    args.backend, args.k, sandbox="namespaces" if sandboxed else "none",
+                    hidden=hidden, memory_limit=args.memory_limit)
     reaper, slots = Reaper(), gpu_slots(args.jobs, args.gpus_per_submission)
     free = list(range(len(slots)))
     condition = threading.Condition()
