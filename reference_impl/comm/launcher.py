@@ -157,8 +157,9 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
     if under_torchrun():
         return _run_as_torchrun_rank(fn, world_size, args, kwargs, backend, timeout)
     backend = resolve_backend(backend, world_size)
-    if sandbox is not None and unavailable() is not None:
-        raise SandboxError(f"no sandbox can be made here: {unavailable()}")
+    reason = unavailable() if sandbox is not None else None
+    if reason is not None:
+        raise SandboxError(f"no sandbox can be made here: {reason}")
     start_method = _check_start_method(start_method or default_start_method())
     payload = pickle_the_work(fn, args, kwargs)
     setup = cloudpickle.dumps(rank_setup if rank_setup is not None else default_rank_setup)

@@ -119,9 +119,10 @@ def pytest_configure(config):
 
 def _interrupted(signum, frame):
     """SIGTERM ends a graded run as Ctrl-C does: with its summary, saying what ended it."""
+    reason = f"the graded run received {signal.Signals(signum).name}"
     if _config is not None:
-        _config.grading.interrupted = f"the graded run received {signal.Signals(signum).name}"
-    raise KeyboardInterrupt(f"the graded run received {signal.Signals(signum).name}")
+        _config.grading.interrupted = reason
+    raise KeyboardInterrupt(reason)
 
 
 class GradedRun:
@@ -131,8 +132,8 @@ class GradedRun:
         self.implementation = config.implementation
         self.launch_timeout = config.getoption("--launch-timeout")
         self.budget = config.getoption("--budget")
-        one_submission = [i.folder for i in config.implementations] == [
-            self.implementation.folder] and self.implementation.folder is not None
+        one_submission = len(config.implementations) == 1 and \
+            self.implementation.folder is not None
         if self.budget is None and one_submission:
             self.budget = DEFAULT_SUBMISSION_BUDGET
         self.sandbox_mode = config.getoption("--sandbox")

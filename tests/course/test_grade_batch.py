@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from support.leftovers import sleepers
 from support import nested
 from reference_impl.course import make_labs
 from reference_impl.course.sandboxing import probe
@@ -98,11 +99,6 @@ def build_class(root: Path, marker: Path) -> Path:
     return root
 
 
-def sleepers() -> list[str]:
-    found = subprocess.run(["pgrep", "-f", f"sleep {SLEEP_MARK}"], capture_output=True, text=True)
-    return found.stdout.split()
-
-
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("course")
@@ -123,7 +119,7 @@ def graded(tmp_path_factory):
     with open(out / "grades.csv") as handle:
         sheet = {row["submission"]: row for row in csv.DictReader(handle)}
     return dict(process=process, results=results, sheet=sheet, out=out, marker=marker,
-                seconds=seconds, left=sleepers())
+                seconds=seconds, left=sleepers(SLEEP_MARK))
 
 
 def failures(result) -> str:

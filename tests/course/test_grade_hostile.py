@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from reference_impl.course.sandboxing import probe
+from support.leftovers import sleepers
 from support import REPO, nested
 from support.graded_cases import copy_of
 
@@ -123,11 +124,6 @@ def grade_class(root: Path, out: Path) -> subprocess.CompletedProcess:
                           timeout=nested.LIMIT)
 
 
-def sleepers() -> list[str]:
-    return subprocess.run(["pgrep", "-f", f"sleep {SLEEP_MARK}"], capture_output=True,
-                          text=True).stdout.split()
-
-
 def files_of(folder: Path) -> dict[str, bytes]:
     return {str(path.relative_to(folder)): path.read_bytes()
             for path in sorted(folder.rglob("*")) if path.is_file()}
@@ -157,7 +153,7 @@ def graded(tmp_path_factory):
     before = files_of(hostile_class)
     hostile = grade_class(hostile_class, hostile_out)
     time.sleep(0.5)
-    left = sleepers()
+    left = sleepers(SLEEP_MARK)
     clean = grade_class(clean_class, clean_out)
     yield dict(hostile=hostile, clean=clean, hostile_out=hostile_out, clean_out=clean_out,
                changed=before != files_of(hostile_class), left=left,
@@ -220,7 +216,7 @@ def test_one_submission_graded_alone_gets_its_own_grade(tmp_path):
     # Its own summary line is printed as the rank's output, marked as such.
     assert "\nlab0: 2/2 passed" not in run.stdout and "| lab0: 2/2 passed" in run.stdout
     assert "sandbox: namespaces" in summary and "budget: 900 s" in summary
-    assert not sleepers()
+    assert not sleepers(SLEEP_MARK)
 
 
 def test_sigterm_ends_a_graded_run_with_its_summary(tmp_path):

@@ -19,6 +19,7 @@ from reference_impl.comm.launcher import launch
 from reference_impl.comm.rank_failures import LaunchTimeout, RankFailure
 from reference_impl.comm.sandbox import Sandbox, SandboxError
 from reference_impl.course.sandboxing import probe
+from support.leftovers import sleepers
 from support import REPO
 
 pytestmark = pytest.mark.skipif(probe() is not None, reason=f"no sandbox here: {probe()}")
@@ -109,11 +110,6 @@ def killed():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def sleepers():
-    return subprocess.run(["pgrep", "-f", f"sleep {SLEEP_MARK}"], capture_output=True,
-                          text=True).stdout.split()
-
-
 # ----------------------------------------------------------------- tests
 
 def test_files_are_read_only_but_the_scratch_folders(tmp_path):
@@ -200,7 +196,7 @@ def test_a_hidden_working_folder_is_no_way_in(tmp_path):
 def test_whatever_a_rank_starts_ends_with_the_launch():
     assert sandboxed(run_away) == [0, 1]
     time.sleep(0.2)
-    assert not sleepers(), f"left running: {sleepers()}"
+    assert not sleepers(SLEEP_MARK), f"left running: {sleepers(SLEEP_MARK)}"
 
 
 def test_memory_and_file_size_are_limited():
@@ -214,7 +210,7 @@ def test_a_stuck_rank_still_shows_where_it_was():
     with pytest.raises(LaunchTimeout) as stuck:
         sandboxed(stuck_forever, timeout=3.0)
     assert "stuck_forever" in str(stuck.value) and stuck.value.ranks == [0, 1]
-    assert not sleepers()
+    assert not sleepers(SLEEP_MARK)
 
 
 def test_a_rank_killed_by_a_signal_is_named():
