@@ -188,10 +188,14 @@ class GPT(nn.Module):
         self.ln_f = make_norm(config)
         self.lm_head = nn.Linear(config.hidden, config.vocab_size, bias=False)
 
-    def forward(self, tokens):
+    def hidden_states(self, tokens):
+        """The final layernorm's output: what the LM head turns into logits."""
         x = self.token_embedding(tokens)
         if self.position_embedding is not None:
             x = x + self.position_embedding(torch.arange(tokens.shape[1], device=tokens.device))
         for block in self.blocks:
             x = block(x)
-        return self.lm_head(self.ln_f(x))
+        return self.ln_f(x)
+
+    def forward(self, tokens):
+        return self.lm_head(self.hidden_states(tokens))

@@ -2,7 +2,8 @@
 
     python -m reference_impl.benchmarks.mfu [--dtype fp32|bf16 --attention explicit|sdpa
         --layers L --hidden h --heads a --seq s --batch B --vocab V --steps N --warmup W
-        --peak TFLOPS --device auto|cpu|cuda --compile]
+        --peak TFLOPS --device auto|cpu|cuda --compile --loss full|chunked
+        --sdpa-backend auto|flash|efficient|cudnn|math --profile STEPS]
 
 Trains ``model.GPT`` (AdamW: ``fused=True`` on CUDA, ``foreach=True`` on the CPU) for
 ``--warmup`` steps (with ``--compile``, of ``torch.compile(model)``: the warm-up compiles it;
@@ -10,8 +11,19 @@ on a GPU it fuses the elementwise work between the matmuls), then times ``--step
 prints tokens/s, the model's TFLOP/s and
 its MFU: the model FLOP/s over the device's peak. On a GPU the defaults are a GPT of about
 1.5B parameters (24 layers, hidden 2048, 16 heads, seq 2048, vocab 50304, batch 4, bf16
-autocast, ``sdpa`` attention) and the peak allocated memory is printed too; without a GPU
-they are tiny, so that the run takes seconds on a laptop's CPU.
+autocast, ``sdpa`` attention; about 36 GiB at its peak, 53 GiB with ``--batch 8``, 16,384 tokens
+a step) and the peak allocated memory is printed too; without a GPU they are tiny, so that the
+run takes seconds on a laptop's CPU.
+
+**The ceiling and where the time goes.** Beside the MFU it times one large matrix product
+(8192^3 in bf16 on a GPU) in the same run: the rate a step made only of matrix products could
+reach here, and the step's share of it. ``--profile STEPS`` profiles that many more steps and
+prints the time per category (``perf/step_breakdown.py``: the layers' matmuls, the LM head,
+attention, the loss, norms, activations, the optimizer, the other elementwise work, the gaps
+between kernels), with each matmul category's fraction of peak. ``--loss chunked`` computes
+the LM head and the loss together a chunk of tokens at a time (``linear_cross_entropy.py``:
+no whole-batch fp32 logits); ``--sdpa-backend`` picks the attention kernel. Measured figures
+and what they show: ``docs/profiling.md``, "A step near the ceiling".
 
 **FLOPs counted** (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
 GPU Clusters Using Megatron-LM", section 5.1 and appendix): a forward pass of one transformer
@@ -47,9 +59,10 @@ Single device only; ``python -m reference_impl.train`` prints tokens/s for dp x 
 **One layer against the planner.** One ``model.Block`` of the same shape, forward + backward
 alone (no optimizer, no LM head), timed the same way; on a GPU the planner knows (A100, H100,
 H200) it prints the time ``perf.planner``'s layer model predicts for that shape (fitted to the
-layer-efficiency calibration table, ``python -m reference_impl.perf.planner calibrate``) and
-the ratio measured / predicted, so the trainer's layers and the planner's are the same
-layers to within that ratio. The kit's block is GPT-2's (layernorm, 4h GeLU MLP, multi-head
+layer-efficiency calibration table, ``python -m reference_impl.perf.planner calibrate``, which
+times bf16 layers) plus what autocast's fp32 weights and residual stream add
+(``perf/planner/autocast_cost.py``), and the ratio measured / predicted, so the trainer's
+layers and the planner's are the same layers to within that ratio. The kit's block is GPT-2's (layernorm, 4h GeLU MLP, multi-head
 attention), the table's a Llama layer; the planner's model is built from GEMM shapes, so it
 predicts either.
 
@@ -69,26 +82,36 @@ before every gradient exists (``zero_grad(set_to_none=True)``): read the ratio w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from reference_impl.linear_cross_entropy import linear_cross_entropy
 from reference_impl.memory.activation_memory import SavedActivations, gpt_activation_bytes
 from reference_impl.memory.model_states import zero_memory_formula
 from reference_impl.model import ATTENTION_KERNELS, GPT, Block, ModelConfig
 from reference_impl.perf.planner import GPUS, ModelSpec
+from reference_impl.perf.planner.autocast_cost import autocast_seconds
 from reference_impl.perf.planner.hardware import peak_tflops
+from reference_impl.perf.step_breakdown import breakdown, format_breakdown, profile_steps
 from reference_impl.perf.step_timing import mean_seconds
 from reference_impl.pipeline.gpt_stages import gpt_loss
 from reference_impl.precision import PRECISIONS, autocast, weight_copy_bytes
 from reference_impl.train import multi_tensor_options
 
 NOMINAL_CPU_PEAK = 1.0  # TFLOP/s: a round number, not a measurement of any CPU
+SDPA_BACKENDS = {"auto": None, "flash": SDPBackend.FLASH_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                 "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+LOSSES = ("full", "chunked")
+CEILING_SIZE = {"cuda": 8192, "cpu": 512}  # the square matrix product timed as the ceiling
 
 GPU_DEFAULTS = {"layers": 24, "hidden": 2048, "heads": 16, "seq": 2048, "batch": 4,
                 "vocab": 50304, "steps": 10, "warmup": 3, "dtype": "bf16"}
 CPU_DEFAULTS = {"layers": 2, "hidden": 128, "heads": 4, "seq": 128, "batch": 4,
-                "vocab": 512, "steps": 10, "warmup": 2, "dtype": "fp32"}
+                "vocab": 1024, "steps": 10, "warmup": 2, "dtype": "fp32"}
 
 
 # ---------------------------------------------------------------- the FLOP count
@@ -141,6 +164,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compile", action="store_true",
                         help="train torch.compile(model) (the warm-up steps compile it)")
+    parser.add_argument("--sdpa-backend", choices=tuple(SDPA_BACKENDS), default="auto",
+                        help="the kernel behind scaled_dot_product_attention (auto: "
+                             "PyTorch's choice)")
+    parser.add_argument("--loss", choices=LOSSES, default="full",
+                        help="full: the LM head's logits, then the cross-entropy; chunked: "
+                             "both at once a chunk of tokens at a time "
+                             "(linear_cross_entropy.py)")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="profile this many more steps and print where the time goes")
     args = parser.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -161,19 +193,48 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
     if args.peak is not None and args.peak <= 0:
         parser.error("--peak must be positive")
+    if args.profile < 0:
+        parser.error("--profile must be at least 0")
     return args
 
 
-def train_steps(model, optimizer, tokens, targets, steps: int, precision: str) -> torch.Tensor:
+def loss_function(model: GPT, loss: str, compile_model: bool):
+    """``f(tokens, targets)``: the model's mean loss, by ``gpt_loss`` of the whole logits
+    (``full``) or by :func:`linear_cross_entropy` (``chunked``), the model compiled or not."""
+    if loss == "chunked":
+        hidden_states = torch.compile(model.hidden_states) if compile_model else model.hidden_states
+        return lambda tokens, targets: linear_cross_entropy(hidden_states(tokens),
+                                                            model.lm_head.weight, targets)
+    forward = torch.compile(model) if compile_model else model  # same parameters
+    return lambda tokens, targets: gpt_loss(forward(tokens), targets)
+
+
+def attention_backend(name: str):
+    """The context that makes ``scaled_dot_product_attention`` use the kernel ``name``."""
+    backend = SDPA_BACKENDS[name]
+    return contextlib.nullcontext() if backend is None else sdpa_kernel([backend])
+
+
+def train_steps(loss_of, optimizer, tokens, targets, steps: int, precision: str) -> torch.Tensor:
     """``steps`` training steps on one batch; the last loss, left on the device."""
     loss = None
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
         with autocast(precision, tokens.device):
-            loss = gpt_loss(model(tokens), targets)
+            loss = loss_of(tokens, targets)
         loss.backward()
         optimizer.step()
     return loss.detach() if loss is not None else None
+
+
+def matmul_ceiling_tflops(device: torch.device, precision: str, repeats: int = 10) -> float:
+    """TFLOP/s of one large square matrix product (``CEILING_SIZE``) in the compute dtype:
+    what a step made of matrix products could at best reach on this device."""
+    n = CEILING_SIZE[device.type]
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    seconds = mean_seconds(lambda: a @ b, device, warmups=2, steps=repeats)
+    return 2 * n ** 3 / seconds / 1e12
 
 
 def measure(args) -> dict:
@@ -192,21 +253,23 @@ def measure(args) -> dict:
     tokens, targets = data[:, :-1].clone().to(device), data[:, 1:].clone().to(device)
 
     cuda = device.type == "cuda"
-    trained = torch.compile(model) if args.compile else model  # same parameters
-    train_steps(trained, optimizer, tokens, targets, args.warmup, args.dtype)
+    loss_of = loss_function(model, args.loss, args.compile)
+
+    def steps(count: int) -> tuple[torch.Tensor, float]:
+        with attention_backend(args.sdpa_backend):
+            return timed(lambda: train_steps(loss_of, optimizer, tokens, targets, count,
+                                             args.dtype), device)
+
+    steps(args.warmup)
     if cuda:
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        loss = train_steps(trained, optimizer, tokens, targets, args.steps, args.dtype)
-        end.record()
-        torch.cuda.synchronize(device)
-        seconds = start.elapsed_time(end) / 1000.0
-    else:
-        began = time.perf_counter()
-        loss = train_steps(trained, optimizer, tokens, targets, args.steps, args.dtype)
-        seconds = time.perf_counter() - began
+    loss, seconds = steps(args.steps)
+    profile = None
+    if args.profile:
+        with profile_steps(device) as prof:
+            _, profiled_seconds = steps(args.profile)
+        profile = breakdown(prof, profiled_seconds, args.profile, vocab=head_width(config))
     tokens_timed = args.steps * args.batch * args.seq
     per_token = flops_per_token(config)
     tflops = tokens_timed * per_token / seconds / 1e12
@@ -221,18 +284,43 @@ def measure(args) -> dict:
         "tflops": tflops,
         "loss": float(loss),  # read after the clock stopped
         "peak_memory": torch.cuda.max_memory_allocated(device) if cuda else None,
-        "saved_bytes": saved_bytes(model, tokens, targets, args.dtype),
+        "saved_bytes": saved_bytes(model, loss_function(model, args.loss, False), tokens,
+                                   targets, args.dtype),
         "memory_formula": memory_formula(model, config, args.batch, args.dtype),
         "layer_seconds": layer_seconds(config, args.batch, args.dtype, device, args.warmup,
                                        args.steps),
+        "ceiling_tflops": matmul_ceiling_tflops(device, args.dtype),
+        "profile": profile,
     }
 
 
-def saved_bytes(model, tokens, targets, precision: str) -> int:
+def head_width(config: ModelConfig) -> int | None:
+    """The vocabulary, by which the profile tells the LM head's matrix products from the
+    layers'; None where a layer's width equals it (the head's time is then the layers')."""
+    widths = {config.hidden, 3 * config.hidden, config.ffn_size}
+    return None if config.vocab_size in widths else config.vocab_size
+
+
+def timed(run, device: torch.device):
+    """(what ``run()`` returns, the seconds it took): on a GPU between two CUDA events read
+    after a synchronisation, on the CPU by ``time.perf_counter``."""
+    if device.type != "cuda":
+        began = time.perf_counter()
+        result = run()
+        return result, time.perf_counter() - began
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    result = run()
+    end.record()
+    torch.cuda.synchronize(device)
+    return result, start.elapsed_time(end) / 1000.0
+
+
+def saved_bytes(model, loss_of, tokens, targets, precision: str) -> int:
     """Bytes autograd saves in one forward and loss (saved-tensor hooks; parameters excluded,
     autocast's weight copies included); no backward is run."""
     with SavedActivations(model.parameters()) as saved, autocast(precision, tokens.device):
-        gpt_loss(model(tokens), targets)
+        loss_of(tokens, targets)
     return saved.total
 
 
@@ -266,15 +354,18 @@ def planner_gpu(device_name: str):
     return next((gpu for key, gpu in GPUS.items() if key in device_name.lower()), None)
 
 
-def planned_layer_seconds(config: ModelConfig, batch: int, device_name: str) -> float | None:
-    """What the planner's layer model predicts for one block of ``config`` on this GPU."""
+def planned_layer_seconds(config: ModelConfig, batch: int,
+                          device_name: str) -> tuple[float, float] | None:
+    """What the planner predicts for one block of ``config`` on this GPU: (its layer model,
+    in bf16, the time autocast adds: ``perf.planner.autocast_cost``), or None."""
     gpu = planner_gpu(device_name)
     if gpu is None:
         return None
     spec = ModelSpec("trainer", config.layers, config.hidden, config.heads, config.vocab_size,
                      config.seq_len, ffn_hidden=config.ffn_multiple * config.hidden)
     kernel = "flash" if config.attention == "sdpa" else "explicit"
-    return gpu.layer.layer_seconds(spec, tp=1, micro_batch=batch, attention=kernel)
+    return (gpu.layer.layer_seconds(spec, tp=1, micro_batch=batch, attention=kernel),
+            autocast_seconds(spec, gpu.layer.memory_bandwidth, tp=1, micro_batch=batch))
 
 
 def resolve_peak(args) -> tuple[float, str]:
@@ -300,7 +391,8 @@ def main(argv=None) -> dict:
     print(f"model: GPT {config.layers} layers, hidden {config.hidden}, {config.heads} heads, "
           f"seq {config.seq_len}, vocab {config.vocab_size}: {result['parameters']:,} "
           f"parameters, N = {n:,} without the embedding tables; batch {args.batch}, "
-          f"{args.dtype}, attention {args.attention}, AdamW "
+          f"{args.dtype}, attention {args.attention} (backend {args.sdpa_backend}), loss "
+          f"{args.loss}, " + ("compiled, " if args.compile else "eager, ") + "AdamW "
           + ("fused" if args.device == "cuda" else "foreach"))
     print(f"FLOPs per token: 6N + 12*L*h*s = {6 * n:,} + "
           f"{12 * config.layers * config.hidden * config.seq_len:,} = "
@@ -312,9 +404,29 @@ def main(argv=None) -> dict:
     print(f"model TFLOP/s: {result['tflops']:.4g}")
     result["mfu"] = result["tflops"] / peak
     print(f"MFU: {100 * result['mfu']:.3g}% of {peak:g} TFLOP/s ({peak_source})")
+    ceiling = result["ceiling_tflops"]
+    size = CEILING_SIZE[args.device]
+    print(f"matrix-product ceiling, measured in this run ({size}^3, {args.dtype}): "
+          f"{ceiling:.4g} TFLOP/s = {ceiling / peak:.3g} of peak; the step reaches "
+          f"{result['tflops'] / ceiling:.3g} of it")
     print_layer(result, args, peak)
     print_memory(result, args)
+    if result["profile"] is not None:
+        print(f"profile of {args.profile} more steps (torch.profiler; of peak: the category's "
+              f"model FLOPs over its time):")
+        print(format_breakdown(result["profile"], category_flops(config, args.batch),
+                               peak * 1e12))
     return result
+
+
+def category_flops(config: ModelConfig, batch: int) -> dict[str, float]:
+    """Model FLOPs per step of the profile's categories (6 N split: the blocks' weights and the
+    LM head; attention's 12 L h s per token)."""
+    tokens = batch * config.seq_len
+    head = config.vocab_size * config.hidden
+    layers = flop_parameters(config) - head - 2 * config.hidden
+    return {"matmuls (layers)": 6 * layers * tokens, "LM head": 6 * head * tokens,
+            "attention": 12 * config.layers * config.hidden * config.seq_len * tokens}
 
 
 def print_layer(result: dict, args, peak: float) -> None:
@@ -331,8 +443,10 @@ def print_layer(result: dict, args, peak: float) -> None:
         print("planner's layer model: no prediction for this device (it knows "
               f"{', '.join(gpu.name for gpu in GPUS.values())})")
     else:
-        print(f"planner's layer model predicts {predicted * 1e3:.3f} ms: measured / predicted "
-              f"= {seconds / predicted:.2f}")
+        layer, cast = predicted
+        print(f"planner's layer model predicts {(layer + cast) * 1e3:.3f} ms ({layer * 1e3:.3f} "
+              f"in bf16 + {cast * 1e3:.3f} for autocast's fp32 weights and residual stream): "
+              f"measured / predicted = {seconds / (layer + cast):.2f}")
 
 
 def print_memory(result: dict, args) -> None:

@@ -45,7 +45,7 @@ def rank_trace(out_dir: str, rank: int | None = None, name: str = "rank{rank}.js
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, name.format(rank=rank))
     profiler = profile(activities=activities)
-    with _native_stderr_silenced():  # Kineto logs "USDT: ... profiler_start" at start and stop
+    with native_stderr_silenced():  # Kineto logs "USDT: ... profiler_start" at start and stop
         profiler.__enter__()
     log = open_in_flight_log()
     try:
@@ -54,7 +54,7 @@ def rank_trace(out_dir: str, rank: int | None = None, name: str = "rank{rank}.js
     finally:
         wait_for_device()  # the GPU's queued work belongs to the profiled stretch
         close_in_flight_log(log)
-        with _native_stderr_silenced():
+        with native_stderr_silenced():
             profiler.__exit__(None, None, None)
     profiler.export_chrome_trace(path)
     if log:
@@ -66,7 +66,7 @@ def rank_trace(out_dir: str, rank: int | None = None, name: str = "rank{rank}.js
 
 
 @contextlib.contextmanager
-def _native_stderr_silenced():
+def native_stderr_silenced():
     """Send file descriptor 2 (where C++ libraries log) to /dev/null while open."""
     sys.stderr.flush()
     saved = os.dup(2)

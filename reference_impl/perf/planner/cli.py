@@ -11,12 +11,13 @@ from reference_impl.perf.planner import calibrate
 from reference_impl.perf.planner.cluster_compute import BEST_CASE
 from reference_impl.perf.planner.explain import explain, full_explanation
 from reference_impl.perf.planner.framework_memory import ACCOUNTINGS
-from reference_impl.perf.planner.hardware import GPUS, cluster_of, gpu_with_memory
+from reference_impl.perf.planner.hardware import (GPU_VARIANTS, GPUS, cluster_of,
+                                                  gpu_with_memory)
 from reference_impl.perf.planner.layer_efficiency import fit, load_table
 from reference_impl.perf.planner.model_spec import PRESETS, get_model, positive
 from reference_impl.perf.planner.plans import evaluate, plan, table
 from reference_impl.perf.planner.specs import LAYOUT_KEYS, MODEL_KEYS, layout_from, model_from
-from reference_impl.perf.planner.validation import report
+from reference_impl.perf.planner.validation import memory_report, report
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,7 +31,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preset", default="70b", help=f"model: {', '.join(PRESETS)}")
     parser.add_argument("--model", help=f"any model instead of a preset: key=value,... or a "
                                         f"JSON file, keys {', '.join(MODEL_KEYS)}")
-    parser.add_argument("--gpu", default="h100", help=f"one of {', '.join(GPUS)}")
+    parser.add_argument("--gpu", default="h100",
+                        help=f"one of {', '.join(GPUS)} or a variant: {', '.join(GPU_VARIANTS)}")
     parser.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: the GPU's)")
     parser.add_argument("--table", help="a calibration table (from 'calibrate') to fit and use")
     parser.add_argument("--nodes", type=int, default=16)
@@ -60,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.validate:
         print(report())
+        print()
+        print(memory_report())
         return
     try:
         model = model_from(args.model) if args.model else get_model(args.preset)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reference_impl.perf.planner.hardware import GiB, Cluster
+from reference_impl.perf.planner.hardware import GiB, Cluster, outside_allocator_bytes
 from reference_impl.perf.planner.model_spec import ModelSpec
 from reference_impl.perf.planner.plans import Plan, evaluate, plan, recommend
 from reference_impl.perf.planner.practice import practice_plans
@@ -36,7 +36,8 @@ def explain(plan: Plan) -> str:
            f" active, their all-to-all {t.ep_exposed_s * 1e3:.2f} ms per layer and microbatch)"
            if mo.experts else ""),
         f"cluster: {cl.nodes} nodes x {cl.gpus_per_node} {cl.gpu.name} = {cl.num_gpus} GPUs "
-        f"({cl.usable_bytes / GiB:.1f} GiB usable after {cl.reserve:.0%} reserve)",
+        f"({cl.usable_bytes / GiB:.1f} GiB usable: {outside_allocator_bytes() / GiB:.1f} GiB "
+        f"for the CUDA context and NCCL{f', {cl.reserve:.0%} reserve' if cl.reserve else ''})",
         f"layout: {lay.describe()}",
         "",
         f"memory per GPU (the {mem.stage} pipeline stage)",
@@ -50,9 +51,14 @@ def explain(plan: Plan) -> str:
         f" MLP {mo.ffn}{' gated' if mo.gated_mlp else ''}, {mo.kv_heads or mo.heads} KV heads)"
         f" = {mem.activation_per_layer_bytes / 2**20:.1f} MiB",
         f"  activations        x {mem.layers_per_stage} layers x {mem.in_flight:.2f} microbatches "
-        f"in flight = {mem.activation_bytes / GiB:.2f} GiB",
-        f"  logits             4 s b V / t = {mem.logits_bytes / GiB:.2f} GiB",
-        f"  total              {plan.memory_bytes / GiB:.2f} GiB: "
+        f"in flight = {mem.activation_bytes / GiB:.2f} GiB (+ {mem.fragmentation_bytes / GiB:.2f}"
+        f" GiB fragmentation)",
+        f"  logits             {'12' if lay.accounting == 'fsdp' else '4'} s b V / t = "
+        f"{mem.logits_bytes / GiB:.2f} GiB (the loss's peak), stranded by the allocator "
+        f"{mem.allocator_bytes / GiB:.2f} GiB; a layer rebuilt {mem.rebuilt_bytes / GiB:.2f} GiB;"
+        f" the larger counts",
+        f"  total              {plan.memory_bytes / GiB:.2f} GiB reserved "
+        f"({mem.allocated_bytes / GiB:.2f} GiB allocated): "
         f"{'fits' if plan.fits else 'does NOT fit'}",
         "",
         f"time per step ({plan.global_batch} x {mo.seq_len} = {plan.tokens / 1e6:.2f}M tokens, "

@@ -16,12 +16,17 @@ accounting     bytes per parameter                                    gradient t
 ``megatron``   Megatron-LM: stage 0 18 (bf16 parameter 2, fp32        once per step: all-reduce
                main gradient 4, fp32 master 4, Adam 8); stage 1, the  (stage 0) or reduce-scatter
                distributed optimizer, 6 + 12/d                        (fp32) + all-gather (bf16)
-``fsdp``       PyTorch FSDP: stage 3 (FULL_SHARD) 16/d plus two       stage 3 per micro-step:
-               layers' bf16 parameters and gradients unsharded;       all-gather x 2, fp32
+``fsdp``       PyTorch FSDP: stage 3 (FULL_SHARD) 16/d plus the       stage 3 per micro-step:
+               unsharded working set (:func:`fsdp_unsharded_bytes`);  all-gather x 2, fp32
                stage 2 (no resharding after forward, gradients        reduce-scatter; stage 2
                accumulated unsharded, as the Llama 3 paper            once per step
                describes) 2 + 2 + 16/d
 =============  =====================================================  ===========================
+
+FSDP2 with torchtitan's default mixed precision (``MixedPrecisionPolicy(param_dtype=bfloat16,
+reduce_dtype=float32)``; torchtitan's ``mixed_precision_param`` / ``mixed_precision_reduce``)
+keeps the sharded parameters, their gradients and Adam's two moments in fp32 (16/d) and
+gathers bf16 copies for compute: :func:`fsdp_unsharded_bytes` counts those copies.
 
 Megatron-LM's distributed optimizer shards only the optimizer (ZeRO-1): stages 2 and 3 are
 refused there, as FSDP has no stage 1.
@@ -47,10 +52,32 @@ def check_accounting(accounting: str, zero: int) -> None:
                                       if accounting == "megatron" else ""))
 
 
+def fsdp_sharded_bytes(params: float, shards: int) -> float:
+    """FSDP2's sharded states: fp32 parameter, fp32 gradient and Adam's m and v, 16 bytes
+    per parameter over the ``shards`` ranks (FSDP2 keeps the sharded parameter in fp32 under
+    bf16 mixed precision: PyTorch's ``fully_shard`` docs, MixedPrecisionPolicy)."""
+    return 16 * params / shards
+
+
+def fsdp_unsharded_bytes(layer_params: float, root_params: float = 0.0) -> float:
+    """FSDP2's unsharded working set at the peak, beside the sharded states:
+
+    * two layers' bf16 parameters gathered, the one computing and the next, prefetched
+      (FSDP2 issues the next all-gather before the current layer's compute: PyTorch's
+      ``fully_shard`` docs, implicit prefetching), 2 x 2 bytes per parameter;
+    * one layer's unsharded gradient in bf16 and the fp32 copy that is reduce-scattered
+      (reduce_dtype float32), 2 + 4 bytes;
+    * the root group's bf16 parameters (torchtitan wraps the embedding, the final norm and the
+      LM head in the root ``fully_shard``, which FSDP2 does not reshard after forward), 2
+      bytes per ``root_params`` for the whole step."""
+    return (2 * 2 + 2 + 4) * layer_params + 2 * root_params
+
+
 def model_state_bytes(params: float, shards: int, zero: int, accounting: str,
-                      layer_params: float = 0.0) -> float:
+                      layer_params: float = 0.0, root_params: float = 0.0) -> float:
     """Bytes of parameters, gradients and optimizer states one GPU holds (module docstring);
-    ``layer_params``: one layer's parameters on this GPU (FSDP's unsharded working set)."""
+    ``layer_params``: one layer's parameters on this GPU and ``root_params`` the embedding's,
+    the LM head's and the final norm's (FSDP's unsharded working set)."""
     check_accounting(accounting, zero)
     if accounting == "zero":
         return zero_memory_formula(params, shards, zero)
@@ -60,8 +87,9 @@ def model_state_bytes(params: float, shards: int, zero: int, accounting: str,
     if accounting == "megatron":
         return 18 * params if zero == 0 else 6 * params + 12 * params / shards
     if zero == 3:  # fsdp
-        return 16 * params / shards + 2 * layer_params * (2 + 2)
-    return 4 * params + 16 * params / shards
+        return fsdp_sharded_bytes(params, shards) + fsdp_unsharded_bytes(layer_params,
+                                                                         root_params)
+    return 4 * params + fsdp_sharded_bytes(params, shards)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,17 @@ nodes); ``dp_collectives`` gives a group with several ranks on a node that many 
 A cluster also carries the end-to-end terms a single-layer benchmark misses
 (``cluster_compute.ClusterTerms``: the clock under load, the SMs overlapped collectives take,
 the framework's time per micro-step).
+
+``GPU_VARIANTS`` are the memory and bandwidth variants of each type (the H100 with 96 GB of
+HBM2e that torchtitan's H100 benchmarks ran on, the A100 40GB, ...), each a :class:`GPU` with its
+figures and their data sheet; ``cluster_of`` takes their names too. The memory a layout may use
+(``Cluster.usable_bytes``) is the GPU's memory less what lives outside PyTorch's caching
+allocator (:func:`outside_allocator_bytes`): the estimate (``memory_estimate``) is of the
+allocator's reserved peak, ``torch.cuda.max_memory_reserved``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from reference_impl.perf.planner.cluster_compute import ClusterTerms, terms_of
 from reference_impl.perf.planner.layer_efficiency import H100_TABLE, LayerEfficiency
@@ -67,9 +74,13 @@ H200_LAYER = H100_LAYER.for_device("H200", 989e12, 4.8e12, H100_LAYER.e_gemm,
 
 @dataclass(frozen=True)
 class GPU:
+    """A GPU part: its name (the type first: "H100 80GB"), memory, layer-time model, and for
+    the variants the board power and the data sheet the figures come from."""
     name: str
     memory_gib: float
     layer: LayerEfficiency
+    power_w: float = 0.0
+    source: str = ""
 
     @property
     def peak_tflops(self) -> float:
@@ -81,6 +92,51 @@ GPUS = {
     "h100": GPU("H100 80GB", 80.0, H100_LAYER),
     "h200": GPU("H200 141GB", 141.0, H200_LAYER),
 }
+H100_DATASHEET = "NVIDIA H100 Tensor Core GPU data sheet"
+A100_DATASHEET = "NVIDIA A100 Tensor Core GPU data sheet"
+H200_DATASHEET = "NVIDIA H200 Tensor Core GPU data sheet"
+TORCHTITAN_H100 = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (Hardware)"
+
+
+def variant(base: GPU, name: str, memory_gib: float, bandwidth_tbs: float, power_w: float,
+            source: str, peak_tflops: float | None = None) -> GPU:
+    """``base``'s layer-time model moved to another part's bandwidth (and peak, when the data
+    sheet gives another), with the same GEMM ceiling: what the variant is priced with."""
+    peak = (peak_tflops or base.peak_tflops) * 1e12
+    layer = base.layer.for_device(name, peak, bandwidth_tbs * 1e12, base.layer.e_gemm,
+                                  f"{base.layer.device} model at {source}'s figures")
+    return GPU(name, memory_gib, layer, power_w, source)
+
+
+GPU_VARIANTS = {  # memory (GB as sold, GiB here as GPUS counts it), TB/s, W: the data sheets
+    "h100-sxm-80gb": variant(GPUS["h100"], "H100 SXM 80GB", 80, 3.35, 700, H100_DATASHEET),
+    # HBM2e, 500 W power limit; the peak is between SXM's and NVL's, unknown (torchtitan's
+    # footnote): the SXM figure is kept, as torchtitan's MFU keeps it
+    "h100-sxm-96gb": variant(GPUS["h100"], "H100 SXM 96GB HBM2e", 96, 2.4, 500,
+                             TORCHTITAN_H100),
+    "h100-pcie-80gb": variant(GPUS["h100"], "H100 PCIe 80GB", 80, 2.0, 350, H100_DATASHEET,
+                              756),
+    "h100-nvl-94gb": variant(GPUS["h100"], "H100 NVL 94GB", 94, 3.9, 400, H100_DATASHEET, 835),
+    "a100-40gb": variant(GPUS["a100"], "A100 SXM 40GB", 40, 1.555, 400, A100_DATASHEET),
+    "a100-80gb": variant(GPUS["a100"], "A100 SXM 80GB", 80, 2.039, 400, A100_DATASHEET),
+    "h200-141gb": variant(GPUS["h200"], "H200 SXM 141GB", 141, 4.8, 700, H200_DATASHEET),
+}
+
+# Outside PyTorch's caching allocator, so in nvidia-smi's "memory used" but in neither
+# torch.cuda.memory_allocated nor memory_reserved (PyTorch docs, "CUDA semantics: memory
+# management"): the CUDA context (its kernels and driver state; some hundreds of MiB with
+# CUDA's lazy module loading, more with cuBLAS/cuDNN/NCCL kernels loaded) and NCCL's own
+# buffers (cudaMalloc'd by NCCL: NCCL_BUFFSIZE, 4 MiB by default, per channel, per peer and
+# protocol; NVLS buffers on NVSwitch systems). Assumed figures, not measured here.
+CUDA_CONTEXT_BYTES = 1.0 * GiB
+NCCL_BUFFER_BYTES = 2.0 * GiB
+
+
+def outside_allocator_bytes() -> float:
+    """GPU memory that PyTorch's counters do not see: the CUDA context and NCCL's buffers."""
+    return CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
+
+
 LINKS = {  # GB/s per GPU and direction as reached (module docstring): intra-node, inter-node
     "a100": (240.0, 20.0),
     "h100": (360.0, 40.0),
@@ -98,7 +154,7 @@ class Cluster:
     inter_bw_gbs: float = LINKS["h100"][1]
     intra_alpha: float = 5e-6
     inter_alpha: float = 10e-6
-    reserve: float = 0.10            # memory kept back for context, buffers, fragmentation
+    reserve: float = 0.0             # a further share of memory kept back, if wanted
     terms: ClusterTerms = field(default=terms_of("h100"))
 
     def __post_init__(self):
@@ -119,7 +175,9 @@ class Cluster:
 
     @property
     def usable_bytes(self) -> float:
-        return self.gpu.memory_gib * GiB * (1 - self.reserve)
+        """What the caching allocator may reserve: the memory less the CUDA context and
+        NCCL's buffers (``outside_allocator_bytes``), less ``reserve`` of it if set."""
+        return (self.gpu.memory_gib * GiB - outside_allocator_bytes()) * (1 - self.reserve)
 
     def link(self, group_span: int) -> tuple[float, float]:
         """(alpha, bytes/s) of a group whose ranks span ``group_span`` consecutive GPUs."""
@@ -129,10 +187,13 @@ class Cluster:
 
 
 def cluster_of(name: str | GPU, nodes: int, gpus_per_node: int = 8, **overrides) -> Cluster:
-    """A cluster of a known GPU type (a100, h100, h200) with its links and end-to-end terms.
-    ``name`` may be a :class:`GPU` (its type read from its name, e.g. "H100 94GB"), and
+    """A cluster of a known GPU type (a100, h100, h200) or variant (``GPU_VARIANTS``) with its
+    type's links and end-to-end terms. ``name`` may be a :class:`GPU` (its type read from its
+    name, e.g. "H100 94GB"), and
     ``gpu=`` replaces the GPU while keeping the named type's links and terms, as any other
     field of :class:`Cluster` may be replaced."""
+    if isinstance(name, str) and name.lower() in GPU_VARIANTS:
+        name = GPU_VARIANTS[name.lower()]
     kind = gpu_kind(name.name if isinstance(name, GPU) else name)
     options = dict(gpus_per_node=gpus_per_node, nodes=nodes,
                    gpu=name if isinstance(name, GPU) else GPUS[kind],
@@ -151,7 +212,7 @@ def gpu_kind(name: str) -> str:
 
 
 def gpu_with_memory(name: str, memory_gib: float) -> GPU:
-    """A known GPU type with another memory size (an H100 NVL's 94 GB, say)."""
+    """A known GPU type or variant with another memory size (an H100 NVL's 94 GB, say)."""
     positive("GPU memory", memory_gib)
-    spec = GPUS[gpu_kind(name)]
-    return GPU(f"{spec.name.split()[0]} {memory_gib:g}GB", memory_gib, spec.layer)
+    spec = GPU_VARIANTS.get(name.lower()) or GPUS[gpu_kind(name)]
+    return replace(spec, name=f"{spec.name.split()[0]} {memory_gib:g}GB", memory_gib=memory_gib)

@@ -24,6 +24,12 @@ attention shrinks K and V to k = kv_heads x head size. Selective recomputation d
 scores; full recomputation keeps the layer's input, e sbh (e sbh / t with SP: the shard).
 The norms' statistics (4 bytes per token each) are left out, as the paper leaves them.
 
+PyTorch's selective activation checkpointing as torchtitan configures it
+(``selective_ac_option = "op"``, torchtitan's llama3_8b.toml; the policy in its
+``apply_ac``) saves a different set: the outputs of every other matmul of the layer (Q, V, the
+gate's fc1 and fc2 in a Llama layer), the attention kernel's output and log-sum-exp, and the
+layer's input, and recomputes the rest (:func:`op_sac_bytes`).
+
 :func:`measured_layer_bytes` runs a Llama-style layer of the same shapes on the CPU and
 counts what autograd saves (``SavedActivations``), the check of the count
 (tests/library/planner/test_planner_activations.py).
@@ -62,6 +68,21 @@ def activation_bytes(model: ModelSpec, s: int, b: int, t: int = 1,
         else:
             total += 4 * model.heads * s * b / t
     return total
+
+
+def op_sac_bytes(model: ModelSpec, s: int, b: int, t: int = 1,
+                 sequence_parallel: bool = False, bytes_per_element: int = 2) -> float:
+    """Bytes one TP rank keeps for one layer under torchtitan's op-level selective
+    checkpointing (module docstring): of the matmuls in order (Q, K, V, the projection, then
+    the gate, up and down matmuls of a gated MLP, or fc1 and fc2), the 1st, 3rd, ... outputs
+    (h, k, f, h wide in a Llama layer), the attention output (h) and its log-sum-exp, and the
+    layer's input (a shard with SP)."""
+    e, h, k, f, sb = bytes_per_element, model.hidden, model.kv_dim, model.active_ffn, s * b
+    widths = [h, k, k, h] + ([f, f, h] if model.gated_mlp else [f, h])
+    layer_input = e * sb * h / (t if sequence_parallel else 1)
+    saved_matmuls = e * sb * sum(widths[::2]) / t
+    attention = (e * sb * h + 4 * model.heads * s * b) / t
+    return layer_input + saved_matmuls + attention
 
 
 def _kernel(attention: str) -> str:

@@ -1,29 +1,37 @@
-"""Memory per GPU of a layout, on the pipeline stage that needs most.
+"""Memory per GPU of a layout, on the pipeline stage that needs most: the peak of PyTorch's
+caching allocator, ``torch.cuda.max_memory_reserved`` (what torchtitan logs as "memory"), which
+the CUDA context and NCCL's buffers are not part of (``hardware.outside_allocator_bytes`` takes
+those off the GPU's memory instead: ``Cluster.usable_bytes``).
 
 * model states: :func:`framework_memory.model_state_bytes` on the stage's parameters (its layers
   / tp, the embedding on the first stage, the LM head on the last), sharded over dp x cp; with
   experts, a layer's experts are split over the EP group too (E / ep per rank, / tp each) and
   their states sharded over the dp x cp / ep ranks holding the same experts (Megatron-core's
-  expert-data-parallel group);
+  expert-data-parallel group); with FSDP, the unsharded working set (two layers gathered, one
+  layer's gradients, the root group of embedding and LM head: ``fsdp_unsharded_bytes``);
 * activations per layer: Korthikanti et al. 2022's count with the layer's real shapes (the
   MLP's width, a gated MLP, the key/value heads: :func:`layer_activations.activation_bytes`)
   on the s/cp tokens a CP rank holds; no 1-byte dropout masks for models without dropout
   (Llama); with flash attention no s x s term (the kernel keeps one fp32 log-sum-exp per row
-  and head);
+  and head); "selective" is Megatron-LM's (the attention core) except under FSDP accounting,
+  where it is torchtitan's op-level policy (:func:`layer_activations.op_sac_bytes`);
 * layers per stage: ceil(L/pp) on the first, one fewer with the embedding counted in the split
   (``layout.first_stage_layers``);
 * in flight on the first stage: 1F1B holds min(pp, m) microbatches; the interleaved schedule
   a factor 1 + (pp-1)/(pp v) more (Korthikanti et al. 2022, section 4.2.3); full recomputation
-  keeps each layer's input and rebuilds one layer at a time (+ one layer's activations);
-* the logits on the last stage: 4 s b V / t bytes (fp32, vocabulary-parallel cross-entropy),
-  one microbatch at a time.
+  keeps each layer's input and rebuilds one layer at a time (:func:`rebuilt_layer_bytes`);
+* the loss on the last stage, one microbatch at a time (:func:`cross_entropy_bytes`), and the
+  allocator's blocks it strands (:func:`stranded_logits_bytes`); the loss's peak and a
+  layer's rebuild come at different times, so the larger of the two counts;
+* reserved beyond allocated: the stranded blocks above and a share of the activations
+  (:func:`fragmentation_bytes`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from reference_impl.perf.planner.framework_memory import model_state_bytes
-from reference_impl.perf.planner.layer_activations import activation_bytes
+from reference_impl.perf.planner.layer_activations import activation_bytes, op_sac_bytes
 from reference_impl.perf.planner.layout import Layout, first_stage_layers
 from reference_impl.perf.planner.model_spec import ModelSpec
 
@@ -36,12 +44,28 @@ class MemoryEstimate:
     activation_per_layer_bytes: float
     layers_per_stage: int
     in_flight: float
-    activation_bytes: float
-    logits_bytes: float
+    activation_bytes: float    # kept for the backward, every layer and microbatch in flight
+    logits_bytes: float        # the loss's peak (the last stage)
+    rebuilt_bytes: float = 0.0     # one layer rebuilt during its backward (recomputation)
+    allocator_bytes: float = 0.0   # reserved but not allocated: blocks the loss strands
+    fragmentation_bytes: float = 0.0  # reserved but not allocated: the activations' share
+
+    @property
+    def transient_bytes(self) -> float:
+        """The larger of the loss's peak and a layer's rebuild (they do not overlap)."""
+        return max(self.logits_bytes + self.allocator_bytes, self.rebuilt_bytes)
+
+    @property
+    def allocated_bytes(self) -> float:
+        """The peak of ``torch.cuda.max_memory_allocated``: no stranded or fragmented blocks."""
+        return (self.model_state_bytes + self.activation_bytes
+                + max(self.logits_bytes, self.rebuilt_bytes))
 
     @property
     def total_bytes(self) -> float:
-        return self.model_state_bytes + self.activation_bytes + self.logits_bytes
+        """The reserved peak (``torch.cuda.max_memory_reserved``)."""
+        return (self.model_state_bytes + self.activation_bytes + self.fragmentation_bytes
+                + self.transient_bytes)
 
 
 def in_flight_microbatches(pp: int, microbatches: int, v: int) -> float:
@@ -52,8 +76,58 @@ def in_flight_microbatches(pp: int, microbatches: int, v: int) -> float:
 
 def activation_per_layer(model: ModelSpec, layout: Layout, recompute: str | None) -> float:
     sp = layout.sequence_parallel and layout.tp > 1
-    return activation_bytes(model, model.seq_len // layout.cp, layout.micro_batch, layout.tp,
-                            sp, recompute, layout.attention)
+    s = model.seq_len // layout.cp
+    if recompute == "selective" and layout.accounting == "fsdp":
+        return op_sac_bytes(model, s, layout.micro_batch, layout.tp, sp)
+    return activation_bytes(model, s, layout.micro_batch, layout.tp, sp, recompute,
+                            layout.attention)
+
+
+def rebuilt_layer_bytes(model: ModelSpec, layout: Layout) -> float:
+    """One layer's activations rebuilt at a time in the backward: all of them under full
+    recomputation; under torchtitan's op-level policy, those it did not keep; Megatron's
+    selective recomputation rebuilds only the attention core (left out, as the paper does)."""
+    if layout.recompute == "full":
+        return activation_per_layer(model, layout, None)
+    if layout.recompute == "selective" and layout.accounting == "fsdp":
+        return (activation_per_layer(model, layout, None)
+                - activation_per_layer(model, layout, "selective"))
+    return 0.0
+
+
+def logit_elements(model: ModelSpec, layout: Layout) -> float:
+    """Logits one rank holds for a microbatch: s/cp tokens x b x V/t (vocabulary-parallel)."""
+    return (model.seq_len // layout.cp) * layout.micro_batch * model.vocab / layout.tp
+
+
+def cross_entropy_bytes(model: ModelSpec, layout: Layout) -> float:
+    """The loss's peak. Megatron-LM's fused vocabulary-parallel cross-entropy works in one fp32
+    copy of the logits, 4 bytes each (Korthikanti et al. 2022, section 4.2.2). torchtitan's
+    eager loss, ``cross_entropy(pred.float())``, holds three fp32 tensors of the logits' size
+    at its backward: the log-softmax output it saved, NLL's gradient, and log-softmax's
+    gradient, 12 bytes each (the bf16 logits are freed before the backward: ``del pred``)."""
+    per_element = 12 if layout.accounting == "fsdp" else 4
+    return per_element * logit_elements(model, layout)
+
+
+FRAGMENTATION = 0.03
+
+
+def fragmentation_bytes(activations: float) -> float:
+    """Reserved memory the activations' many short-lived blocks leave free but split, a share
+    ``FRAGMENTATION`` of them: the mechanism the ZeRO paper describes (Rajbhandari et al. 2020,
+    section 3.2, interleaved short- and long-lived tensors) and PyTorch's caching allocator
+    shows as reserved minus allocated (PyTorch docs, "CUDA semantics: memory management").
+    The 3% is an assumption, not a measurement (see docs/library.md)."""
+    return FRAGMENTATION * activations
+
+
+def stranded_logits_bytes(model: ModelSpec, layout: Layout) -> float:
+    """Reserved memory the loss leaves unusable under PyTorch's caching allocator (PyTorch docs,
+    "CUDA semantics: memory management"): torchtitan frees the bf16 logits (2 bytes each)
+    before the backward asks for fp32 tensors twice their size, which that block cannot hold,
+    so it stays reserved beside them. Megatron-LM's fused loss strands none."""
+    return 2 * logit_elements(model, layout) if layout.accounting == "fsdp" else 0.0
 
 
 def estimate_memory(model: ModelSpec, layout: Layout, microbatches: int) -> MemoryEstimate:
@@ -69,24 +143,27 @@ def estimate_memory(model: ModelSpec, layout: Layout, microbatches: int) -> Memo
 
     per_layer = activation_per_layer(model, layout, layout.recompute)
     in_flight = in_flight_microbatches(pp, microbatches, layout.v)
-    activations = per_layer * per_stage * in_flight
-    if layout.recompute == "full":  # one layer rebuilt at a time during its backward
-        activations += activation_per_layer(model, layout, None)
-    logits = 4 * (model.seq_len // layout.cp) * layout.micro_batch * model.vocab / tp
+    rebuilt = rebuilt_layer_bytes(model, layout)
+    logits = cross_entropy_bytes(model, layout)
+    stranded = stranded_logits_bytes(model, layout)
 
-    def states(params):
+    def states(params, root):
         if not experts_on_stage:
-            return model_state_bytes(params, shards, layout.zero, layout.accounting, layer_params)
+            return model_state_bytes(params, shards, layout.zero, layout.accounting,
+                                     layer_params, root)
         return (model_state_bytes(params - experts_on_stage, shards, layout.zero,
-                                  layout.accounting, layer_params)
+                                  layout.accounting, layer_params, root)
                 + model_state_bytes(experts_on_stage, shards // layout.ep, layout.zero,
                                     layout.accounting))
 
-    first_total = states(first) + activations + (logits if pp == 1 else 0)
-    last_total = states(last) + per_layer * per_stage + logits  # the last stage: 1 in flight
-    if pp == 1 or first_total >= last_total:
-        return MemoryEstimate("first", first, states(first), per_layer, per_stage, in_flight,
-                              activations, logits if pp == 1 else 0.0)
-    last_activations = per_layer * per_stage + (activations - per_layer * per_stage * in_flight)
-    return MemoryEstimate("last", last, states(last), per_layer, per_stage, 1.0,
-                          last_activations, logits)
+    first_root = vocab_params + (head if pp == 1 else 0)
+    first_estimate = MemoryEstimate(
+        "first", first, states(first, first_root), per_layer, per_stage, in_flight,
+        per_layer * per_stage * in_flight, logits if pp == 1 else 0.0, rebuilt,
+        stranded if pp == 1 else 0.0, fragmentation_bytes(per_layer * per_stage * in_flight))
+    if pp == 1:
+        return first_estimate
+    last_estimate = MemoryEstimate(  # the last stage: one microbatch in flight
+        "last", last, states(last, head), per_layer, per_stage, 1.0, per_layer * per_stage,
+        logits, rebuilt, stranded, fragmentation_bytes(per_layer * per_stage))
+    return max(first_estimate, last_estimate, key=lambda estimate: estimate.total_bytes)

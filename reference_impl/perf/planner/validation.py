@@ -6,6 +6,10 @@ predicted throughput is counted with the source's own FLOP formula, so predicted
 is the published step time over the predicted one. Nothing is fitted per row; what was fitted,
 to what, is in ``hardware.py``: the H100's five numbers to the H100 calibration table, and one
 number, the A100 GEMM ceiling, to Narayanan et al.'s ten rows (:func:`fit_a100_ceiling`).
+
+Memory: every run of ``reported_memory`` with its published layout, the estimate of the
+counter the source reports (the reserved peak, or the allocated one) against the reported peak
+(:func:`compare_memory`, :func:`memory_report`); ``MEMORY_TOLERANCE`` is the test's bound.
 """
 from __future__ import annotations
 
@@ -17,9 +21,11 @@ from reference_impl.perf.planner.hardware import GPUS, GiB, cluster_of
 from reference_impl.perf.planner.layout import MICRO_BATCHES, Layout, virtual_stages
 from reference_impl.perf.planner.plans import Plan, evaluate
 from reference_impl.perf.planner.published_runs import NARAYANAN, PUBLISHED_RUNS, PublishedRun
+from reference_impl.perf.planner.reported_memory import RESERVED, REPORTED_PEAKS, ReportedPeak
 
 TARGET_MEDIAN = 0.10
 TARGET_MAX = 0.20
+MEMORY_TOLERANCE = 0.10
 
 
 @dataclass(frozen=True)
@@ -92,17 +98,23 @@ def summary(comparisons: list[Comparison]) -> tuple[float, float]:
     return statistics.median(errors), max(errors)
 
 
+def grouped_rows(comparisons, heading) -> list[str]:
+    """Each comparison's row, under a "-- heading" line wherever the heading changes."""
+    lines, last = [], None
+    for c in comparisons:
+        if heading(c.run) != last:
+            last = heading(c.run)
+            lines.append(f"-- {last}")
+        lines.append(c.row())
+    return lines
+
+
 def report(comparisons: list[Comparison] | None = None) -> str:
     comparisons = compare() if comparisons is None else comparisons
     median, largest = summary(comparisons)
     lines = [f"{'run':<31} {'GPUs':>6} {'GPU':<5} {'layout':<19} {'predicted':>9} "
              f"{'published':>9} {'error':>6}  planner's choice / note"]
-    source = None
-    for c in comparisons:
-        if c.run.source != source:
-            source = c.run.source
-            lines.append(f"-- {source}")
-        lines.append(c.row())
+    lines += grouped_rows(comparisons, lambda run: run.source)
     scored = sum(c.error is not None for c in comparisons)
     lines.append(f"{scored} rows predicted: median |error| {median:.1%} (target "
                  f"{TARGET_MEDIAN:.0%}), largest {largest:.1%} (target {TARGET_MAX:.0%})")
@@ -129,3 +141,60 @@ def fit_a100_ceiling(low: float = 0.5, high: float = 0.95, steps: int = 30) -> f
         else:
             a = c
     return (a + b) / 2
+
+
+@dataclass(frozen=True)
+class MemoryComparison:
+    run: ReportedPeak
+    plan: Plan | None
+
+    @property
+    def predicted_gib(self) -> float | None:
+        """The estimate of the counter the source reports."""
+        if self.plan is None:
+            return None
+        memory = self.plan.memory
+        counted = memory.total_bytes if self.run.counter == RESERVED else memory.allocated_bytes
+        return counted / GiB
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.plan is None else self.predicted_gib / self.run.reported_gib
+
+    def row(self) -> str:
+        r = self.run
+        layout = (f"TP{r.tp} PP{r.pp}{f' CP{r.cp}' if r.cp > 1 else ''} DP{r.dp} mb{r.micro_batch}"
+                  f" s{r.model.seq_len // 1024}K {r.recompute or 'no AC'}")
+        head = f"{r.name:<47} {layout:<32} {r.reported_gib:>6.1f}"
+        if self.plan is None:
+            return f"{head} {'-':>6} {'-':>6}  {r.not_predicted}"
+        unmodelled = [name for name, on in (("compile", r.compiled), ("Float8", r.float8)) if on]
+        note = f"priced without {' and '.join(unmodelled)}" if unmodelled else ""
+        usable = self.plan.cluster.usable_bytes / GiB
+        fit = "fits" if self.plan.fits else "DOES NOT FIT"
+        return (f"{head} {self.predicted_gib:>6.1f} {self.ratio:>6.3f}  {fit} in {usable:.1f}"
+                f" GiB{f'; {note}' if note else ''}")
+
+
+def memory_plan(run: ReportedPeak) -> Plan:
+    """The run's layout on its GPUs, one microbatch per step (local batch = micro-batch)."""
+    layout = Layout(run.tp, run.pp, run.dp, run.zero, run.micro_batch, run.recompute,
+                    cp=run.cp, accounting=run.accounting)
+    return evaluate(run.model, cluster_of(run.gpu, run.gpus // 8), layout,
+                    run.dp * run.micro_batch)
+
+
+def compare_memory(runs=REPORTED_PEAKS) -> list[MemoryComparison]:
+    return [MemoryComparison(run, None if run.not_predicted else memory_plan(run))
+            for run in runs]
+
+
+def memory_report(comparisons: list[MemoryComparison] | None = None) -> str:
+    comparisons = compare_memory() if comparisons is None else comparisons
+    lines = [f"{'run (reported peak memory per GPU, GiB)':<47} {'layout':<32} {'report':>6} "
+             f"{'plan':>6} {'ratio':>6}  fits / note"]
+    lines += grouped_rows(comparisons, lambda run: f"{run.source} ({run.counter})")
+    ratios = [c.ratio for c in comparisons if c.ratio is not None]
+    lines.append(f"{len(ratios)} rows predicted: ratios {min(ratios):.3f} to {max(ratios):.3f} "
+                 f"(bound {1 - MEMORY_TOLERANCE:.2f} to {1 + MEMORY_TOLERANCE:.2f})")
+    return "\n".join(lines)

@@ -122,17 +122,32 @@ def test_benchmark_runs_on_the_cpu_and_prints_positive_numbers(options):
 
 
 def test_planner_predicts_the_trainers_layer_on_the_gpus_it_knows():
-    """The GPU default's layer (hidden 2048, seq 2048, batch 4, sdpa) on an H100: the planner's
-    layer model (fitted to the H100 table) gives a time whose FLOP rate is a plausible fraction
-    of the peak; names it does not know give None."""
+    """The GPU default's layer (hidden 2048, seq 2048, sdpa) on an H100: the planner's layer
+    model (fitted to the H100 table) gives a time whose FLOP rate is a plausible fraction of
+    the peak, autocast adds a positive share; names it does not know give None."""
     config = ModelConfig(vocab_size=50304, seq_len=2048, hidden=2048, heads=16, layers=24,
                          attention="sdpa")
-    seconds = mfu.planned_layer_seconds(config, 4, "NVIDIA H100 80GB HBM3")
+    layer, cast = mfu.planned_layer_seconds(config, 4, "NVIDIA H100 80GB HBM3")
     per_layer = 4 * 2048 * (6 * 12 * 2048 ** 2 + 12 * 2048 * 2048)  # 6 x 12h^2 x tokens + attn
-    assert 0.3 < per_layer / seconds / 989e12 < 0.8
+    assert 0.3 < per_layer / layer / 989e12 < 0.8
+    assert 0 < cast < 0.3 * layer
     assert mfu.planned_layer_seconds(config, 4, "NVIDIA GeForce RTX 4090") is None
     explicit = ModelConfig(**{**config.__dict__, "attention": "explicit"})
-    assert mfu.planned_layer_seconds(explicit, 4, "NVIDIA H100 80GB HBM3") > seconds
+    assert mfu.planned_layer_seconds(explicit, 4, "NVIDIA H100 80GB HBM3")[0] > layer
+
+
+# The benchmark's "one layer alone" line, measured with this kit (torch 2.11, CUDA 13) on
+# 2026-11-26: (GPU name, micro-batch, ms). The H200's rows are also in the autocast fit.
+MEASURED_LAYERS = [("NVIDIA H100 80GB HBM3", 4, 6.061), ("NVIDIA H100 80GB HBM3", 8, 11.427),
+                   ("NVIDIA H200", 8, 10.760)]
+
+
+@pytest.mark.parametrize("device, batch, ms", MEASURED_LAYERS)
+def test_planner_is_within_ten_percent_of_the_measured_layer(device, batch, ms):
+    config = ModelConfig(vocab_size=50304, seq_len=2048, hidden=2048, heads=16, layers=24,
+                         attention="sdpa")
+    predicted = sum(mfu.planned_layer_seconds(config, batch, device))
+    assert 0.9 < ms * 1e-3 / predicted < 1.1
 
 
 def test_peak_option_overrides_the_nominal_cpu_peak():

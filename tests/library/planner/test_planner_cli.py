@@ -35,7 +35,7 @@ def test_evaluate_reads_json_files_and_a_gpu_of_another_memory(tmp_path, capsys)
     main(["--evaluate", str(layout), "--model", str(model), "--gpu", "h100", "--gpu-memory",
           "94", "--global-batch", "64"])
     out = capsys.readouterr().out
-    assert "2 nodes x 8 H100 94GB = 16 GPUs (84.6 GiB usable" in out
+    assert "2 nodes x 8 H100 94GB = 16 GPUs (91.0 GiB usable" in out
     assert "recompute full" in out and "MLP 11008 gated" in out
 
 

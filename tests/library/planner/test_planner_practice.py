@@ -48,9 +48,10 @@ def test_nemo_loses_on_tp_communication_and_overlap_narrows_the_gap():
     assert split(picked)[:2] == (2, 4)
     assert (overlap["NeMo Llama 2 70B"].step_s / picked.step_s
             < PRACTICE["NeMo Llama 2 70B"].step_s / PICK.step_s)
-    # the best case (the bound, no cluster terms) keeps TP 2 x PP 4 and interleaves as far as it can
+    # the best case (the bound, no cluster terms): TP nearly free, NeMo's own TP 4 x PP 4 x 20
+    # virtual stages fits (usable memory is the GPU less the CUDA context and NCCL) and wins
     best = recommend(MODEL, cluster_of("h100", 16, terms=BEST_CASE), 1024, tp_comm_overlap=True)[0]
-    assert split(best) == (2, 4, 20, 4, 4) and best.step_s < PICK.step_s
+    assert split(best) == (4, 4, 20, 1, 8) and best.step_s < PICK.step_s
 
 
 def test_the_pick_at_smaller_global_batches():
@@ -75,7 +76,7 @@ def test_the_estimate_on_llama3_405b_on_h100_and_what_it_says():
     assert len(h100_rows) == 2
     assert all(abs(c.error) < 0.05 for c in h100_rows)
     assert all(c.plan.layout.v == 8 and c.plan.layout.embedding_in_split for c in h100_rows)
-    assert not any(c.plan.fits for c in h100_rows), "its memory is pessimistic there"
+    assert all(c.plan.fits for c in h100_rows), "the layout trained on 80 GB H100s"
     text = trust(H100.gpu.name)
     assert "optimistic by about 2%" in text and "Llama 3 405B" in text
 
