@@ -31,6 +31,7 @@ graded tests are written: ``reference_impl.course.grading``.
 """
 import collections
 import json
+import os
 import re
 import signal
 import threading
@@ -49,6 +50,7 @@ from reference_impl.comm.rank_failures import LaunchTimeout
 # A last line of defence for graders: no single test may run longer than this (pytest-timeout),
 # unless the run sets its own limit.
 DEFAULT_TEST_TIMEOUT = 300
+ALONE = "alone"  # the marker of tests that compare wall-clock times
 DEFAULT_AFTER_HANG = 5.0  # seconds a launch may take once the submission has hung
 DEFAULT_OUTPUT_LIMIT = 8_000  # bytes of each rank's output kept, per launch
 DEFAULT_SUBMISSION_BUDGET = 900.0  # seconds a graded run of one submission may take
@@ -98,6 +100,9 @@ def pytest_configure(config):
                                            f"({lab.topic})")
     config.addinivalue_line("markers", "slow: runs nested in a test (pytest, notebooks, decks, "
                                        "documented commands); the fast loop is -m 'not slow'")
+    config.addinivalue_line("markers", f"{ALONE}: compares wall-clock times, so it needs the "
+                                       f"cores to itself: skipped in a pytest-xdist worker (-n); "
+                                       f"run it with -m {ALONE}")
     # Where no configuration file applies (a submission outside the repository given as the
     # only path), the kit's per-test limit still holds.
     if config.pluginmanager.hasplugin("timeout") and config.getoption("timeout", None) is None \
@@ -293,10 +298,15 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(items):
-    """A notebook's cells (nbval re-executes the solved notebooks) are slow."""
+    """A notebook's cells (nbval re-executes the solved notebooks) are slow. A test that times
+    things is skipped where other tests share its cores (a pytest-xdist worker), and says so."""
+    in_worker = "PYTEST_XDIST_WORKER" in os.environ
     for item in items:
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.slow)
+        if in_worker and item.get_closest_marker(ALONE):
+            item.add_marker(pytest.mark.skip(reason=f"compares wall-clock times: run it without "
+                                                    f"-n, e.g. pytest -m {ALONE}"))
 
 
 def pytest_collection_finish(session):

@@ -239,3 +239,30 @@ def test_notebook_solutions_answers_outputs_and_imports_are_replaced(tmp_path):
         "# YOUR CODE HERE\nraise NotImplementedError('predict the sum')\nprint(predicted)")
     assert student.cells[0].outputs == [] and student.cells[0].execution_count is None
     assert student.cells[1].source == "Why?\n*Your answer here.*"
+
+
+TIMING_MODULE = """import pytest
+
+
+@pytest.mark.alone
+def test_times_something():
+    pass
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("worker", [None, "gw0"], ids=["alone", "xdist worker"])
+def test_a_timing_test_is_skipped_only_where_other_tests_share_its_cores(tmp_path, worker):
+    (tmp_path / "test_timing.py").write_text(TIMING_MODULE)
+    environment = {key: value for key, value in os.environ.items()
+                   if key != "PYTEST_XDIST_WORKER"}
+    if worker:
+        environment["PYTEST_XDIST_WORKER"] = worker
+    process = subprocess.run(
+        [sys.executable, "-m", "pytest", str(tmp_path), "-p", "no:cacheprovider", "-q", "-rs",
+         "-o", "addopts=", "-W", "error::pytest.PytestUnknownMarkWarning"],
+        cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=nested.LIMIT)
+    expected = "1 skipped" if worker else "1 passed"
+    assert expected in process.stdout, process.stdout[-2000:]
+    if worker:
+        assert "compares wall-clock times: run it without -n" in process.stdout

@@ -12,7 +12,9 @@ course states has a measured counterpart, and a test shows that they agree.
     within 10 % (relative) of the simulator's with the same costs, for GPipe, 1F1B,
     interleaved 1F1B (v = 2) and ZB-H1 (whose stages sleep their W time in W) at p = 4, m = 4.
     No absolute time is asserted, only this ratio. Interference from other processes can only
-    stretch the timeline, so the check takes the best of 3 launches.
+    stretch the timeline, so the check takes the best of 3 launches, and it is marked
+    ``alone``: pytest-xdist workers skip it (it needs the cores to itself; run it with
+    ``-m alone``).
 """
 import pytest
 import torch
@@ -79,6 +81,7 @@ def bubble_ratios(run_on_ranks, m, cost_f, cost_b):
     return result
 
 
+@pytest.mark.alone
 def test_measured_bubble_matches_the_simulator(run_on_ranks):
     m, cost_f, cost_b = 4, 0.04, 0.08
     attempts = []
