@@ -6,7 +6,7 @@ A checkpoint is **one file in the single-device GPT's names**, whatever the layo
      "step": 3,                                  # optimizer steps done = data position
      "config": {"vocab_size": ..., ...},         # ModelConfig fields
      "model": {"blocks.0.attn.qkv.weight": full tensor, ...},      # GPT.state_dict() names
-     "optimizer": {"kind": "adam", "hyper": {...},
+     "optimizer": {"kind": "adamw", "hyper": {...}, "schedule": {"lr": ..., ...},
                    "state": {"blocks.0.attn.qkv.weight": {"exp_avg": full, "step": t}, ...}},
      "data": {"seed": 0, "batch": 16, "seq": 32, "vocab": 128},    # make_dataset's arguments
      "rng": torch.get_rng_state(),
@@ -92,7 +92,8 @@ def save(directory: str, model: parallel_3d.Parallel3DModel, optimizer: torch.op
          step: int, optimizer_info: dict, data: dict) -> str | None:
     """Gather the run's state (every rank must call this) and write it from rank 0.
 
-    ``optimizer_info``: {"kind": "adam"|"sgd", "hyper": {...}}, checked on load;
+    ``optimizer_info``: {"kind": "adamw"|"sgd", "hyper": {...}, "schedule": {...}}, checked on
+    load (the learning rate of every step is the schedule's at that step: no scheduler state);
     ``data``: the dataset's arguments, so a resume can check it continues the same stream.
     Returns the file's path on rank 0, None elsewhere."""
     full_model = parallel_3d.gather_full_state(model)

@@ -7,6 +7,7 @@ hybrid parallelism:
     model = build_3d_gpt(gpt, context, microbatches=2, schedule="1f1b")  # precision="bf16"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loss = train_step(model, tokens, targets, optimizer)          # the global batch, every rank
+    # max_norm=1.0: gradients clipped by their global norm (return_report=True: .grad_norm)
     loss.item()                                                   # a 0-d tensor: read it to log
     state = gather_full_state(model)                              # the single-device state_dict
 
@@ -34,9 +35,11 @@ What each piece does:
   stage, then synchronises the gradients
   (``data_parallel.sync_gradients``, convention ``"megatron"``: every gradient averaged over
   RDP_GROUP; see that module for why, and for SageMaker's rule; or what the model's
-  ``dp_kind`` leaves to do, ``parallelize.finish_gradients``) and steps. It returns the
-  loss as a 0-d tensor on the device and never waits for the device itself: the host reads
-  the loss when it needs it (a trainer, when it logs), so on a GPU the steps queue up.
+  ``dp_kind`` leaves to do, ``parallelize.finish_gradients``), with ``max_norm`` clips them by
+  the whole model's gradient norm (``grad_norm.py``: each piece counted once, whatever the
+  layout), and steps. It returns the loss as a 0-d tensor on the device and never waits for
+  the device itself: the host reads the loss when it needs it (a trainer, when it logs), so on
+  a GPU the steps queue up.
 * ``precision="bf16"`` (:func:`build_3d_gpt`) runs every forward under bf16 autocast with fp32
   weights, gradients, reduction and optimizer state (``precision.py``).
 * :func:`gather_full_state` unshards every parameter over the TP group and collects the stages
@@ -49,6 +52,7 @@ single-device training in bf16 up to bf16 rounding (``tests/library/hybrid/test_
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +63,8 @@ from reference_impl.comm.device import current_device
 from reference_impl.comm.process_groups import ParallelGroups, create_process_groups
 from reference_impl.hybrid.context_parallel import context_shard
 from reference_impl.hybrid.data_parallel import DEFAULT_BUCKET_BYTES, SyncReport
+from reference_impl.hybrid.grad_norm import clip_grad_norm_
+from reference_impl.hybrid.lr_schedule import set_lr
 from reference_impl.hybrid.parallelize import (  # noqa: F401 (TPEmbedding, TPHead: exported)
     Parallel3DModel, ParallelDims, TPEmbedding, TPHead, finish_gradients, parallelize_gpt,
     tensor_parallel_layer)
@@ -143,18 +149,22 @@ def replica_slice(batch: torch.Tensor, context: ParallelContext) -> torch.Tensor
 class StepResult:
     loss: torch.Tensor  # 0-d, on the device: the global batch's mean loss, on every rank
     sync: SyncReport | None  # dp_kind sync's report (None for the other kinds)
+    grad_norm: torch.Tensor | None = None  # 0-d, the global gradient norm (with max_norm)
 
 
 def train_step(model: Parallel3DModel, tokens: torch.Tensor, targets: torch.Tensor,
                optimizer: torch.optim.Optimizer, *, convention: str = "megatron",
-               return_report: bool = False) -> torch.Tensor | StepResult:
+               return_report: bool = False,
+               max_norm: float | None = None) -> torch.Tensor | StepResult:
     """One optimizer step on the global batch (tokens, targets), given on every rank; the
     global batch's mean loss, a 0-d tensor on this rank's device (``.item()`` reads it, and
     waits for the device: do it only where the value is needed).
 
     ``convention`` is passed to ``sync_gradients`` (dp_kind sync only); this trainer's data
     layout is Megatron's, so ``"megatron"`` is the right one (``"sagemaker"`` is accepted to
-    show what goes wrong).
+    show what goes wrong). ``max_norm``: clip the gradients by their global norm before the
+    step (``grad_norm.clip_grad_norm_``; 0 measures the norm only, None skips it); the norm is
+    the report's ``grad_norm``.
     """
     context, device = model.context, current_device()
     optimizer.zero_grad(set_to_none=True)
@@ -171,6 +181,7 @@ def train_step(model: Parallel3DModel, tokens: torch.Tensor, targets: torch.Tens
                        boundary_shape=model.boundary_shape(micro_batch, local_tokens.shape[1]),
                        group=context.groups.pp, precision=model.precision, timed=False)
     report = finish_gradients(model, convention)  # dp_kind's reduction, sp's sum over TP
+    norm = None if max_norm is None else clip_grad_norm_(model, max_norm)
     optimizer.step()
     # The rank's loss is its tokens' mean; the global mean averages the dp x cp shards (all of
     # equal size).
@@ -178,7 +189,7 @@ def train_step(model: Parallel3DModel, tokens: torch.Tensor, targets: torch.Tens
     if shards > 1:
         dist.all_reduce(loss, group=context.groups.rdp_cp_or_rdp)
         loss /= shards
-    result = StepResult(loss, report)
+    result = StepResult(loss, report, norm)
     return result if return_report else result.loss
 
 
@@ -215,18 +226,25 @@ def make_dataset(seed: int, steps: int, batch: int, seq_len: int,
     return data
 
 
-def train_single_device(gpt: GPT, dataset, make_optimizer,
-                        precision: str = "fp32") -> tuple[list[float], dict]:
+def train_single_device(gpt: GPT, dataset, make_optimizer, precision: str = "fp32", *,
+                        max_norm: float | None = None,
+                        lr_at: Callable[[int], float] | None = None) -> tuple[list[float], dict]:
     """The oracle: train a deep copy of ``gpt`` on the same global batches, the forward under
-    ``precision``; the losses of every step and the final parameters by name."""
+    ``precision``; the losses of every step and the final parameters by name. ``max_norm`` > 0
+    clips the gradients by their norm (``torch.nn.utils.clip_grad_norm_``); ``lr_at(n)`` is the
+    learning rate of step n = 1, 2, ... (default: the optimizer's own)."""
     model = copy.deepcopy(gpt)
     optimizer = make_optimizer(model.parameters())
     losses = []
-    for tokens, targets in dataset:
+    for number, (tokens, targets) in enumerate(dataset, start=1):
         optimizer.zero_grad(set_to_none=True)
         with autocast(precision, next(model.parameters()).device):
             loss = gpt_loss(model(tokens), targets)
         loss.backward()
+        if max_norm:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
+        if lr_at is not None:
+            set_lr(optimizer, lr_at(number))
         optimizer.step()
         losses.append(loss.item())
     return losses, {name: p.detach().clone() for name, p in model.named_parameters()}

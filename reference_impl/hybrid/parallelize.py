@@ -4,8 +4,8 @@ torchtitan's ``parallelize_llama``: apply_pp, apply_tp, apply_ac, apply_fsdp / a
     dims = ParallelDims(dp=2, tp=2, sp=True, dp_kind="zero1", recompute="selective")
     context = parallel_3d.initialize_parallelism(dims.dp, dims.tp, dims.pp, cp=dims.cp)
     model = parallelize_gpt(gpt, dims, context)             # this rank's part of gpt
-    optimizer = build_optimizer(model, lambda params: torch.optim.Adam(params, lr=3e-3))
-    loss = parallel_3d.train_step(model, tokens, targets, optimizer)
+    optimizer = build_optimizer(model, lambda params: torch.optim.AdamW(params, lr=3e-4))
+    loss = parallel_3d.train_step(model, tokens, targets, optimizer, max_norm=1.0)
 
 The steps, in the order :func:`parallelize_gpt` runs them:
 
@@ -33,7 +33,8 @@ The steps, in the order :func:`parallelize_gpt` runs them:
                  :func:`build_optimizer`: Adam's state, + gradients, + parameters sharded
 
   Under every kind the sequence-parallel parameters' gradients (layernorms, row biases) are
-  then summed over the TP group (:func:`finish_gradients`).
+  then summed over the TP group (:func:`finish_gradients`); ``grad_norm.py`` clips the result
+  by the global norm, counting each piece of the gradient once under every layout.
 
 What does not compose is refused by :class:`ParallelDims` with the rule and the numbers:
 ``sp`` without ``tp > 1``; a sequence, head count or hidden size that ``tp`` does not divide;
@@ -42,7 +43,7 @@ learned positions or a sequence not divisible by 2cp (``context_parallel.py``); 
 recomputation of grouped-query attention (``recompute.py`` re-implements the GPT's attention);
 the hook-driven kinds (ddp_hooks, zero2, zero3) with a split-backward schedule (zb-h1: its W
 adds the weight gradients without autograd, so no hook sees them); ZeRO with another optimizer
-than Adam (:func:`build_optimizer`). Everything else composes, zero3 with full recomputation
+than Adam or AdamW (:func:`build_optimizer`). Everything else composes, zero3 with full recomputation
 included (a layer recomputed in the backward gathers its parameters again, as in its forward).
 """
 from __future__ import annotations
@@ -277,28 +278,38 @@ def parallelize_gpt(gpt: nn.Module, dims: ParallelDims, context) -> Parallel3DMo
 
 # ---------------------------------------------------------------- optimizer and gradients
 
+SHARDABLE = (torch.optim.Adam, torch.optim.AdamW)  # what ZeroOptimizer computes
+
+
 def build_optimizer(model: Parallel3DModel, make_optimizer):
     """``make_optimizer(model.parameters())``; for zero1-3 a ``ZeroOptimizer`` over RDP (RDP x
-    CP with context parallelism) with
-    that Adam's hyperparameters instead (ZeRO shards Adam's state: another one is refused)."""
+    CP with context parallelism) with that Adam's or AdamW's parameter groups and
+    hyperparameters instead (ZeRO shards Adam's state: another optimizer, or Adam with
+    amsgrad or maximize, is refused)."""
     optimizer = make_optimizer(model.parameters())
     kind = model.dims.dp_kind
     if kind not in ZERO_STAGES:
         return optimizer
     settings = optimizer.defaults
-    if type(optimizer) is not torch.optim.Adam or settings.get("amsgrad"):
-        raise ValueError(f"dp_kind {kind} shards Adam's state (ZeroOptimizer, plain Adam); got "
-                         f"{type(optimizer).__name__}: use Adam, or dp_kind sync or ddp_hooks")
+    if type(optimizer) not in SHARDABLE or settings.get("amsgrad") or settings.get("maximize"):
+        raise ValueError(f"dp_kind {kind} shards Adam's state (ZeroOptimizer: Adam or AdamW, "
+                         f"without amsgrad or maximize); got {type(optimizer).__name__}: use "
+                         f"Adam or AdamW, or dp_kind sync or ddp_hooks")
     model.zero = ZeroOptimizer(model, model.gradient_groups.rdp, ZERO_STAGES[kind],
                                lr=settings["lr"], betas=settings["betas"], eps=settings["eps"],
-                               weight_decay=settings["weight_decay"])
+                               weight_decay=settings["weight_decay"],
+                               decoupled_weight_decay=settings.get("decoupled_weight_decay",
+                                                                   False),
+                               param_groups=optimizer.param_groups)
     return model.zero
 
 
 def finish_gradients(model: Parallel3DModel, convention: str = "megatron") -> SyncReport | None:
     """After the schedule's backwards: make every gradient the global batch's (what is left of
-    ``dp_kind``'s reduction; ZeRO-1 reduces in its step), then sum the sequence-parallel
-    parameters' gradients over TP. ``sync`` returns its report, the others None."""
+    ``dp_kind``'s reduction), sum the sequence-parallel parameters' gradients over TP, and under
+    ZeRO-1 average over RDP into the gradient shards (``ZeroOptimizer.reduce_gradients``), so
+    that every kind ends with what the step will use (``grad_norm.py`` reads it). ``sync``
+    returns its report, the others None."""
     kind, report = model.dims.dp_kind, None
     if convention != "megatron" and kind != "sync":
         raise ValueError(f"convention {convention!r} is for dp_kind sync only (got {kind})")
@@ -313,4 +324,6 @@ def finish_gradients(model: Parallel3DModel, convention: str = "megatron") -> Sy
                  if getattr(p, "sequence_parallel", False)]
         all_reduce_mean([g for g in grads if g is not None], model.context.groups.tp, 1,
                         model.bucket_bytes)
+    if model.zero is not None:
+        model.zero.reduce_gradients()
     return report

@@ -19,9 +19,12 @@ parallelism keeps every model state whole on each of the N ranks. ZeRO keeps eac
              gradients have been reduce-scattered. The step updates the shards in place; no
              all-gather after it (the next forward gathers).
 
-The optimizer is ``torch.optim.Adam``'s math (its single-tensor path), elementwise, on the
-shards: a rank's shards end up with exactly the values that unsharded Adam gives those
-elements, given the same averaged gradients (the tests check 1e-6 in fp32).
+The optimizer is ``torch.optim.Adam``'s math (its single-tensor path), or with
+``decoupled_weight_decay`` ``torch.optim.AdamW``'s, elementwise, on the shards, with torch's
+parameter groups (each its own lr and weight decay): a rank's shards end up with exactly the
+values that unsharded Adam gives those elements, given the same averaged gradients (the tests
+check 1e-6 in fp32). Before the step the gradient shards can be read and scaled (gradient
+clipping, ``grad_norm.py``): :meth:`ZeroOptimizer.reduce_gradients`.
 
 **Sharding.** Each parameter is flattened, padded with zeros to a multiple of N and cut into
 N equal shards; rank r owns shard r (one collective per parameter: simple and readable;
@@ -71,13 +74,21 @@ def padded_numel(module_or_numels, world_size: int) -> int:
 
 
 def adam_update(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
-                exp_avg_sq: torch.Tensor, step: int, lr: float, beta1: float, beta2: float,
-                eps: float, weight_decay: float = 0.0) -> None:
+                exp_avg_sq: torch.Tensor, step: int, lr: float, betas: tuple[float, float],
+                eps: float, weight_decay: float = 0.0,
+                decoupled_weight_decay: bool = False) -> None:
     """One Adam step in place, the same operations as ``torch.optim.Adam`` (single-tensor path,
     no amsgrad): m <- lerp(m, g, 1-b1); v <- b2 v + (1-b2) g^2; p <- p - lr/(1-b1^t) *
-    m / (sqrt(v)/sqrt(1-b2^t) + eps). Elementwise, so it can run on any shard."""
+    m / (sqrt(v)/sqrt(1-b2^t) + eps). Weight decay as torch: added to the gradient (L2), or
+    with ``decoupled_weight_decay`` (``torch.optim.AdamW``; Loshchilov & Hutter 2019,
+    "Decoupled Weight Decay Regularization") p <- p (1 - lr wd) first. Elementwise, so it can
+    run on any shard."""
     if weight_decay != 0:
-        grad = grad.add(param, alpha=weight_decay)
+        if decoupled_weight_decay:
+            param.mul_(1 - lr * weight_decay)
+        else:
+            grad = grad.add(param, alpha=weight_decay)
+    beta1, beta2 = betas
     exp_avg.lerp_(grad, 1 - beta1)
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
     step = float(step)  # torch keeps the step in a float tensor and reads it with .item()
@@ -121,6 +132,9 @@ class _ShardedParameter:
         # END SOLUTION
 
 
+HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay")
+
+
 class ZeroOptimizer:
     """Adam with ZeRO stage 1, 2 or 3 over the data-parallel ``group`` (default: every rank).
 
@@ -130,25 +144,34 @@ class ZeroOptimizer:
     Build it on every rank of ``group`` from the same module (the same initial weights);
     stages 2 and 3 install hooks on the module (``remove_hooks`` takes them off). Gradients are
     averaged over the group, as data parallelism does.
+
+    ``param_groups`` (torch's format, e.g. a ``torch.optim.AdamW``'s ``param_groups``) give
+    parameters their own :data:`HYPERPARAMETERS` (the keywords are the defaults; the module's
+    other parameters form one more group); ``decoupled_weight_decay=True`` is AdamW. As with
+    a torch optimizer, setting ``group["lr"]`` in :attr:`param_groups` changes the next steps'.
     """
 
     def __init__(self, module: nn.Module, group=None, stage: int = 1, lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0):
+                 weight_decay: float = 0.0, *, decoupled_weight_decay: bool = False,
+                 param_groups: list[dict] | None = None):
         if stage not in STAGES:
             raise ValueError(f"ZeRO stage must be one of {STAGES}, got {stage!r}")
         if not dist.is_initialized():
             raise RuntimeError("ZeroOptimizer needs an initialised process group (run it inside "
                                "reference_impl.comm.launcher.launch or under torchrun)")
         self.module, self.group, self.stage = module, group, stage
-        self.lr, (self.beta1, self.beta2), self.eps = lr, betas, eps
-        self.weight_decay = weight_decay
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self.shards: dict[nn.Parameter, _ShardedParameter] = {}
         for param in module.parameters():
             if param.requires_grad and param not in self.shards:
                 self.shards[param] = _ShardedParameter(param, self.world_size, self.rank)
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        decoupled_weight_decay=decoupled_weight_decay)
+        self.param_groups = _complete_groups(param_groups or [], list(self.shards), defaults)
+        self._group_of = {param: g for g in self.param_groups for param in g["params"]}
+        self._averaged = False  # stage 1: this step's gradients reduced already
         self._handles = []
         if stage >= 2:
             # BEGIN SOLUTION lab5: ZeRO-2: a rank must never hold a whole gradient longer than it takes to reduce-scatter it, so _reduce_scatter has to run for each managed parameter as soon as autograd has accumulated its gradient, during the backward (the same kind of hook as OverlappingDataParallel's); keep each handle in self._handles so that remove_hooks takes it off
@@ -237,32 +260,52 @@ class ZeroOptimizer:
     # --------------------------------------------------------------------------- the step
 
     @torch.no_grad()
+    def reduce_gradients(self) -> None:
+        """Stage 1: average the whole gradients over the group and keep this rank's shard of
+        the mean in ``shard.grad``, as stages 2 and 3 have it after the backward (nothing to
+        do there). :meth:`step` calls it; call it before to read or scale the shards first
+        (gradient clipping). Collective under stage 1."""
+        if self.stage != 1 or self._averaged:
+            return
+        self._averaged = True
+        for param, shard in self.shards.items():
+            # BEGIN SOLUTION lab5: ZeRO-1's gradient, as shard.grad: each rank's param.grad comes from its own samples, and every rank of the group must step on the mean over the group's samples (the group may be one of several: it is this optimizer's, and its size is the divisor); this rank then needs only its own shard of that mean. Leave the mean in param.grad, as DDP does. A parameter without a gradient is skipped
+            if param.grad is None:
+                continue
+            dist.all_reduce(param.grad, group=self.group)
+            param.grad.div_(self.world_size)
+            shard.grad = shard.my_slice(param.grad)
+            # END SOLUTION
+
+    def hyperparameters(self, param: nn.Parameter) -> dict:
+        """The :data:`HYPERPARAMETERS` of ``param``'s group, as they are now (``adam_update``'s
+        keywords)."""
+        group = self._group_of[param]
+        return {key: group[key] for key in HYPERPARAMETERS}
+
+    @torch.no_grad()
     def step(self) -> None:
         """Average the gradients (stage 1), update this rank's shards with Adam, and (stages 1,
         2) all-gather the updated parameters. Collective: every rank of the group calls it."""
+        self.reduce_gradients()
         for param, shard in self.shards.items():
-            if self.stage == 1:
-                # BEGIN SOLUTION lab5: ZeRO-1's gradient, as grad: each rank's param.grad comes from its own samples, and every rank of the group must step on the mean over the group's samples (the group may be one of several: it is this optimizer's, and its size is the divisor); this rank then needs only its own shard of that mean. Leave the mean in param.grad, as DDP does. A parameter without a gradient is skipped
-                if param.grad is None:
-                    continue
-                dist.all_reduce(param.grad, group=self.group)
-                param.grad.div_(self.world_size)
-                grad = shard.my_slice(param.grad)
-                # END SOLUTION
-            elif shard.grad is None:
+            grad = shard.grad
+            if grad is None:
                 continue
-            else:
-                grad = shard.grad
             shard.step += 1
             weights = shard.master if self.stage == 3 else shard.my_slice(param).clone()
-            # BEGIN SOLUTION lab5: Adam's arithmetic (adam_update, elementwise, so a shard is enough) updates this rank's shard of the weights in place, with the shard's own moments and step count and this optimizer's settings; then, except under stage 3 (where the shard is all a rank keeps), the parameter must be whole and equal on every rank of the group again before the next forward
-            adam_update(weights, grad, shard.exp_avg, shard.exp_avg_sq, shard.step, self.lr,
-                        self.beta1, self.beta2, self.eps, self.weight_decay)
+            # BEGIN SOLUTION lab5: Adam's arithmetic (adam_update, elementwise, so a shard is enough) updates this rank's shard of the weights in place, with the shard's own moments and step count and the settings of its parameter group (self.hyperparameters); then, except under stage 3 (where the shard is all a rank keeps), the parameter must be whole and equal on every rank of the group again before the next forward
+            adam_update(weights, grad, shard.exp_avg, shard.exp_avg_sq, shard.step,
+                        **self.hyperparameters(param))
             if self.stage < 3:
                 param.copy_(self._gather_full(shard, weights))
             # END SOLUTION
+            if self.stage == 1:
+                shard.grad = None  # stage 1's shard lives for the step only
+        self._averaged = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self._averaged = False
         for param, shard in self.shards.items():
             if set_to_none:
                 param.grad, shard.grad = None, None
@@ -300,6 +343,22 @@ class ZeroOptimizer:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+
+def _complete_groups(groups: list[dict], params: list[nn.Parameter], defaults: dict) -> list[dict]:
+    """``groups`` with each missing hyperparameter taken from ``defaults``, plus one group of
+    the ``params`` no group names; a parameter ZeRO does not manage, or named twice, is refused."""
+    managed, named, complete = set(params), set(), []
+    for group in groups:
+        members = list(group["params"])
+        if any(p not in managed or p in named for p in members):
+            raise ValueError("param_groups must name each parameter of the module (that "
+                             "requires a gradient) at most once")
+        named.update(members)
+        complete.append({**defaults, **{key: group[key] for key in HYPERPARAMETERS
+                                        if key in group}, "params": members})
+    rest = [p for p in params if p not in named]
+    return complete + ([{**defaults, "params": rest}] if rest else [])
 
 
 # ------------------------------------------------------------------------------- memory

@@ -107,13 +107,11 @@ def gpt_with_uneven_norms(config):
 
 def assert_the_trainer_trains_as_one_device(argv: list[str], what: str):
     """``python -m reference_impl.train`` with ``argv`` gives single-device training's losses on
-    the same batches (to :data:`ATOL`); returns the trainer's parsed arguments."""
+    the same batches (``train.train_one_device``, to :data:`ATOL`); returns the trainer's parsed
+    arguments."""
     result = train.main(argv)
     args = train.parse_args(argv)
-    torch.manual_seed(args.seed)
-    gpt = GPT(train.model_config(args))
-    dataset = hybrid.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
-    losses, _ = hybrid.train_single_device(gpt, dataset, lambda p: train.make_optimizer(args, p))
+    losses, _ = train.train_one_device(args)  # the same optimizer, schedule and clipping
     assert_close(torch.tensor(result["losses"]), torch.tensor(losses), f"the trainer's losses ({what})",
                  atol=ATOL)
     return args

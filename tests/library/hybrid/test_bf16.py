@@ -264,13 +264,8 @@ def test_trainer_dtype_bf16_matches_single_device_training_in_bf16():
     argv = ["--dp", "2", "--pp", "2", "--steps", "3", "--layers", "2", "--hidden", "16",
             "--heads", "2", "--seq", "8", "--vocab", "32", "--batch", "8", "--optimizer", "sgd"]
     result = train.main([*argv, "--dtype", "bf16"])
-    args = train.parse_args(argv)
-    torch.manual_seed(args.seed)
-    gpt = GPT(train.model_config(args))
-    dataset = hybrid.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
-    make_optimizer = lambda p: train.make_optimizer(args, p)  # noqa: E731
-    bf16, _ = hybrid.train_single_device(gpt, dataset, make_optimizer, precision="bf16")
-    fp32, _ = hybrid.train_single_device(gpt, dataset, make_optimizer)
+    bf16, _ = train.train_one_device(train.parse_args([*argv, "--dtype", "bf16"]))
+    fp32, _ = train.train_one_device(train.parse_args(argv))
     assert_close_bf16(torch.tensor(result["losses"]), torch.tensor(bf16),
                       "the trainer's --dtype bf16 losses (2x1x2)")
     assert result["losses"] != fp32, "--dtype bf16 trained in fp32"

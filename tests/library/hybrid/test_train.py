@@ -13,8 +13,12 @@ training of the same GPT on the same batches.
   change the kernel; the optimizer is the multi-tensor one (``foreach`` on the CPU). bf16:
   ``tests/library/hybrid/test_bf16.py``.
 
+The single-device run is ``train.train_one_device``: the same AdamW, weight-decay groups,
+learning-rate schedule and clipping by the global norm (``test_grad_clipping.py`` checks those
+under every layout).
+
 Tolerances (fp32): the parallel runs only reorder additions, so losses and weights agree with
-single device to atol 1e-5 (as in ``test_hybrid.py``). Adam uses eps 1e-4 for the reason given
+single device to atol 1e-5 (as in ``test_hybrid.py``). AdamW uses eps 1e-4 for the reason given
 there (the key bias's gradient is rounding noise).
 
 Every subprocess has a timeout, runs in its own session and is killed with its process group if
@@ -34,6 +38,7 @@ import torch
 
 from reference_impl import train
 from reference_impl.hybrid import checkpoint, parallel_3d as hybrid
+from reference_impl.hybrid.lr_schedule import set_lr
 from reference_impl.checks import assert_close
 from reference_impl.model import GPT
 from reference_impl.pipeline.pipeline_executor import gpt_loss
@@ -45,16 +50,13 @@ ATOL = 1e-5
 SUBPROCESS_TIMEOUT = 120  # seconds; one torchrun job of 4 CPU ranks takes ~10 s here
 TINY = ["--layers", "2", "--hidden", "16", "--heads", "2", "--seq", "8", "--vocab", "32",
         "--batch", "8"]
-STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss (\S+) tokens/s \d+ elapsed \S+s$")
+STEP_LINE = re.compile(r"^step (\d+)/(\d+) loss (\S+) grad_norm \S+ lr \S+ tokens/s \d+ "
+                       r"elapsed \S+s$")
 
 
 def single_device(argv):
     """The oracle for a trainer command line: losses and final weights of plain training."""
-    args = train.parse_args(argv)
-    torch.manual_seed(args.seed)
-    gpt = GPT(train.model_config(args))
-    dataset = hybrid.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
-    return hybrid.train_single_device(gpt, dataset, lambda p: train.make_optimizer(args, p))
+    return train.train_one_device(train.parse_args(argv))
 
 
 def free_port() -> int:
@@ -150,7 +152,7 @@ def test_single_node_torchrun_matches_single_device():
 
 
 def test_two_nodes_on_localhost_match_single_device():
-    argv = ["--dp", "1", "--tp", "2", "--pp", "2", "--steps", "3", "--optimizer", "adam",
+    argv = ["--dp", "1", "--tp", "2", "--pp", "2", "--steps", "3", "--optimizer", "adamw",
             "--adam-eps", "1e-4", *TINY]
     endpoint, job = f"127.0.0.1:{free_port()}", f"test-train-{uuid.uuid4().hex[:8]}"
     agents = [torchrun("--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node),
@@ -171,7 +173,9 @@ def test_two_nodes_on_localhost_match_single_device():
                  "the losses global rank 0 printed (2 nodes x 2 ranks, 1x2x2)", atol=ATOL)
 
 
-ADAM = ["--optimizer", "adam", "--adam-eps", "1e-4", "--lr", "1e-2", *TINY]
+# --decay-steps 6: the 3-step runs follow the 6-step run's schedule, so they can resume into it
+ADAM = ["--optimizer", "adamw", "--adam-eps", "1e-4", "--lr", "1e-2", "--warmup-steps", "2",
+        "--decay-steps", "6", *TINY]
 
 
 def test_resume_equals_not_stopping_in_any_layout(tmp_path):
@@ -219,9 +223,11 @@ def test_checkpoint_loads_into_single_device_gpt(tmp_path):
     initial = {name: p.detach().clone() for name, p in reference.named_parameters()}
     optimizer = train.make_optimizer(args, reference.parameters())
     dataset = hybrid.make_dataset(args.seed, 4, args.batch, args.seq, args.vocab)
-    for tokens, targets in dataset[:3]:
+    for number, (tokens, targets) in enumerate(dataset[:3], start=1):
         optimizer.zero_grad()
         gpt_loss(reference(tokens), targets).backward()
+        torch.nn.utils.clip_grad_norm_(reference.parameters(), args.clip_grad)
+        set_lr(optimizer, train.schedule(args).lr_at(number))
         optimizer.step()
 
     loaded = checkpoint.single_device_gpt(saved)  # load_state_dict, strict
@@ -286,7 +292,7 @@ def _host_reads_during_a_step(argv):
     for owner, name in patches:
         setattr(owner, name, counted(name, getattr(owner, name)))
     try:
-        loss = hybrid.train_step(model, *batch, optimizer)
+        loss = hybrid.train_step(model, *batch, optimizer, max_norm=args.clip_grad)
     finally:
         for (owner, name), original in zip(patches, originals):
             setattr(owner, name, original)
@@ -295,7 +301,8 @@ def _host_reads_during_a_step(argv):
 
 def test_a_training_step_never_makes_the_host_wait(run_on_ranks):
     """dp 2 x pp 2: ``train_step`` reads nothing on the host and times nothing (the pipeline
-    runs untimed); its loss is a 0-d tensor, read by the trainer only when it logs."""
+    runs untimed), clipping by the global norm included; its loss is a 0-d tensor, read by the
+    trainer only when it logs."""
     # SGD: on the CPU, foreach Adam reads its step counters with .item() (CPU tensors; fused
     # Adam on a GPU keeps them there)
     argv = ["--dp", "2", "--pp", "2", "--steps", "1", "--optimizer", "sgd", *TINY]
@@ -319,7 +326,7 @@ def test_resume_may_change_the_attention_kernel():
     saved = {"config": {key: value for key, value in
                         vars(train.model_config(train.parse_args(["--steps", "6", *ADAM])))
                         .items() if key != "attention"},  # as written before the option
-             "data": train.data_info(args), "optimizer": {"kind": "adam"}, "step": 3}
+             "data": train.data_info(args), "optimizer": train.optimizer_info(args), "step": 3}
     train._check_resumable(saved, args)  # no error
     saved["config"]["hidden"] = 32
     with pytest.raises(ValueError, match="cannot resume: the checkpoint's config"):
@@ -327,7 +334,7 @@ def test_resume_may_change_the_attention_kernel():
 
 
 def test_optimizer_updates_all_parameters_at_once():
-    args = train.parse_args(["--optimizer", "adam"])
+    args = train.parse_args(["--optimizer", "adamw"])
     parameters = [torch.nn.Parameter(torch.zeros(3))]
     assert train.make_optimizer(args, parameters).defaults["foreach"] is True  # CPU
     args = train.parse_args(["--optimizer", "sgd"])
