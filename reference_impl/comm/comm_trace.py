@@ -26,6 +26,27 @@ class CommCall:
     op: str
     group_size: int
     nbytes: int
+    ranks: tuple[int, ...] = ()  # the group's global ranks, in the group's order
+    peer: int | None = None      # a send's destination or a receive's source (global rank)
+
+    def as_data(self) -> dict:
+        """The call as plain data (what a rank may return to a graded test)."""
+        return {"op": self.op, "ranks": list(self.ranks), "nbytes": self.nbytes,
+                "peer": self.peer}
+
+
+_PEER_ARGUMENT = {"send": "dst", "isend": "dst", "recv": "src", "irecv": "src"}
+
+
+def _group_ranks(group) -> tuple[int, ...]:
+    return tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+
+
+def _peer(op: str, args, kwargs) -> int | None:
+    if op not in _PEER_ARGUMENT:
+        return None
+    peer = kwargs.get(_PEER_ARGUMENT[op], args[1] if len(args) > 1 else None)
+    return None if peer is None else int(peer)
 
 
 def _size(tensors) -> int:
@@ -68,7 +89,8 @@ class CommTracer:
     def _wrap(self, op, argument, original):
         def traced(*args, **kwargs):
             group = kwargs.get("group")
-            self.calls.append(CommCall(op, dist.get_world_size(group), _size(args[argument])))
+            self.calls.append(CommCall(op, dist.get_world_size(group), _size(args[argument]),
+                                       _group_ranks(group), _peer(op, args, kwargs)))
             return original(*args, **kwargs)
         return traced
 
@@ -79,7 +101,8 @@ class CommTracer:
             for operation in operations:
                 op = "isend" if operation.op is distributed_c10d.isend else "irecv"
                 self.calls.append(CommCall(op, dist.get_world_size(operation.group),
-                                           _size(operation.tensor)))
+                                           _size(operation.tensor),
+                                           _group_ranks(operation.group), operation.peer))
             return original(operations)
         return traced
 
