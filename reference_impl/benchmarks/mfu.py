@@ -62,9 +62,9 @@ H200) it prints the time ``perf.planner``'s layer model predicts for that shape 
 layer-efficiency calibration table, ``python -m reference_impl.perf.planner calibrate``, which
 times bf16 layers) plus what autocast's fp32 weights and residual stream add
 (``perf/planner/autocast_cost.py``), and the ratio measured / predicted, so the trainer's
-layers and the planner's are the same layers to within that ratio. The kit's block is GPT-2's (layernorm, 4h GeLU MLP, multi-head
-attention), the table's a Llama layer; the planner's model is built from GEMM shapes, so it
-predicts either.
+layers and the planner's are the same layers to within that ratio. The kit's block is
+GPT-2's (layernorm, 4h GeLU MLP, multi-head attention), the table's a Llama layer; the
+planner's model is built from GEMM shapes, so it predicts either.
 
 **Memory against the formulas.** Beside the run it prints the kit's formulas for what one
 step holds: the model states, 16 bytes per parameter (fp32 weights, gradients, Adam's m and v:

@@ -7,12 +7,14 @@
 While active, the tracer wraps the ``torch.distributed`` functions below, on this rank, and
 records each call before passing it on. ``nbytes`` is the payload: the tensor an all-reduce or
 broadcast operates on, the *whole* gathered output of an all-gather, the *whole* input of a
-reduce-scatter, the message of a send or receive. (What a ring then moves per rank follows
-from the payload S: 2(n-1)/n * S for an all-reduce, (n-1)/n * S for an all-gather or a
-reduce-scatter; see ``alpha_beta.py``.)
+reduce-scatter or of an all-to-all (the rows a rank keeps for itself included: what leaves it
+is the input less its own split), the message of a send or receive. (What a ring then moves
+per rank follows from the payload S: 2(n-1)/n * S for an all-reduce, (n-1)/n * S for an
+all-gather or a reduce-scatter; see ``alpha_beta.py``.)
 """
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 from dataclasses import dataclass
 
@@ -42,10 +44,13 @@ def _group_ranks(group) -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
 
 
-def _peer(op: str, args, kwargs) -> int | None:
+def _peer(op: str, bound: dict) -> int | None:
+    """A send's destination or a receive's source, as a global rank (None for collectives)."""
     if op not in _PEER_ARGUMENT:
         return None
-    peer = kwargs.get(_PEER_ARGUMENT[op], args[1] if len(args) > 1 else None)
+    peer = bound.get(_PEER_ARGUMENT[op])
+    if peer is None and bound.get(f"group_{_PEER_ARGUMENT[op]}") is not None:
+        peer = dist.get_global_rank(bound["group"], bound[f"group_{_PEER_ARGUMENT[op]}"])
     return None if peer is None else int(peer)
 
 
@@ -62,6 +67,8 @@ _PAYLOAD_ARGUMENT = {
     "all_gather_into_tensor": 0,     # the gathered output tensor
     "reduce_scatter": 1,             # the list of inputs
     "reduce_scatter_tensor": 1,      # the whole input tensor
+    "all_to_all": 1,                 # the list of inputs, one per rank (own included)
+    "all_to_all_single": 1,          # the whole input tensor (own rows included)
 }
 
 
@@ -79,6 +86,8 @@ class CommTracer:
             setattr(dist, op, self._wrap(op, argument, original))
         self._originals["batch_isend_irecv"] = dist.batch_isend_irecv
         dist.batch_isend_irecv = self._wrap_batch(dist.batch_isend_irecv)
+        self._originals["P2POp"] = dist.P2POp
+        dist.P2POp = self._untracing_p2p_op(dist.P2POp)
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -87,12 +96,30 @@ class CommTracer:
         self._originals.clear()
 
     def _wrap(self, op, argument, original):
+        parameters = list(inspect.signature(original).parameters)
+
         def traced(*args, **kwargs):
-            group = kwargs.get("group")
-            self.calls.append(CommCall(op, dist.get_world_size(group), _size(args[argument]),
-                                       _group_ranks(group), _peer(op, args, kwargs)))
+            bound = dict(zip(parameters, args)) | kwargs  # however the caller passed them
+            group = bound.get("group")
+            payload = bound[parameters[argument]]
+            self.calls.append(CommCall(op, dist.get_world_size(group), _size(payload),
+                                       _group_ranks(group), _peer(op, bound)))
             return original(*args, **kwargs)
+        traced.untraced = original
         return traced
+
+    @staticmethod
+    def _untracing_p2p_op(original):
+        """``dist.P2POp`` accepting the traced ``dist.isend`` / ``dist.irecv`` (it checks its
+        op against the originals): the operation keeps the original, and
+        :meth:`_wrap_batch` records it when it is posted."""
+        class P2POp(original):
+            def __new__(cls, op, *args, **kwargs):
+                return original.__new__(cls, getattr(op, "untraced", op), *args, **kwargs)
+
+            def __init__(self, op, *args, **kwargs):
+                super().__init__(getattr(op, "untraced", op), *args, **kwargs)
+        return P2POp
 
     def _wrap_batch(self, original):
         """Point-to-point operations posted together (``batch_isend_irecv``, as the pipeline

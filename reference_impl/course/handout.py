@@ -7,19 +7,26 @@ As nbgrader's ``generate_assignment`` does, from the same solution markers as ``
 (one source of truth): in every reference module, the solution regions of the withheld labs
 (``labN`` and later) become their stubs, ``raise NotImplementedError("labN: <hint>")``, so the
 library still imports and every signature and contract message is there; the solved notebooks
-and the instructor decks of the withheld labs are left out. The handout keeps the student
-notebooks and files (``labs/``), the graded tests (``tests/labs/``), the infrastructure
-they run on (launcher, checks, the single-device model, the pytest plugin), and gets a README
-for students. ``reference_impl/course/withheld.txt`` lists the stubbed modules: in a graded
-run there, an import of one of them gets the student's own file (``labs/tp_layers.py`` for
+and the instructor decks of the withheld labs are left out, and so are the kit's own tests
+and its instructor and maintainer pages. The handout keeps the student notebooks and files
+(``labs/``), the graded tests (``tests/labs/``), the infrastructure they run on (launcher,
+checks, the single-device model, the pytest plugin) and the library's pages, and gets its own
+README (``student_readme.md``, with the kit README's set-up and student sections) and pytest
+configuration: a plain ``pytest`` there checks the student's ``labs/``. Links of the kit's
+pages to files that do not ship become plain text; the build fails on any other broken link.
+``reference_impl/course/withheld.txt`` lists the stubbed modules: in a graded run there, an
+import of one of them gets the student's own file (``labs/tp_layers.py`` for
 ``reference_impl.tp.tp_layers``), so a lab that builds on a withheld one uses the student's
-work. Earlier labs' solutions are released as the reference.
+work, and a stubbed module run as a program runs the student's file. Earlier labs'
+solutions are released as the reference.
 """
 from __future__ import annotations
 
 import argparse
+import posixpath
 import re
 import shutil
+import string
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +37,22 @@ from reference_impl.course.make_labs import modules_with_exercises, stubbed_sour
 
 REPO = Path(__file__).resolve().parents[2]
 _LAB_FILE = re.compile(r"^(?:solutions|slides)/lab(\d+)_.*\.ipynb$")
-# Sections of the kit's README a student needs, in this order.
-STUDENT_SECTIONS = ("Course map", "Set up and test", "For students")
+# The kit's pages for instructors and maintainers, and its continuous integration.
+INSTRUCTOR_ONLY = ("docs/teaching.md", "docs/grading.md", "docs/maintaining.md", ".ci/")
+# Written by the build rather than copied.
+WRITTEN = ("README.md", "pytest.ini", WITHHELD_LIST.relative_to(REPO).as_posix())
+STUDENT_README = Path(__file__).resolve().parent / "student_readme.md"
+# The pytest configuration of the handout, its only one: the graded tests, on the student's files.
+PYTEST_INI = """[pytest]
+# Your checks: the graded tests, on your files in labs/ (--impl reference: on the library).
+testpaths = tests/labs
+impl = labs
+"""
+# The section of slides/README.md about the kit's own checks of the decks.
+SLIDES_KIT_SECTION = "Checks"
+_LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
+_CODE = re.compile(r"(^```.*?^```|`[^`\n]*`)", re.MULTILINE | re.DOTALL)  # kept apart
+_MAIN = re.compile(r'^if __name__ == "__main__":\n.*\Z', re.MULTILINE | re.DOTALL)
 
 
 def tracked_files() -> list[str]:
@@ -46,30 +67,134 @@ def left_out(name: str, first_withheld: int) -> bool:
     lab_file = _LAB_FILE.match(name)
     if lab_file:
         return int(lab_file.group(1)) >= first_withheld  # solved notebooks and decks
+    if name.startswith("slides/"):
+        return first_withheld == 0  # the decks' folder ships with a deck
     if name.startswith("tests/"):
         return not name.startswith("tests/labs/")  # the graded tests only
-    return name == "README.md" or name == str(WITHHELD_LIST.relative_to(REPO))
+    return name.startswith(INSTRUCTOR_ONLY) or name in WRITTEN
 
 
 def withheld_labs(first_withheld: int) -> set[str]:
     return {lab.marker for lab in syllabus.LABS if lab.number >= first_withheld}
 
 
-def student_readme(first_withheld: int) -> str:
-    """The student README: the kit's title, its course map, set-up and student sections."""
-    text = (REPO / "README.md").read_text()
-    title = text.splitlines()[0]
-    sections = re.split(r"(?m)^(?=## )", text)
-    kept = [section for name in STUDENT_SECTIONS for section in sections
-            if section.startswith(f"## {name}\n")]
-    released = ("none: every lab is yours to write" if first_withheld == 0 else
-                f"labs 0 to {first_withheld - 1} (their solutions are in `reference_impl/`)")
-    intro = (f"{title}\n\nYour copy of the course. Released labs: {released}. For a withheld "
-             "lab, the library's module holds the same stubs as your file in `labs/`, and "
-             "when you run the checks, your file stands in for it wherever the library or a "
-             "later lab imports it.\n\n")
-    return intro + "".join(kept).rstrip() + "\n"
+# ------------------------------------------------------------ the student README
 
+def readme_section(text: str, name: str) -> str:
+    """The body of the README section ``## name``."""
+    for section in re.split(r"(?m)^(?=## )", text):
+        if section.startswith(f"## {name}\n"):
+            return section.split("\n", 1)[1].strip()
+    raise ValueError(f"the kit's README has no section {name!r}")
+
+
+def released_sentence(first_withheld: int) -> str:
+    if first_withheld == 0:
+        return "No lab is released yet: a lab's solutions come out after its deadline."
+    if first_withheld >= len(syllabus.LABS):
+        return "Every lab is released: the solutions are in `reference_impl/` and `solutions/`."
+    labs = "Lab 0 is" if first_withheld == 1 else f"Labs 0 to {first_withheld - 1} are"
+    return (f"{labs} released: their solutions are in `reference_impl/` and `solutions/`; "
+            "a later lab's come out after its deadline.")
+
+
+def labs_table(first_withheld: int) -> str:
+    """Each lab: its notebook, the files it has you write, its time, when its solutions come."""
+    rows = ["| lab | topic | notebook | you write | time | solutions |", "|---|---|---|---|---|---|"]
+    for lab in syllabus.LABS:
+        files = ", ".join(f"`{name}.py`" for name in lab.files)
+        solutions = ("released" if lab.number < first_withheld else "after its deadline")
+        rows.append(f"| {lab.number} | {lab.topic} | `labs/{lab.notebook}.ipynb` | {files} | "
+                    f"{lab.minutes} min | {solutions} |")
+    return "\n".join(rows)
+
+
+def student_readme(first_withheld: int) -> str:
+    """The handout's README: ``student_readme.md`` filled in with the kit README's title, its
+    set-up and student sections, and the labs' table."""
+    kit = (REPO / "README.md").read_text()
+    return string.Template(STUDENT_README.read_text()).substitute(
+        title=kit.splitlines()[0], released=released_sentence(first_withheld),
+        set_up=readme_section(kit, "Set up"), for_students=readme_section(kit, "For students"),
+        labs=labs_table(first_withheld))
+
+
+# ------------------------------------------------------------ files as the handout has them
+
+def without_table(toml: str, name: str) -> str:
+    """``toml`` without its table ``[name]``: the header and its lines, up to the comment that
+    opens the next table."""
+    lines = toml.splitlines(keepends=True)
+    start = lines.index(f"[{name}]\n")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines))
+    while lines[end - 1].startswith("#"):
+        end -= 1
+    return "".join(lines[:start] + lines[end:])
+
+
+def runs_student_file(source: str, name: str) -> str:
+    """A withheld module's ``if __name__ == "__main__":`` block: the student's file runs."""
+    block = (f'if __name__ == "__main__":  # withheld in this handout: your labs/{name}.py runs\n'
+             "    from reference_impl.course.own_files import run_as_program\n\n"
+             f'    run_as_program("{name}")\n')
+    return _MAIN.sub(lambda _: block, source)
+
+
+def shipped_link(name: str, target: str, shipped: set[str]) -> bool | None:
+    """Whether a link of page ``name`` reaches a shipped file or folder (None: the link is not
+    to a file of the repository: a URL or an anchor)."""
+    if re.match(r"^(?:[a-z]+:|#)", target):
+        return None
+    path = posixpath.normpath(posixpath.join(posixpath.dirname(name), target.split("#")[0]))
+    return path in shipped or any(other.startswith(path + "/") for other in shipped)
+
+
+def unlinked(page: str, name: str, shipped: set[str]) -> str:
+    """A kit page as it ships: its links to files that do not ship become their text."""
+    def link(match):
+        return match.group(0) if shipped_link(name, match.group(2), shipped) is not False \
+            else match.group(1)
+    pieces = _CODE.split(page)  # prose, code, prose, ...
+    return "".join(_LINK.sub(link, piece) if i % 2 == 0 else piece
+                   for i, piece in enumerate(pieces))
+
+
+def shipped_decks_only(page: str, shipped: set[str]) -> str:
+    """slides/README.md with the rows of the decks that ship, without its section on the kit's
+    checks of the decks."""
+    rows = [line for line in page.splitlines(keepends=True)
+            if not (deck := re.match(r"^\| `(lab\d+_\w+\.ipynb)` \|", line))
+            or f"slides/{deck.group(1)}" in shipped]
+    sections = re.split(r"(?m)^(?=## )", "".join(rows))
+    return "".join(section for section in sections
+                   if not section.startswith(f"## {SLIDES_KIT_SECTION}\n"))
+
+
+def shipped_text(name: str, shipped: set[str]) -> str | None:
+    """A kit file's text as the handout has it, where it differs (None: copied as it is)."""
+    if name == "pyproject.toml":
+        return without_table((REPO / name).read_text(), "tool.pytest.ini_options")
+    if not name.endswith(".md"):
+        return None
+    page = (REPO / name).read_text()
+    if name == "slides/README.md":
+        page = shipped_decks_only(page, shipped)
+    return unlinked(page, name, shipped)
+
+
+def broken_links(out: Path) -> list[str]:
+    """Every relative link of the handout's Markdown that reaches no file of it."""
+    shipped = {path.relative_to(out).as_posix() for path in out.rglob("*") if path.is_file()}
+    broken = []
+    for page in sorted(out.rglob("*.md")):
+        name = page.relative_to(out).as_posix()
+        for _, target in _LINK.findall("".join(_CODE.split(page.read_text())[::2])):
+            if shipped_link(name, target, shipped) is False:
+                broken.append(f"{name}: {target}")
+    return broken
+
+
+# ------------------------------------------------------------ the build
 
 def build(out: Path, first_withheld: int) -> list[str]:
     """Write the handout to ``out`` (which must not exist); return the stubbed module names."""
@@ -79,20 +204,23 @@ def build(out: Path, first_withheld: int) -> list[str]:
     labs_of_files = syllabus.labs_of_files()
     stubbed = {path.relative_to(REPO).as_posix(): path for path in modules_with_exercises()
                if set(labs_of_files[path.stem]) & labs}
-    for name in tracked_files():
-        if left_out(name, first_withheld):
-            continue
+    shipped = {name for name in tracked_files() if not left_out(name, first_withheld)}
+    for name in sorted(shipped):
         target = out / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        if name in stubbed:
-            target.write_text(stubbed_source(stubbed[name], labs))
-        else:
+        text = (runs_student_file(stubbed_source(stubbed[name], labs), stubbed[name].stem)
+                if name in stubbed else shipped_text(name, shipped | set(WRITTEN)))
+        if text is None:
             shutil.copy2(REPO / name, target)
+        else:
+            target.write_text(text)
     names = sorted(path.stem for path in stubbed.values())
     (out / WITHHELD_LIST.relative_to(REPO)).write_text("".join(f"{n}\n" for n in names))
     (out / "README.md").write_text(student_readme(first_withheld))
-    # Only the graded tests, from the handout's root (pytest.ini outranks pyproject.toml).
-    (out / "pytest.ini").write_text("[pytest]\ntestpaths = tests/labs\n")
+    (out / "pytest.ini").write_text(PYTEST_INI)
+    broken = broken_links(out)
+    if broken:
+        raise ValueError("the handout's pages link to files it lacks: " + "; ".join(broken))
     return names
 
 

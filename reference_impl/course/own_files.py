@@ -14,6 +14,8 @@ the same class wherever it is imported.
   does, so it never runs a student's code.
 * A student notebook starts with :func:`use_my_files`: ``labs/`` first on the import path and,
   in a handout, the same stand-ins in the notebook and in every rank it launches.
+* A withheld module run as a program in a handout (``python -m reference_impl.comm.groups``)
+  runs the student's file instead (:func:`run_as_program`), with the same stand-ins.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import functools
 import importlib
 import importlib.abc
 import importlib.util
+import runpy
 import sys
 from pathlib import Path
 
@@ -71,6 +74,13 @@ def use_my_files() -> None:
 
         stand_in(LABS)
         launcher.default_rank_setup = functools.partial(stand_in, LABS)
+
+
+def run_as_program(name: str) -> None:
+    """Run the student's ``labs/<name>.py`` as ``__main__`` (its command line is this process's),
+    on the student's files wherever it imports a withheld module, as in a notebook."""
+    use_my_files()
+    runpy.run_path(str(LABS / f"{name}.py"), run_name="__main__")
 
 
 def require(path: Path, name: str) -> None:

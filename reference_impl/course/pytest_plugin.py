@@ -9,6 +9,8 @@ only loaded when pytest collects its folder, too late to define ``--impl``).
 ``--impl {reference,labs,PATH}`` chooses the implementation the graded tests (marked
 ``lab0``, ``lab1``, ...) check: the reference (default), the student files in ``labs/``, or a
 submitted copy of ``labs/`` at PATH. Tests without a lab marker always check the reference.
+A run that gives no ``--impl`` takes the ini option ``impl``: a student handout sets it to
+``labs``, so a plain ``pytest`` there checks the student's own files.
 
 ``--backend {auto,gloo,nccl}`` picks the process-group backend for multi-rank tests. ``auto``
 uses NCCL when there is a GPU for each of a test's ranks and gloo on the CPU otherwise;
@@ -28,6 +30,10 @@ per test phase, per launch (its world size and backend), per launch that hung an
 (a graded file that imports the reference module it must write), as the run goes: ``python -m
 reference_impl.course.grade`` builds its results from it, also when the run is killed. How
 graded tests are written: ``reference_impl.course.grading``.
+
+The summary gives each lab's progress, ``lab2: 12/22 passed``, or ``lab3: not started (0/17)``
+for a lab whose every failure stopped at an exercise's ``NotImplementedError``: those
+failures are counted in the last line ("17 not started"), their tracebacks left out.
 """
 import collections
 import json
@@ -41,7 +47,7 @@ from pathlib import Path
 import pytest
 
 from reference_impl.comm.sandbox import Sandbox
-from reference_impl.course import sandboxing, syllabus
+from reference_impl.course import sandboxing, sweeps, syllabus
 from reference_impl.course.grading import Implementation, reference_imports
 from reference_impl.comm.device import BACKENDS, gpu_count
 from reference_impl.comm.launcher import DEFAULT_TIMEOUT, launch
@@ -63,7 +69,8 @@ def pytest_addoption(parser):
     group.addoption("--backend", choices=BACKENDS, default="auto",
                     help="process-group backend for multi-rank tests (default: auto)")
     group.addoption("--impl", action="append", default=None,
-                    help="implementation the graded tests check: reference (default), labs "
+                    help="implementation the graded tests check: reference (default: the ini "
+                         "option impl, else reference), labs "
                          "(the student files in labs/), or PATH (a submitted copy of labs/). "
                          "Given several times, every graded test runs once per "
                          "implementation (to compare variants, as the kit's mistake catalogue "
@@ -89,8 +96,14 @@ def pytest_addoption(parser):
     group.addoption("--output-limit", type=int, default=DEFAULT_OUTPUT_LIMIT,
                     help=f"bytes of each rank's output kept per launch (default "
                          f"{DEFAULT_OUTPUT_LIMIT})")
+    group.addoption("--sweep-seed", type=int, default=sweeps.DEFAULT_SEED,
+                    help="the seed of the configurations graded checks sweep (default "
+                         f"{sweeps.DEFAULT_SEED}, what every student is graded on); a failure "
+                         "prints its seed and case")
     group.addoption("--grading-log", default=None,
                     help="append the graded tests' outcomes to this file as JSON lines")
+    parser.addini("impl", "the --impl of a run that gives none (a student handout: labs)",
+                  default="reference")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -111,8 +124,8 @@ def pytest_configure(config):
     # A test module that cannot be imported fails its own tests, not the whole graded run.
     config.option.continue_on_collection_errors = True
     try:
-        config.implementations = [Implementation.from_option(value)
-                                  for value in config.getoption("--impl") or ["reference"]]
+        chosen = config.getoption("--impl") or [config.getini("impl")]
+        config.implementations = [Implementation.from_option(value) for value in chosen]
         config.implementation = config.implementations[0]
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
@@ -246,6 +259,13 @@ def backend(request):
 
 
 @pytest.fixture
+def sweep_seed(request) -> int:
+    """The seed of the configurations a graded check sweeps (``--sweep-seed``; see
+    ``reference_impl.course.sweeps``)."""
+    return request.config.getoption("--sweep-seed")
+
+
+@pytest.fixture
 def run_on_ranks(request, backend, tmp_path_factory):
     """``run_on_ranks(fn, world_size, *args, timeout=None, **kwargs)``: ``fn`` on the ranks,
     on the chosen backend; every rank's result. In a graded test (one with a lab marker):
@@ -359,6 +379,11 @@ def _write_report(report, lab, phase):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    """Runs before the terminal's summary: the failures of labs not started leave its list of
+    failures (see :func:`fold_not_started`); the grading log is closed."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        fold_not_started(reporter.stats)
     grading = getattr(session.config, "grading", None)
     if grading is not None and grading.log is not None:
         grading.write(event="finished", exitstatus=int(exitstatus))
@@ -372,7 +397,7 @@ def graded_outcomes(stats) -> dict[str, tuple[str, bool]]:
     A test module that cannot be imported has no tests, only a failed collection report:
     it counts as one failed test of the labs its file name says (``test_lab2_*.py``)."""
     outcomes = {}
-    for category in ("passed", "failed", "error", "skipped", "xfailed", "xpassed"):
+    for category in ("passed", "failed", "error", NOT_STARTED, "skipped", "xfailed", "xpassed"):
         for report in stats.get(category, []):
             lab = _lab_of(report)
             if lab is not None:
@@ -382,6 +407,35 @@ def graded_outcomes(stats) -> dict[str, tuple[str, bool]]:
 
 
 _STUB = re.compile(r"NotImplementedError: (lab\d+):")
+# The terminal's category for the failures of a lab not started: counted in its last line
+# ("14 not started"), listed neither with the failures nor in the short summary.
+NOT_STARTED = "not started"
+
+
+def not_started(stats) -> set[str]:
+    """The labs a student has not started: none of their tests passed and every failure
+    stopped at an exercise's stub (``NotImplementedError: labN: ...``), at least one at the
+    lab's own (the rest at the stubs of labs it builds on)."""
+    outcomes = graded_outcomes(stats)
+    stubs_met = collections.defaultdict(set)  # lab -> the labs whose stubs its failures met
+    for report in stats.get("failed", []) + stats.get("error", []):
+        lab = _lab_of(report)
+        if lab is not None:
+            stubs_met[lab].add(frozenset(_STUB.findall(report.longreprtext)))
+    return {lab for lab, met in stubs_met.items()
+            if all(found for found in met) and any(lab in found for found in met)
+            and not any(ok for name, ok in outcomes.values() if name == lab)}
+
+
+def fold_not_started(stats) -> None:
+    """Move the failures of the labs not started to their own category: their tracebacks,
+    one per test and all alike, would bury those of the labs in progress."""
+    labs = not_started(stats)
+    for category in ("failed", "error"):
+        folded = [report for report in stats.get(category, []) if _lab_of(report) in labs]
+        if folded:
+            stats[category] = [report for report in stats[category] if report not in folded]
+            stats.setdefault(NOT_STARTED, []).extend(folded)
 
 
 def _stopped_in_other_labs(stats) -> collections.Counter:
@@ -419,10 +473,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     outcomes.update((nodeid, (lab, False)) for nodeid, lab in not_run.items())
     terminalreporter.section(f"graded labs ({config.implementation.name})")
+    folded = {_lab_of(report) for report in terminalreporter.stats.get(NOT_STARTED, [])}
     for lab in sorted({lab for lab, _ in outcomes.values()}, key=lambda name: int(name[3:])):
         results = [ok for name, ok in outcomes.values() if name == lab]
         missing = sum(name == lab for name in not_run.values())
-        terminalreporter.write_line(f"{lab}: {sum(results)}/{len(results)} passed"
+        progress = (f"not started (0/{len(results)})" if lab in folded else
+                    f"{sum(results)}/{len(results)} passed")
+        terminalreporter.write_line(f"{lab}: {progress}"
                                     + (f" ({missing} not run)" if missing else ""))
     if config.grading.interrupted:
         terminalreporter.write_line(f"interrupted: {config.grading.interrupted}")

@@ -1,9 +1,12 @@
 """A term of the course, lived in the student handout (``tests/support/handout_runs.py``: the
 handout's own library only, nothing of this repository importable).
 
+* **A fresh clone**: a plain ``pytest``, the handout's one configuration and no warning in its
+  header, reads every lab as not started, no traceback printed.
 * **Start of term** (the README's handout command: every lab withheld). Lab by lab in course
   order, every earlier lab's files handed in: the README's student command for the lab fails
-  every graded test on its stubs, each with the not-implemented hint; then the student hands in
+  every graded test on its stubs, each with the not-implemented hint, and reads the lab as not
+  started; then the student hands in
   that lab's files (modules and notebook, every exercise done, as ``make_labs`` writes them
   solved), the same command passes every graded test, the lab's notebook runs top to bottom,
   and the world sizes its tests launched are the GPUs the syllabus says it needs.
@@ -41,6 +44,9 @@ from support import REPO
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 AT_ONCE = 4  # steps at a time: each is mostly waiting on ranks and kernels starting
+# Every lab's graded tests in one run (about 3 minutes alone on 2 cores, more beside other
+# steps): below the term's limit, above a single run's.
+EVERY_LAB_LIMIT = 600
 LABS = syllabus.LABS
 
 
@@ -128,6 +134,11 @@ class Step:
                 "notebook": run_notebook(self.python, handout,
                                          handout / "labs" / f"{lab.notebook}.ipynb")}
 
+    def fresh(self) -> dict:
+        handout = build_handout(self.folder)
+        return {"pytest": in_handout(self.python, handout, "pytest", timeout=EVERY_LAB_LIMIT,
+                                     PYTEST_ADDOPTS="-p no:cacheprovider")}
+
     def lab3_before_lab2_is_released(self) -> dict:
         handout = build_handout(self.folder)
         hand_in(handout, self.solved, [syllabus.lab("lab3")])
@@ -135,11 +146,12 @@ class Step:
 
 
 def step_of(item) -> tuple:
-    """The step a test of this module reads: ("start", "lab3"), ("release", "lab3") or
-    ("lab3 early",)."""
+    """The step a test of this module reads: ("start", "lab3"), ("release", "lab3"),
+    ("fresh",) or ("lab3 early",)."""
     lab = item.callspec.params["lab"].marker if hasattr(item, "callspec") else None
     return {"test_start_of_term_lab_by_lab": ("start", lab),
             "test_a_release_lets_a_student_do_a_lab_without_the_earlier_ones": ("release", lab),
+            "test_in_a_fresh_clone_pytest_reads_every_lab_as_not_started": ("fresh",),
             }.get(item.originalname, ("lab3 early",))
 
 
@@ -149,7 +161,7 @@ def term(request, tmp_path_factory):
     ``term[key]()`` waits for step ``key`` and returns what it ran."""
     python = handout_python(tmp_path_factory.mktemp("handout-python"))
     solved = {path.name: text for path, text in make_labs.student_files(solved=True).items()}
-    methods = {"start": "start_of_term", "release": "release",
+    methods = {"start": "start_of_term", "release": "release", "fresh": "fresh",
                "lab3 early": "lab3_before_lab2_is_released"}
     keys = dict.fromkeys(step_of(item) for item in request.session.items
                          if item.path == Path(__file__) and "term" in item.fixturenames)
@@ -186,12 +198,23 @@ def test_start_of_term_lab_by_lab(term, lab):
         f"{lab.marker}'s graded tests launched at most {ran['gpus']} ranks on the chosen "
         f"backend; reference_impl/course/syllabus.py says it needs {lab.gpus} GPUs under NCCL")
     stubs, cases = ran["stubs"]
-    failed = re.search(rf"^{lab.marker}: 0/(\d+) passed$", stubs.stdout, re.MULTILINE)
-    assert stubs.returncode != 0 and failed and int(failed[1]) > 0, (
+    not_started = re.search(rf"^{lab.marker}: not started \(0/(\d+)\)$", stubs.stdout,
+                            re.MULTILINE)
+    assert stubs.returncode != 0 and not_started and int(not_started[1]) > 0, (
         f"before {lab.marker}'s files were handed in, its graded tests should all fail on its "
-        f"stubs:\n{stubs.stdout[-3000:]}")
-    assert f"NotImplementedError: {lab.marker}:" in stubs.stdout, stubs.stdout[-3000:]
+        f"stubs, the lab read as not started:\n{stubs.stdout[-3000:]}")
     assert_every_case_fails_with_the_hint(stubs, cases)
+
+
+def test_in_a_fresh_clone_pytest_reads_every_lab_as_not_started(term):
+    process = term[("fresh",)]()["pytest"]
+    header = process.stdout.split(" test session starts ", 1)[1].split("\ncollected", 1)[0]
+    assert "\nconfigfile: pytest.ini\n" in header and "WARNING" not in header, header
+    progress = re.findall(r"^(lab\d+): not started \(0/\d+\)$", process.stdout, re.MULTILINE)
+    assert progress == [lab.marker for lab in LABS], process.stdout[-3000:]
+    assert "Traceback" not in process.stdout and " FAILURES " not in process.stdout, (
+        process.stdout[-3000:])
+    assert re.search(r"=+ \d+ not started in ", process.stdout), process.stdout[-500:]
 
 
 @pytest.mark.parametrize("lab", RELEASES, ids=lambda lab: lab.marker)

@@ -21,17 +21,14 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
 
 from reference_impl.checks import assert_close
 from reference_impl.comm.groups import build_rank_layout
 from reference_impl.comm.device import current_device
-from reference_impl.model import MLP
 from reference_impl.comm.process_groups import create_process_groups
 from reference_impl.tp.sagemaker_linear import DistributedLinear
 from reference_impl.tp.tp_layers import ParallelMLP, unshard
-from reference_impl.toys import HIDDEN, toy_and_batch, toy_grads, toy_loss
+from reference_impl.toys import toy_and_batch, toy_grads, toy_loss
 
 pytestmark = pytest.mark.lab5
 

@@ -1,33 +1,54 @@
-"""Lab 5, graded: ZeRO (``zero.py``, Rajbhandari et al. 2020): the padded shards, ZeRO-1's
-step and ZeRO-2's reduce-scatter of the gradients.
+"""Lab 5, graded: ZeRO (``zero.py``, Rajbhandari et al. 2020): the padded shards, then ZeRO-1, 2
+and 3 training with AdamW, its gradient reduction read before its step.
 
 * **Shards** (one process, no communication): for parameters of 5, 10, 12 and 35
   elements over N = 2, 3 and 4 ranks, every rank's ``my_slice`` against the flattened
   parameter padded with zeros to N * ceil(numel / N) and cut in N.
-* **Training on two data-parallel groups at once**: 4 CPU ranks in Megatron's layout with
-  tp = 2, so two RDP groups of 2 ranks ({0, 2} and {1, 3}), neither of them the world. Each
-  group trains its own batches, so a collective over the world, or a mean over the world
-  size, gives other numbers. Every parameter has an odd number of elements (hidden 5, FFN 7),
-  so no parameter divides into 2 equal shards without padding. Each step accumulates two
-  micro-batches before the optimizer steps. After 3 steps every rank's parameters must be those
-  of unsharded ``torch.optim.Adam`` on its group's averaged gradients, computed here in
-  pytest's process from a fresh model the submission never saw; after the first backward
-  each rank holds the fp32 formula's bytes of model states (ZeRO-1 8 + 8/N, ZeRO-2 4 + 12/N
-  bytes per parameter, each parameter padded to a multiple of N).
+* **Training, swept** (``reference_impl.course.sweeps``; ``--sweep-seed N`` draws another
+  permuted layout, every failure prints its seed and case): stages 1, 2 and 3, each on 4 CPU
+  ranks cut into data-parallel groups of 2 (consecutive {0, 1} {2, 3}, strided {0, 2} {1, 3},
+  permuted) and of 4 (the world), every group of a layout at once, each on batches of its own,
+  so a collective over the world, or a mean over the world size, gives other numbers. Every
+  parameter has an odd number of elements (hidden 5, FFN 7), so none divides into N equal
+  shards without padding. The optimizer is AdamW (``decoupled_weight_decay``) with two
+  parameter groups (weight decay on the matrices only) and eps = 1; the lr is halved after the
+  first step, through ``param_groups``. Each of 3 steps accumulates two micro-batches, then
+  calls ``reduce_gradients()`` and reads the gradients, then ``step()`` and reads the rest.
+
+After each step, every rank's state against unsharded ``torch.optim.AdamW`` on the group's
+averaged gradients, computed here in pytest's process from a fresh model the submission never
+saw, in this order (the gradient reduction is blamed before the step):
+
+1. **the communication contract** (``comm_contract.check_contract``) of each phase, over the
+   optimizer's group, payloads as ``comm_trace`` counts them (P the padded numel, 4 bytes each):
+   ZeRO-1: nothing in the backward, one all-reduce of each whole gradient in
+   ``reduce_gradients``, one all-gather of P per parameter in ``step``; ZeRO-2: one
+   reduce-scatter of P per parameter in each micro-batch's backward, one all-gather of P per
+   parameter in ``step``; ZeRO-3: in each micro-batch an all-gather of P per parameter before
+   its module's forward, another before its backward, a reduce-scatter of P after it, nothing in
+   ``step`` (the next forward gathers);
+2. **the gradients after ``reduce_gradients()``**: ``param.grad`` the group's mean under ZeRO-1
+   (as DDP leaves it), None under ZeRO-2 and 3; every rank's shard of the mean
+   (``shards[param].grad``, padded) under every stage;
+3. **Adam's state after ``step()``**: each shard's m and v (``exp_avg``, ``exp_avg_sq``) against
+   torch's, sliced and padded the same way, and its step count;
+4. **the parameters after ``step()``** (``full_state_dict()``, whole on every rank), and,
+   after the first backward, the model-state bytes against the fp32 formula
+   (``memory/model_states.py``: 8 + 8/N, 4 + 12/N, 16/N bytes per parameter, each padded).
 
 Before the submission is loaded, each rank starts recording every collective (its kind, its
 ranks, the sizes of its pieces, the phase of the run it came in), and the run catches an
-exception rather than dying, so that a failure is named from what the ranks did: a
-collective over the world, pieces of unequal size (a parameter cut without padding), an
-all-reduce of the whole gradient in ZeRO-2's backward. Where the parameters are wrong, the
-test compares them with the results of the usual mistakes (averaged over the world size,
-summed over the world, not averaged, not reduced, micro-batches overwritten), each trained
-here too, and otherwise says which shards are wrong.
+exception rather than dying, so that a failure is named from what the ranks did. Where the
+parameters are wrong, the test compares them with the results of the usual mistakes (averaged
+over the world size, summed over the world, not averaged, not reduced, micro-batches
+overwritten), each trained here too, and otherwise says which shards are wrong.
 
 Adam's update g / (sqrt(v) + eps) ignores the gradient's scale when eps is tiny: a gradient
 summed instead of averaged would pass. With eps = 1 the scale shows. Tolerance (fp32): 1e-6
-absolute and relative (Adam's own arithmetic per element; only the order of sums changes).
+absolute and relative (Adam's own arithmetic per element; only the order of sums changes;
+observed within 1e-7).
 """
+import functools
 import inspect
 import math
 
@@ -36,28 +57,47 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.checks import assert_close
+from reference_impl.checks import assert_close, assert_close_naming
+from reference_impl.comm.comm_contract import check_contract, expected
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.comm.groups import build_rank_layout
 from reference_impl.comm.device import current_device
-from reference_impl.comm.process_groups import create_process_groups
-from reference_impl.equivalence import train_on_averaged_gradients
+from reference_impl.comm.rank_failures import RankFailure
+from reference_impl.course.sweeps import group_layouts, group_of, label
+from reference_impl.memory.model_states import zero_memory_formula
 from reference_impl.model import MLP
 
 pytestmark = pytest.mark.lab5
 
-WORLD, TP, HIDDEN, FFN = 4, 2, 5, 7  # 5, 7 and 35 elements: none divides by the group's 2
-STEPS, MICRO, LR, EPS = 3, 2, 1e-2, 1.0
+WORLD, HIDDEN, FFN = 4, 5, 7  # 5, 7 and 35 elements: none divides by 2 or 4
+DP_SIZES = (2, 4)
+STEPS, MICRO, LR, EPS, DECAY = 3, 2, 1e-2, 1.0, 0.1
+LR_AFTER_FIRST_STEP = LR / 2
 TOLERANCE = dict(atol=1e-6, rtol=1e-6)
 TIMEOUT = 120
 ACTION = {"all_reduce": "all-reduced", "all_gather": "all-gathered",
           "all_gather_into_tensor": "all-gathered", "reduce_scatter": "reduce-scattered",
           "reduce_scatter_tensor": "reduce-scattered"}
+SAME_OPERATION = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}
+AVERAGED_A_COPY = (
+    "ZeRO-1 averaged a copy: param.grad is still this rank's own gradient. reduce_gradients "
+    "must leave the group's mean in param.grad (as DDP does: gradient clipping and logging read "
+    "it there), then keep this rank's shard of it")
+STAGE3_WHOLE = (
+    "stage 3 keeps only this rank's shard of every parameter (shard.master); the step updates "
+    "it in place and copies nothing back into the parameter, whose storage is empty between "
+    "layers (the next forward gathers it)")
 
 
 def zero_model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.LayerNorm(HIDDEN), MLP(HIDDEN, FFN), nn.LayerNorm(HIDDEN))
+
+
+def decay_groups(model) -> list[dict]:
+    """AdamW's parameter groups: weight decay on the matrices, none on biases and norms."""
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    others = [p for p in model.parameters() if p.dim() < 2]
+    return [{"params": matrices, "weight_decay": DECAY}, {"params": others, "weight_decay": 0.0}]
 
 
 def zero_batch(step: int, group: int, member: int, micro: int):
@@ -66,6 +106,15 @@ def zero_batch(step: int, group: int, member: int, micro: int):
     generator = torch.Generator().manual_seed(1000 * step + 100 * group + 10 * micro + member)
     return (torch.randn(2, 3, HIDDEN, generator=generator),
             torch.randn(2, 3, HIDDEN, generator=generator))
+
+
+def layouts(seed: int) -> list[tuple[int, str, list[list[int]]]]:
+    return [(dp, name, groups) for dp in DP_SIZES
+            for name, groups in group_layouts(WORLD, dp, seed).items()]
+
+
+def case_of(stage: int, dp: int, layout: str) -> dict:
+    return {"stage": stage, "dp": dp, "layout": layout}
 
 
 # ----------------------------------------------------------------- the shards, alone
@@ -145,7 +194,8 @@ class CollectiveLog(CommTracer):
             entry = {
                 "op": op, "phase": self.phase[0], "ranks": dist.get_process_group_ranks(group),
                 "pieces": [t.numel() for t in pieces] if pieces is not None else [],
-                "own": own.numel() if pieces is not None and own is not None else None}
+                "own": own.numel() if pieces is not None and own is not None else None,
+                "nbytes": payload_bytes(list(bound.values())[argument])}
             self.entries.append(entry)
             if unequal(entry):
                 raise UnequalPieces(f"{op} given pieces of {entry['pieces']} elements")
@@ -154,82 +204,101 @@ class CollectiveLog(CommTracer):
         return logged
 
 
+def payload_bytes(tensors) -> int:
+    """A collective's payload as ``comm_trace`` counts it (a tensor, or a list of them)."""
+    if isinstance(tensors, torch.Tensor):
+        return tensors.numel() * tensors.element_size()
+    return sum(payload_bytes(t) for t in tensors)
+
+
 def unequal(call) -> bool:
     """Whether a collective's pieces (its own one included) differ in size."""
     own = [call["own"]] if call["own"] is not None else []
     return len(set(call["pieces"] + own)) > 1
 
 
-def zero_on_rank(impl, stage: int):
-    device = current_device()
-    groups = create_process_groups(build_rank_layout(WORLD, tp=TP, pp=1, order="megatron"))
-    group, member = groups.coordinates.tp_rank, groups.coordinates.rdp_rank
+def zero_on_rank(impl, stage: int, seed: int):
+    """Every layout of the sweep, one after the other, on this rank: {case label: result}."""
+    rank = dist.get_rank()
+    handles = {}
+    for dp, name, groups in layouts(seed):  # every rank creates every group, in one order
+        made = [dist.new_group(ranks) for ranks in groups]
+        handles[(dp, name)] = made[groups.index(group_of(rank, groups))]
+    found = {}
+    for dp, name, groups in layouts(seed):
+        members = group_of(rank, groups)
+        replica = (groups.index(members), members.index(rank))
+        found[label(case_of(stage, dp, name), seed)] = zero_run(
+            impl, stage, handles[(dp, name)], replica, members)
+    return found
+
+
+def zero_run(impl, stage, group, replica, members):
     phase = ["construction"]
-    model = zero_model().to(device)
-    result = {"group": group, "member": member, "error": None, "memory": None,
-              "dp_ranks": dist.get_process_group_ranks(groups.rdp), "whole_gradients": None,
-              "params": []}  # after each step
+    model = zero_model().to(current_device())
+    result = {"replica": list(replica), "error": None, "memory": None, "dp_ranks": members,
+              "steps": []}
     with CollectiveLog(phase) as log:  # recording before the submission runs in this process
-        result["error"] = train_zero(impl, stage, model, groups.rdp, (group, member), phase,
-                                     result)
+        result["error"] = train_zero(impl, stage, model, group, replica, phase, result)
     result["calls"] = log.entries
     return result
 
 
+def shard_state(optimizer, model, stage) -> dict:
+    """What this rank holds after a step: every shard's gradient (before the step: read by
+    the caller), m, v and step count, and the whole parameters."""
+    shards = [optimizer.shards[p] for p in model.parameters()]
+    params = (optimizer.full_state_dict() if stage == 3 else
+              {name: p.detach().clone() for name, p in model.named_parameters()})
+    return {"exp_avg": [s.exp_avg.detach().cpu().clone() for s in shards],
+            "exp_avg_sq": [s.exp_avg_sq.detach().cpu().clone() for s in shards],
+            "count": [int(s.step) for s in shards],
+            "params": {name: value.detach().cpu().clone() for name, value in params.items()}}
+
+
+def gradients_now(optimizer, model) -> dict:
+    """param.grad and the shard's gradient of every parameter, as they are."""
+    def copy(tensor):
+        return None if tensor is None else tensor.detach().cpu().clone()
+    return {"param": [copy(p.grad) for p in model.parameters()],
+            "shard": [copy(optimizer.shards[p].grad) for p in model.parameters()]}
+
+
 def train_zero(impl, stage, model, dp_group, replica, phase, result):
-    """ZeRO-``stage`` training of ``model`` over ``dp_group``; what it finds goes into
+    """ZeRO-``stage`` AdamW training of ``model`` over ``dp_group``; what it finds goes into
     ``result``. Returns the exception it raised, as text, or None."""
     device = current_device()
     try:
         zero = impl.module("zero")
-        optimizer = zero.ZeroOptimizer(model, dp_group, stage=stage, lr=LR, eps=EPS)
+        optimizer = zero.ZeroOptimizer(model, dp_group, stage=stage, lr=LR, eps=EPS,
+                                       decoupled_weight_decay=True,
+                                       param_groups=decay_groups(model))
         for step in range(STEPS):
+            if step == 1:
+                for group in optimizer.param_groups:
+                    group["lr"] = LR_AFTER_FIRST_STEP
             for micro in range(MICRO):
-                phase[0] = f"step {step}, backward of micro-batch {micro}"
+                phase[0] = f"step {step}, micro-batch {micro}"
                 x, upstream = (t.to(device) for t in zero_batch(step, *replica, micro))
                 model(x).backward(upstream)
             if step == 0:
-                result["whole_gradients"] = [name for name, p in model.named_parameters()
-                                             if p.grad is not None]
                 result["memory"] = {kind: int(value) for kind, value in
                                     zero.model_state_bytes(model, optimizer).items()}
-            phase[0] = f"step {step}, optimizer.step()"
+            phase[0] = f"step {step}, reduce_gradients()"
+            optimizer.reduce_gradients()
+            grads = gradients_now(optimizer, model)
+            phase[0] = f"step {step}, step()"
             optimizer.step()
+            phase[0] = f"step {step}, reading the state"
+            result["steps"].append({"grads": grads, **shard_state(optimizer, model, stage)})
             optimizer.zero_grad()
-            result["params"].append({name: p.detach().cpu().clone()
-                                     for name, p in model.named_parameters()})
+        optimizer.remove_hooks()
     except Exception as error:  # the test names it, with what the collectives show
         return f"{type(error).__name__}: {error}"
     return None
 
 
-# ----------------------------------------------------------------- in the test
-
-def collective_evidence(rank, result, stage):
-    """A named mistake from the collectives the rank ran, or None."""
-    dp_ranks = result["dp_ranks"]
-    for index, call in enumerate(result["calls"]):
-        where = f"rank {rank}: {call['op']} #{index} ({call['phase']})"
-        if call["ranks"] != dp_ranks:
-            over = ("the world instead of the group" if len(call["ranks"]) == WORLD
-                    else "the wrong group")
-            return (f"{where} ran over ranks {call['ranks']}, not the optimizer's data-parallel "
-                    f"group {dp_ranks}: {ACTION.get(call['op'], call['op'])} over {over} (there are two "
-                    "data-parallel groups, each with its own batches; pass the optimizer's "
-                    "group to every collective)")
-        if unequal(call):
-            return (f"{where} was given pieces of {call['pieces']} elements and this rank's "
-                    f"own piece of {call['own']}: a parameter cut without padding. Every "
-                    f"piece must have the same size, ceil(numel / N): pad the flattened "
-                    f"parameter with zeros to a multiple of the group's size {len(dp_ranks)} "
-                    "first")
-        if stage == 2 and call["op"] == "all_reduce" and "backward" in call["phase"]:
-            return (f"{where}: ZeRO-2 all-reduced a whole gradient in the backward; it "
-                    "reduce-scatters it instead, so that each rank receives only its shard of "
-                    "the sum, half of an all-reduce's bytes (an all-reduce is a reduce-scatter "
-                    "plus an all-gather)")
-    return None
-
+# ----------------------------------------------------------------- in the test: unsharded AdamW
 
 def replicas_batch(replicas, scale, micros):
     """The batches of ``replicas`` [(group, member)], micro-batches ``micros`` in one, the
@@ -241,19 +310,48 @@ def replicas_batch(replicas, scale, micros):
     return batch
 
 
-def unsharded_adam(replicas, steps=STEPS, scale=1.0, micros=tuple(range(MICRO))) -> dict:
-    """torch.optim.Adam on a fresh model, ``steps`` steps on the gradients averaged over
-    ``replicas``."""
+@functools.lru_cache(maxsize=None)
+def unsharded_adamw(replicas: tuple, scale=1.0, micros=tuple(range(MICRO))) -> list[dict]:
+    """torch.optim.AdamW on a fresh model, STEPS steps on the gradients averaged over
+    ``replicas`` (the lr halved after the first); per step: the averaged gradients, each
+    replica's own, m, v and the parameters after it, by parameter index / name."""
     model = zero_model()
-    return train_on_averaged_gradients(
-        model, torch.optim.Adam(model.parameters(), lr=LR, eps=EPS), steps, len(replicas),
-        replicas_batch(replicas, scale, micros))
+    optimizer = torch.optim.AdamW(decay_groups(model), lr=LR, eps=EPS, foreach=False)
+    batch, records = replicas_batch(list(replicas), scale, micros), []
+    for step in range(STEPS):
+        if step == 1:
+            for group in optimizer.param_groups:
+                group["lr"] = LR_AFTER_FIRST_STEP
+        own = []
+        for index in range(len(replicas)):
+            model.zero_grad()
+            x, upstream = batch(step, index)
+            model(x).backward(upstream)
+            own.append([p.grad.clone() for p in model.parameters()])
+        for index, p in enumerate(model.parameters()):
+            p.grad = sum(grads[index] for grads in own) / len(replicas)
+        mean = [p.grad.clone() for p in model.parameters()]
+        optimizer.step()
+        states = [optimizer.state[p] for p in model.parameters()]
+        records.append({"mean": mean, "own": own,
+                        "exp_avg": [s["exp_avg"].clone() for s in states],
+                        "exp_avg_sq": [s["exp_avg_sq"].clone() for s in states],
+                        "params": {n: p.detach().clone() for n, p in model.named_parameters()}})
+    return records
 
 
-def usual_mistakes(group, member, members, stage, steps):
-    """{what the student did: the parameters it gives}, each trained on one device."""
-    own = [(group, m) for m in range(members)]
-    world = [(g, m) for g in range(WORLD // members) for m in range(members)]
+def padded_slice(tensor, member, members):
+    """Rank ``member``'s shard of ``tensor`` flattened and padded with zeros to N pieces."""
+    flat = tensor.reshape(-1)
+    size = -(-flat.numel() // members)
+    flat = torch.cat([flat, flat.new_zeros(size * members - flat.numel())])
+    return flat[member * size:(member + 1) * size]
+
+
+def usual_mistakes(group, member, members, stage) -> dict:
+    """{what the student did: its records}, each trained on one device."""
+    own = tuple((group, m) for m in range(members))
+    world = tuple((g, m) for g in range(WORLD // members) for m in range(members))
     mistakes = {
         f"averaged over the world size: the group's sum divided by {WORLD}, not by the group's "
         f"size {members} ({members / WORLD:g}x the group's mean)": (own, members / WORLD),
@@ -264,22 +362,181 @@ def usual_mistakes(group, member, members, stage, steps):
         f"the gradient summed over the group but not averaged ({members}x the group's "
         "mean): divide by the group's size": (own, float(members)),
         "the gradient not reduced at all: each rank stepped on its own samples' gradient":
-            ([(group, member)], 1.0),
+            (((group, member),), 1.0),
     }
-    found = {description: unsharded_adam(replicas, steps, scale)
-             for description, (replicas, scale) in mistakes.items()}
-    if stage == 2:
+    found = {description: unsharded_adamw(replicas, scale)
+             for description, (replicas, scale) in mistakes.items() if replicas != own
+             or scale != 1.0}
+    if stage >= 2:
         found["only the last micro-batch's gradient kept: a new shard replaced what an earlier "
-              "backward left; ZeRO-2 accumulates into the gradient shard until zero_grad"] = \
-            unsharded_adam(own, steps, micros=(MICRO - 1,))
+              "backward left; ZeRO accumulates into the gradient shard until zero_grad"] = \
+            unsharded_adamw(own, micros=(MICRO - 1,))
     return found
 
 
-def shard_evidence(actual, expected, initial, member, members):
+# ----------------------------------------------------------------- in the test: the checks
+
+def collective_evidence(rank, result, stage, where):
+    """A named mistake from the collectives the rank ran, or None."""
+    dp_ranks = result["dp_ranks"]
+    for index, call in enumerate(result["calls"]):
+        at = f"{where}, rank {rank}: {call['op']} #{index} ({call['phase']})"
+        if call["ranks"] != dp_ranks:
+            over = ("the world instead of the group" if len(call["ranks"]) == WORLD
+                    else "the wrong group")
+            return (f"{at} ran over ranks {call['ranks']}, not the optimizer's data-parallel "
+                    f"group {dp_ranks}: {ACTION.get(call['op'], call['op'])} over {over} (the "
+                    "data-parallel groups each have their own batches; pass the optimizer's "
+                    "group to every collective)")
+        if unequal(call):
+            return (f"{at} was given pieces of {call['pieces']} elements and this rank's "
+                    f"own piece of {call['own']}: a parameter cut without padding. Every "
+                    f"piece must have the same size, ceil(numel / N): pad the flattened "
+                    f"parameter with zeros to a multiple of the group's size {len(dp_ranks)} "
+                    "first")
+        if stage >= 2 and call["op"] == "all_reduce" and "micro-batch" in call["phase"]:
+            return (f"{at}: ZeRO-{stage} all-reduced a whole gradient in the backward; it "
+                    "reduce-scatters it instead, so that each rank receives only its shard of "
+                    "the sum, half of an all-reduce's bytes (an all-reduce is a reduce-scatter "
+                    "plus an all-gather)")
+    return None
+
+
+def phase_contract(stage, phase, ranks) -> list[dict]:
+    """The operations ZeRO-``stage`` makes in one phase of a step, per the lab's formula."""
+    padded = [-(-p.numel() // len(ranks)) * len(ranks) * 4 for p in zero_model().parameters()]
+    gather = [expected("all_gather", ranks, n) for n in padded]
+    scatter = [expected("reduce_scatter", ranks, n) for n in padded]
+    if phase.endswith("reduce_gradients()"):
+        return ([expected("all_reduce", ranks, p.numel() * 4) for p in zero_model().parameters()]
+                if stage == 1 else [])
+    if phase.endswith("step()"):
+        return gather if stage < 3 else []
+    return {1: [], 2: scatter, 3: gather + gather + scatter}[stage]
+
+
+FORMULA = {1: "backward nothing; reduce_gradients one all-reduce of each whole gradient; step one "
+              "all-gather of each padded parameter",
+           2: "each backward one reduce-scatter of each padded gradient; reduce_gradients "
+              "nothing; step one all-gather of each padded parameter",
+           3: "each micro-batch one all-gather of each padded parameter before its forward and "
+              "one before its backward, one reduce-scatter of each padded gradient; step nothing"}
+
+
+def check_contracts(rank, result, stage, where):
+    phases = [f"step {s}, {p}" for s in range(STEPS)
+              for p in [f"micro-batch {m}" for m in range(MICRO)] + ["reduce_gradients()", "step()"]]
+    for phase in phases:
+        calls = [{"op": SAME_OPERATION.get(c["op"], c["op"]), "ranks": c["ranks"],
+                  "nbytes": c["nbytes"], "peer": None}
+                 for c in result["calls"] if c["phase"] == phase]
+        check_contract(calls, phase_contract(stage, phase, result["dp_ranks"]),
+                       f"ZeRO-{stage}, {phase} [{where}]", rank=rank, formula=FORMULA[stage])
+
+
+def check_memory(rank, result, stage, members, where):
+    numels = [p.numel() for p in zero_model().parameters()]
+    psi, padded = sum(numels), sum(-(-n // members) * members for n in numels)
+    formula = zero_memory_formula(psi, members, stage, mixed_precision=False,
+                                  padded_num_params=padded)
+    kept = {1: "m and v", 2: "m, v and the gradient", 3: "m, v, the gradient and the parameter"}
+    assert result["memory"]["total"] == formula, (
+        f"[{where}] rank {rank}: ZeRO-{stage} holds {result['memory']} bytes of model states "
+        f"after the backward; the fp32 formula gives {formula} ({psi} parameters, {padded} after "
+        f"padding each to a multiple of N = {members}): does each rank keep {kept[stage]} for "
+        "its shard only?" + (f" {STAGE3_WHOLE}" if stage == 3 else ""))
+
+
+def gradient_mistakes(result, stage, step, index) -> dict:
+    """{known mistake: the mean gradient it gives}, at this step, for one parameter."""
+    group, member = result["replica"]
+    members = len(result["dp_ranks"])
+    return {description: records[step]["mean"][index] for description, records
+            in usual_mistakes(group, member, members, stage).items()}
+
+
+def check_gradients(rank, result, stage, step, right, where):
+    """reduce_gradients() alone: param.grad and the shards' gradients after it."""
+    member, members = result["replica"][1], len(result["dp_ranks"])
+    grads = result["steps"][step]["grads"]
+    names = [name for name, _ in zero_model().named_parameters()]
+    for index, name in enumerate(names):
+        what = f"reduce_gradients(), step {step}: {name}"
+        mean, own = right[step]["mean"][index], right[step]["own"][member][index]
+        mistakes = gradient_mistakes(result, stage, step, index)
+        actual = grads["param"][index]
+        if stage == 1:
+            assert actual is not None, (
+                f"[{where}] rank {rank}: {what}: param.grad is None after ZeRO-1's "
+                "reduce_gradients: leave the group's mean in param.grad, as DDP does")
+            assert_close_naming(actual, mean, f"[{where}] {what}: param.grad", rank=rank,
+                                against="the gradient averaged over the data-parallel group",
+                                mistakes={AVERAGED_A_COPY: own, **mistakes},
+                                otherwise="param.grad must be the group's mean", **TOLERANCE)
+        else:
+            assert actual is None, (
+                f"[{where}] rank {rank}: {what}: after the backward, param.grad still holds a "
+                f"whole gradient: the full gradient kept; ZeRO-{stage} reduce-scatters each "
+                "gradient as soon as it is ready (during the backward) and keeps only this "
+                "rank's shard of it")
+        shard = grads["shard"][index]
+        assert shard is not None, (
+            f"[{where}] rank {rank}: {what}: the shard's gradient (shards[param].grad) is None "
+            f"after reduce_gradients(); ZeRO-{stage} keeps this rank's shard of the mean there")
+        assert_close_naming(
+            shard.reshape(-1), padded_slice(mean, member, members),
+            f"[{where}] {what}: this rank's gradient shard", rank=rank,
+            against=f"shard {member} of the group's mean gradient, padded",
+            mistakes={cause: padded_slice(value, member, members)
+                      for cause, value in mistakes.items()},
+            otherwise="the shard must be this rank's piece of the padded flat mean: a shard "
+                      "updated with another slice of the gradient?", **TOLERANCE)
+
+
+def check_adam_state(rank, result, stage, step, right, where):
+    member, members = result["replica"][1], len(result["dp_ranks"])
+    state = result["steps"][step]
+    names = [name for name, _ in zero_model().named_parameters()]
+    for index, name in enumerate(names):
+        assert state["count"][index] == step + 1, (
+            f"[{where}] rank {rank}: step(), step {step}: {name}'s shard counts "
+            f"{state['count'][index]} steps, not {step + 1}: Adam's bias correction reads it")
+        for kind in ("exp_avg", "exp_avg_sq"):
+            assert_close(state[kind][index].reshape(-1),
+                         padded_slice(right[step][kind][index], member, members),
+                         f"[{where}] step(), step {step}: {name}'s {kind}", rank=rank,
+                         against=f"shard {member} of torch.optim.AdamW's {kind}",
+                         likely_cause="the gradients were right (reduce_gradients): is this "
+                                      "shard's m or v updated with its own gradient shard, once "
+                                      "per step?", **TOLERANCE)
+
+
+def check_parameters(rank, result, stage, step, right, where):
+    group, member = result["replica"]
+    members = len(result["dp_ranks"])
+    initial = dict(zero_model().named_parameters())
+    for name, value in right[step]["params"].items():
+        actual = result["steps"][step]["params"][name]
+        if actual.shape == value.shape and torch.allclose(actual, value, **TOLERANCE):
+            continue
+        cause = next((description for description, records
+                      in usual_mistakes(group, member, members, stage).items()
+                      if torch.allclose(actual, records[step]["params"][name], **TOLERANCE)),
+                     None) or shard_evidence(actual, value, initial[name].detach(), member,
+                                             members)
+        assert_close(actual, value, f"[{where}] ZeRO-{stage} parameter {name} after step() "
+                     f"{step}", rank=rank, against="unsharded torch.optim.AdamW on the group's "
+                     "averaged gradients", likely_cause=cause, **TOLERANCE)
+
+
+def shard_evidence(actual, expected_value, initial, member, members):
     """Which shards of a parameter are wrong, and what that suggests."""
-    actual, expected, initial = (t.reshape(-1).double() for t in (actual, expected, initial))
+    actual, expected_value, initial = (t.reshape(-1).double()
+                                       for t in (actual, expected_value, initial))
+    if actual.numel() != expected_value.numel():
+        return f"the parameter has {actual.numel()} elements, not {expected_value.numel()}"
     size = -(-actual.numel() // members)
-    wrong = ~torch.isclose(actual, expected, **TOLERANCE)
+    wrong = ~torch.isclose(actual, expected_value, **TOLERANCE)
     shards = sorted({int(i) // size for i in wrong.nonzero().reshape(-1)})
     where = f"shards {shards} of {members} ({size} elements each; this rank owns shard {member})"
     if member not in shards and torch.allclose(actual[wrong], initial[wrong], **TOLERANCE):
@@ -291,63 +548,42 @@ def shard_evidence(actual, expected, initial, member, members):
             "or v, or written back at another place?")
 
 
-def first_wrong(result, group, members):
-    """(steps, name, actual, expected) of the first parameter off after the fewest steps, or
-    None: a mistake shows most plainly at the first step it changes."""
-    own = [(group, m) for m in range(members)]
-    if all(torch.allclose(value.double(), result["params"][-1][name].double(), **TOLERANCE)
-           for name, value in unsharded_adam(own).items()):
-        return None
-    for steps in range(1, STEPS + 1):
-        for name, value in unsharded_adam(own, steps).items():
-            actual = result["params"][steps - 1][name]
-            if not torch.allclose(actual.double(), value.double(), **TOLERANCE):
-                return steps, name, actual, value
+def check_run(rank, result, stage, where):
+    members = len(result["dp_ranks"])
+    evidence = collective_evidence(rank, result, stage, where)
+    assert evidence is None, evidence
+    assert result["error"] is None, (
+        f"[{where}] rank {rank}: ZeRO-{stage} on the data-parallel group {result['dp_ranks']} "
+        f"raised {result['error']}" + (f". {STAGE3_WHOLE}" if stage == 3 else ""))
+    right = unsharded_adamw(tuple((result["replica"][0], m) for m in range(members)))
+    for step in range(STEPS):
+        check_gradients(rank, result, stage, step, right, where)
+        check_adam_state(rank, result, stage, step, right, where)
+        check_parameters(rank, result, stage, step, right, where)
+    check_memory(rank, result, stage, members, where)
+    check_contracts(rank, result, stage, where)
 
 
-def expected_bytes(stage, members):
-    """fp32 ZeRO (Rajbhandari et al. 2020): parameter 4 + gradient 4 + Adam's m and v 8 bytes
-    per parameter; stage 1 shards m and v, stage 2 the gradient too (each parameter padded to
-    a multiple of N before it is cut)."""
-    numels = [p.numel() for p in zero_model().parameters()]
-    psi, padded = sum(numels), sum(-(-n // members) * members for n in numels)
-    replicated, sharded = {1: (8, 8), 2: (4, 12)}[stage]
-    return replicated * psi + sharded * padded // members, psi, padded
+def launched(run_on_ranks, impl, stage, seed):
+    """Every rank's results; a rank killed by a signal (a write into freed storage: Python
+    cannot catch it) is named."""
+    try:
+        return run_on_ranks(zero_on_rank, WORLD, impl, stage, seed, timeout=TIMEOUT)
+    except RankFailure as failure:
+        if stage != 3 or "killed by signal" not in str(failure):
+            raise
+        raise AssertionError(
+            f"ZeRO-3 [{label(case_of(stage, DP_SIZES[0], 'consecutive'), seed)} and the rest of "
+            f"the sweep]: {str(failure).splitlines()[0]}. Likely cause: stage 3 wrote into a "
+            f"parameter whose storage is freed (0 bytes between layers), e.g. step() copied the "
+            f"updated shards back into the parameter as stages 1 and 2 do: {STAGE3_WHOLE}"
+        ) from None
 
 
-@pytest.mark.parametrize("stage", [1, 2], ids=["zero1", "zero2"])
-def test_zero_on_two_groups_matches_unsharded_adam(impl, run_on_ranks, stage):
-    results = run_on_ranks(zero_on_rank, WORLD, impl, stage, timeout=TIMEOUT)
-    initial = dict(zero_model().named_parameters())
-    for rank, result in enumerate(results):
-        members = len(result["dp_ranks"])
-        evidence = collective_evidence(rank, result, stage)
-        assert evidence is None, evidence
-        assert result["error"] is None, (
-            f"rank {rank}: ZeRO-{stage} on the data-parallel group {result['dp_ranks']} "
-            f"raised {result['error']}")
-        if stage == 2:
-            assert not result["whole_gradients"], (
-                f"rank {rank}: after the backward, param.grad still holds the whole gradient of "
-                f"{result['whole_gradients']}: the full gradient kept; ZeRO-2 reduce-scatters "
-                "each gradient as soon as it is ready (during the backward) and keeps only this "
-                "rank's shard of it")
-        formula, psi, padded = expected_bytes(stage, members)
-        assert result["memory"]["total"] == formula, (
-            f"rank {rank}: ZeRO-{stage} holds {result['memory']} bytes of model states after "
-            f"the backward; the fp32 formula gives {formula} ({psi} parameters, {padded} after "
-            f"padding each to a multiple of N = {members}): does each rank keep "
-            f"{'m, v and the gradient' if stage == 2 else 'm and v'} for its shard only?")
-        wrong = first_wrong(result, result["group"], members)
-        if wrong is None:
-            continue
-        steps, name, actual, value = wrong
-        mistakes = usual_mistakes(result["group"], result["member"], members, stage, steps)
-        cause = next((description for description, params in mistakes.items()
-                      if torch.allclose(actual.double(), params[name].double(), **TOLERANCE)),
-                     None) or shard_evidence(actual, value, initial[name].detach(),
-                                             result["member"], members)
-        assert_close(actual, value, f"ZeRO-{stage} parameter {name} after {steps} step(s) on "
-                     f"the data-parallel group {result['dp_ranks']}", rank=rank,
-                     against="unsharded torch.optim.Adam on the group's averaged gradients",
-                     likely_cause=cause, **TOLERANCE)
+@pytest.mark.parametrize("stage", [1, 2, 3], ids=["zero1", "zero2", "zero3"])
+def test_zero_on_two_groups_matches_unsharded_adam(impl, run_on_ranks, sweep_seed, stage):
+    results = launched(run_on_ranks, impl, stage, sweep_seed)
+    for dp, name, _ in layouts(sweep_seed):
+        where = label(case_of(stage, dp, name), sweep_seed)
+        for rank, found in enumerate(results):
+            check_run(rank, found[where], stage, where)

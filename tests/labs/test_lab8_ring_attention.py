@@ -1,138 +1,445 @@
 """Lab 8, graded: ring attention (``ring_attention.py``; Liu et al. 2023), forward and backward,
-on the ranks, against single-device causal attention.
+on the ranks, against single-device causal attention computed here in float64.
 
-* **Two CP groups at once**: 4 ranks, the CP groups {0, 1} and {2, 3}, each with its own
-  sequence (a group that is not the world: group ranks are not global ranks).
-* **cp = 4**: one group of the 4 ranks (with cp = 2 the next rank is also the previous one;
-  with 4 they differ).
+What is swept (``reference_impl.course.sweeps``; ``--sweep-seed N`` draws other cases, and every
+failure prints its seed and case):
 
-Each launch runs two cases with grouped-query attention and sizes that do not divide evenly
-where the code allows it: batch 3 with heads 4 and kv_heads 2, and batch 1 with heads 4 and
-kv_heads 1, the sequence in 2cp chunks of 3 tokens (odd). Each rank holds its tokens in the
-load-balanced layout (chunks i and 2cp-1-i, written out in ``reference_impl/toys.py``). The output and
-dq, dk, dv of every rank must be its share of ``causal_attention``'s on the whole sequence,
-computed here in pytest's process with autograd (fp32, atol = rtol = 1e-5; observed within
-5e-7).
+* **CP groups**, every group of a layout at once, each on its own sequence: on 4 ranks cp = 1,
+  cp = 2 consecutive ({0, 1}, {2, 3}), strided ({0, 2}, {1, 3}) and permuted, and cp = 4 (the
+  world); on 8 ranks cp = 2 and 4, consecutive, strided and permuted, and cp = 8. Group ranks
+  are not global ranks, and the ring's neighbours are the next and previous ranks *of the group*.
+* **Cases**, drawn for each layout so that every value appears: (batch, heads, kv_heads) (3, 4, 2),
+  (1, 4, 1), (2, 2, 2) (grouped-query attention); 1, 2 or 3 tokens per chunk (the sequence is
+  2cp chunks, load-balanced: rank i holds chunks i and 2cp-1-i); numbers fp32, bf16, and fp32
+  with scores near 95 (lse 95 to 130: exp overflows fp32 above 88.7, so only a stable merge
+  survives).
 
-Before the submission is loaded, each rank starts recording its ring exchanges
-(``batch_isend_irecv``: the peers of every send and receive) and, once it is loaded, the
-calls of ``block_attention`` and the waits on the transfers: so a failure is named from what
-the ranks did (a block sent to the previous rank, a transfer posted after the compute it
-should hide behind, waited for before it) and, where the values are wrong, from the mistakes
-whose results the test computes on one device (a visible part of the wrong size, partial
-outputs summed without rescaling).
+Each case runs twice on the same ranks: **the ring step alone**, with stand-ins written here
+for ``token_positions``, ``visible_part`` and ``merge_partials`` (so only ``start_ring_exchange``
+and the forward's steps are graded), then **composed** with the submission's own. Each rank also
+hands back what its own ``visible_part``, ``token_positions`` and ``merge_partials`` give on
+the case's arguments, so that a composed run that differs blames the unit that is wrong.
+
+Checks, in this order, each failure naming the function, the rank, the case (with its seed)
+and the likely cause:
+
+1. **Exchanges, as they are posted**: every send and receive goes to the ring's next rank and
+   comes from its previous one, in the CP group, never the rank itself, with a buffer of the
+   size the ring moves. Anything else is refused before it reaches gloo (where it would hang, or
+   die with "Pair is not connected" or SIGABRT "Received data size doesn't match"), and the
+   refusal names it; a rank that still dies inside gloo is explained from gloo's words.
+2. **The communication contract** (``comm_contract.check_contract``), forward and backward on
+   every rank: forward, cp - 1 exchanges of the K/V block (an isend to the next rank, an irecv
+   from the previous, 2 x batch x kv_heads x seq/cp x head_dim elements in the inputs' dtype);
+   backward, cp - 1 such K/V exchanges and cp - 1 of the fp32 dK/dV blocks. An extra exchange
+   (one at the last step), a missing one, or one over another group fails.
+3. **The ring's order** in the forward: (post, compute, wait) x (cp - 1), then compute, with
+   ``block_attention`` called once per step.
+4. **Values** of the ring step alone, then composed: the output and dq, dk, dv of every rank
+   against its tokens' share of float64 causal attention on the whole sequence. Tolerances
+   (atol = rtol, the smallest that passes observed on the reference at seed 0 in brackets): fp32
+   1e-5 (9e-7), bf16 0.08 (0.024, in dq), fp32 with scores near 95: 1e-3 (1.6e-4, in the
+   gradients: the lifted q and k make them large). The units' merge on a sample: atol 1e-4,
+   rtol 1e-5 against float64.
 """
 import math
+import zlib
+from contextlib import contextmanager
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from reference_impl.attention import causal_attention
-from reference_impl.checks import assert_close_naming
+from reference_impl.checks import assert_close_naming, matching_mistake
+from reference_impl.comm.comm_contract import check_contract, expected
+from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.device import current_device
+from reference_impl.comm.rank_failures import LaunchTimeout, RankFailure
+from reference_impl.course.sweeps import draw, group_layouts, group_of, label
 from reference_impl.model import repeat_kv_heads
 from reference_impl.toys import head_tail_positions
 
 pytestmark = pytest.mark.lab8
 
-WORLD, TIMEOUT = 4, 120
-CASES = [(3, 4, 2), (1, 4, 1)]  # (batch, heads, kv_heads); head_dim 4, chunks of 3 tokens
-HEAD_DIM, CHUNK = 4, 3
-TOLERANCE = dict(atol=1e-5, rtol=1e-5)
+TIMEOUT = 90
+HEAD_DIM = 4
+CP_SIZES = {4: (1, 2, 4), 8: (2, 4, 8)}  # world -> the CP sizes swept there
+SHAPES = ["3x4x2", "1x4x1", "2x2x2"]  # batch x heads x kv_heads
+NUMBERS = {"fp32": (torch.float32, 1e-5), "bf16": (torch.bfloat16, 8e-2),
+           "fp32, scores ~95": (torch.float32, 1e-3)}  # dtype, atol = rtol
+LARGE = "fp32, scores ~95"
+CASE_SPACE = {"shape": SHAPES, "chunk": [1, 2, 3], "numbers": list(NUMBERS)}
 GRADIENTS = ("dq", "dk", "dv")
-AGAINST = "its tokens' share of single-device causal_attention"
+MERGE_TOLERANCE = dict(atol=1e-4, rtol=1e-5)  # the units' merge, fp32 against float64
+AGAINST = "its tokens' share of single-device causal attention (float64)"
+FORMULA = ("forward: cp-1 exchanges of the K/V block, an isend to the next rank of the CP group and "
+           "an irecv from the previous, 2*batch*kv_heads*(seq/cp)*head_dim elements each; backward: "
+           "cp-1 such K/V exchanges and cp-1 of the fp32 dK/dV blocks")
+UNIT_TESTS = {"visible_part": "test_visible_part_covers_exactly_the_causal_pairs",
+              "token_positions": "test_token_positions_are_the_places_in_the_whole_sequence",
+              "merge_partials": "the tests of test_lab8_online_softmax.py"}
 
 
-def case_tensors(case, group_index: int, cp: int):
-    """The whole q, k, v and output gradient of a case, on the CPU, for one group's sequence."""
-    batch, heads, kv_heads = case
-    seq = 2 * cp * CHUNK
-    generator = torch.Generator().manual_seed(100 * group_index + 10 * CASES.index(case) + cp)
-    return [torch.randn(batch, n, seq, HEAD_DIM, generator=generator)
-            for n in (heads, kv_heads, kv_heads, heads)]
+# ----------------------------------------------------------------- the plan (both sides)
+
+def ring_plan(world: int, seed: int) -> list[dict]:
+    """Every case of a launch on ``world`` ranks: {config, groups}; the same in the ranks and in
+    the test."""
+    plan = []
+    for cp in CP_SIZES[world]:
+        for layout, groups in group_layouts(world, cp, seed).items():
+            draw_seed = zlib.crc32(f"{seed}/{world}/{cp}/{layout}".encode())
+            for case in draw(CASE_SPACE, draw_seed, extra=1):
+                config = {"world": world, "cp": cp, "layout": layout, **case}
+                plan.append({"config": config, "groups": groups, "key": label(config, seed),
+                             "seed": seed})
+    return plan
+
+
+def case_tensors(config: dict, group_index: int, seed: int):
+    """q, k, v and the output gradient of a case for one CP group's whole sequence, on the CPU,
+    in the case's dtype. At scores ~95, q and k share a direction that lifts every score."""
+    batch, heads, kv_heads = (int(n) for n in config["shape"].split("x"))
+    seq = 2 * config["cp"] * config["chunk"]
+    generator = torch.Generator().manual_seed(zlib.crc32(f"{label(config, seed)}/{group_index}".encode()))
+    q, k, v, upstream = (torch.randn(batch, n, seq, HEAD_DIM, generator=generator)
+                         for n in (heads, kv_heads, kv_heads, heads))
+    if config["numbers"] == LARGE:
+        lift = math.sqrt(95 / math.sqrt(HEAD_DIM))  # every element lifted: q.k / sqrt(d) ~ 95
+        q, k = q + lift, k + lift
+    dtype = NUMBERS[config["numbers"]][0]
+    return [t.to(dtype) for t in (q, k, v, upstream)]
+
+
+def block_bytes(config: dict) -> tuple[int, int]:
+    """The bytes of the K/V block a ring step moves (2 x batch x kv_heads x seq/cp x head_dim
+    elements, in the inputs' dtype) and of its fp32 dK/dV block."""
+    batch, _, kv_heads = (int(n) for n in config["shape"].split("x"))
+    elements = 2 * batch * kv_heads * 2 * config["chunk"] * HEAD_DIM
+    size = torch.tensor([], dtype=NUMBERS[config["numbers"]][0]).element_size()
+    return elements * size, elements * 4
+
+
+def message_sizes(config: dict, phase: str) -> dict[int, str]:
+    """{bytes: what}: the messages the ring moves in a phase ("forward" or "backward")."""
+    kv_bytes, grad_bytes = block_bytes(config)
+    sizes = {grad_bytes: "the fp32 dK/dV block"} if phase.endswith("backward") else {}
+    return {**sizes, kv_bytes: "the K/V block"}
+
+
+# ----------------------------------------------------------------- stand-ins for the units
+
+def stand_in_positions(seq: int, cp: int, rank: int, device=None) -> torch.Tensor:
+    return torch.tensor(head_tail_positions(seq, cp, rank), device=device)
+
+
+def stand_in_visible_part(cp: int, rank: int, owner: int, seq_local: int):
+    """The smallest slices holding every pair with key position <= query position, and whether
+    a mask is needed inside them, derived from the positions."""
+    seq = cp * seq_local
+    queries = torch.tensor(head_tail_positions(seq, cp, rank))
+    keys = torch.tensor(head_tail_positions(seq, cp, owner))
+    seen = keys[None, :] <= queries[:, None]
+    rows, columns = seen.any(dim=1).nonzero()[:, 0], seen.any(dim=0).nonzero()[:, 0]
+    rows = slice(int(rows.min()), int(rows.max()) + 1)
+    columns = slice(int(columns.min()), int(columns.max()) + 1)
+    return rows, columns, not bool(seen[rows, columns].all())
+
+
+def stand_in_merge(out1, lse1, out2, lse2):
+    """Two blocks' (out, lse) merged stably; rows that see nothing stay (0, -inf)."""
+    lse = torch.logaddexp(lse1, lse2)
+    shift = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    return (lse1 - shift).exp()[..., None] * out1 + (lse2 - shift).exp()[..., None] * out2, lse
+
+
+STAND_INS = {"token_positions": stand_in_positions, "visible_part": stand_in_visible_part,
+             "merge_partials": stand_in_merge}
+
+
+@contextmanager
+def replaced(modules, functions: dict):
+    """``functions`` in place of the modules' own, where they have them; restored after."""
+    saved = [(module, name, getattr(module, name)) for module in modules for name in functions
+             if hasattr(module, name)]
+    for module, name, _ in saved:
+        setattr(module, name, functions[name])
+    try:
+        yield
+    finally:
+        for module, name, original in reversed(saved):
+            setattr(module, name, original)
 
 
 # ----------------------------------------------------------------- on every rank
 
-class RingLog:
-    """This rank's ring exchanges (``batch_isend_irecv``: the global peers of its sends and
-    receives), the waits on them and the calls of the ring module's ``block_attention``, each
-    with the phase of the run (``phase``), in order."""
+class ExchangeRefused(RuntimeError):
+    """A send or receive that would hang the ring or crash gloo, refused before it is posted."""
 
-    def __init__(self):
-        self.phase, self.events = "loading", []
+
+class RingWatch:
+    """This rank's ring exchanges, checked as they are posted (``check``) and logged with the
+    waits on them and the calls of ``block_attention`` (``events``), by phase."""
+
+    def __init__(self, members: list[int], config: dict):
+        self.me, self.members, self.config = dist.get_rank(), members, config
+        index, cp = members.index(self.me), len(members)
+        self.peers = {"send": members[(index + 1) % cp], "recv": members[(index - 1) % cp]}
+        self.phase, self.events = "", []
 
     def __enter__(self):
-        self.original = dist.batch_isend_irecv
+        self.originals = {name: getattr(dist, name)
+                          for name in ("batch_isend_irecv", "isend", "irecv", "send", "recv")}
 
-        def logged(operations):
+        def batch(operations):
             kinds = {"send": [], "recv": []}
             for operation in operations:
-                name = getattr(operation.op, "__name__", "")
-                kinds["send" if "send" in name else "recv"].append(operation.peer)
+                kind = "send" if "send" in getattr(operation.op, "__name__", "") else "recv"
+                self.check(kind, operation.peer, operation.tensor)
+                kinds[kind].append(operation.peer)
+            sizes = {kind: {op.tensor.numel() * op.tensor.element_size() for op in operations
+                            if ("send" in getattr(op.op, "__name__", "")) == (kind == "send")}
+                     for kind in ("send", "recv")}
+            if sizes["send"] and sizes["recv"] and sizes["send"] != sizes["recv"]:
+                raise ExchangeRefused(
+                    f"rank {self.me}, {self.phase}: an exchange whose tensor sent has "
+                    f"{sorted(sizes['send'])} bytes and whose receive buffer {sorted(sizes['recv'])}: "
+                    "in a ring every rank receives a block like the one it sends; gloo aborts the "
+                    "receiving rank (SIGABRT, 'Received data size doesn't match'). Likely cause: a "
+                    "buffer or a tensor sent of another size or dtype: receive into "
+                    "torch.empty_like(the tensor sent) and send it as it is")
             self.events.append({"phase": self.phase, "kind": "post", **kinds})
-            return [_LoggedWork(work, self) for work in self.original(operations)]
+            return [_LoggedWork(work, self) for work in self.originals["batch_isend_irecv"](operations)]
 
-        dist.batch_isend_irecv = logged
+        def single(name, kind):
+            def posted(*args, **kwargs):
+                tensor = args[0] if args else kwargs.get("tensor")
+                peer = args[1] if len(args) > 1 else kwargs.get("dst" if kind == "send" else "src")
+                group = args[2] if len(args) > 2 else kwargs.get("group")
+                group_peer = kwargs.get("group_dst" if kind == "send" else "group_src")
+                if peer is None and group_peer is not None:
+                    peer = dist.get_global_rank(group, group_peer)
+                self.check(kind, peer, tensor)
+                self.events.append({"phase": self.phase, "kind": "post", "send": [], "recv": [],
+                                     kind: [peer]})
+                work = self.originals[name](*args, **kwargs)
+                return _LoggedWork(work, self) if name.startswith("i") else work
+            return posted
+
+        dist.batch_isend_irecv = batch
+        for name in ("isend", "irecv", "send", "recv"):
+            setattr(dist, name, single(name, "send" if "send" in name else "recv"))
         return self
 
     def __exit__(self, *exc):
-        dist.batch_isend_irecv = self.original
+        for name, original in self.originals.items():
+            setattr(dist, name, original)
 
-    def watch_compute(self, module) -> None:
+    def check(self, kind: str, peer, tensor) -> None:
+        where = (f"rank {self.me} (rank {self.members.index(self.me)} of the CP group "
+                 f"{self.members}), {self.phase}: a {kind}")
+        wanted = self.peers[kind]
+        side, to = ("next", "to") if kind == "send" else ("previous", "from")
+        if len(self.members) == 1:
+            raise ExchangeRefused(
+                f"{where} in a CP group of one rank, which has nothing to exchange: a ring of cp "
+                "ranks makes cp - 1 exchanges per pass (none at its last step), none at all here")
+        if peer == self.me:
+            raise ExchangeRefused(
+                f"{where} {to} itself (global rank {peer}), where the ring's {side} rank is "
+                f"{wanted}; gloo dies on it with 'Pair is not connected'. Likely cause: the "
+                "neighbour computed from the global rank (dist.get_rank() modulo cp), which on "
+                "strided or permuted CP groups is the rank itself or outside its group: take "
+                "dist.get_rank(group), add or subtract 1 modulo cp, and translate back with "
+                "dist.get_global_rank(group, ...)")
+        if peer not in self.members:
+            raise ExchangeRefused(
+                f"{where} {to} global rank {peer}, outside the CP group {self.members}: group "
+                "ranks are not global ranks (the neighbour is the next rank of the group, "
+                "translated with dist.get_global_rank)")
+        if peer != wanted:
+            turned = self.peers["recv" if kind == "send" else "send"] == peer
+            raise ExchangeRefused(
+                f"{where} {to} global rank {peer}, where the ring's {side} rank is {wanted}: "
+                + ("sent to the previous rank instead of the next (the K/V blocks travel to "
+                   "rank r+1 and arrive from r-1, so that at step t a rank holds the block of "
+                   "rank r - t)" if turned else "the ring's neighbours are the next and previous "
+                   "ranks of the CP group, in its order"))
+        nbytes, sizes = tensor.numel() * tensor.element_size(), message_sizes(self.config, self.phase)
+        if nbytes not in sizes:
+            moved = " or ".join(f"{n} bytes ({what})" for n, what in sizes.items())
+            raise ExchangeRefused(
+                f"{where} {kind == 'send' and 'of a tensor' or 'into a buffer'} of {nbytes} bytes "
+                f"({tensor.dtype}, {tuple(tensor.shape)}), where the ring moves {moved}; gloo "
+                "aborts the receiving rank (SIGABRT, 'Received data size doesn't match'). Likely "
+                "cause: a buffer of the wrong size or dtype: receive into torch.empty_like(the "
+                "tensor sent)")
+
+    def watch_compute(self, module) -> dict:
+        """``block_attention`` of the ring's module, logged (for :func:`replaced`)."""
         compute = getattr(module, "block_attention", None)
         if compute is None:
-            return
+            return {}
 
         def logged(*args, **kwargs):
             self.events.append({"phase": self.phase, "kind": "compute"})
             return compute(*args, **kwargs)
 
-        module.block_attention = logged
+        return {"block_attention": logged}
 
 
 class _LoggedWork:
-    def __init__(self, work, log: RingLog):
-        self.work, self.log = work, log
+    def __init__(self, work, watch: RingWatch):
+        self.work, self.watch = work, watch
 
     def wait(self, *args, **kwargs):
-        self.log.events.append({"phase": self.log.phase, "kind": "wait"})
+        self.watch.events.append({"phase": self.watch.phase, "kind": "wait"})
         return self.work.wait(*args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self.work, name)
 
 
-def ring_on_rank(impl, groups):
-    rank, device = dist.get_rank(), current_device()
-    handles = [dist.new_group(members) for members in groups]
-    index = next(i for i, members in enumerate(groups) if rank in members)
-    members, group = groups[index], handles[index]
-    cp, member = len(members), members.index(rank)
-    found = {"members": members, "member": member, "results": []}
-    with RingLog() as log:
-        try:
-            ring = impl.module("ring_attention")
-            log.watch_compute(ring)
-            for number, case in enumerate(CASES):
-                whole = case_tensors(case, index, cp)
-                mine = head_tail_positions(whole[0].shape[2], cp, member)
-                q, k, v, upstream = (t[:, :, mine].to(device) for t in whole)
-                q, k, v = (t.requires_grad_() for t in (q, k, v))
-                log.phase = f"case {number}, forward"
+def attempt(function, *args):
+    """``function(*args)`` as data (slices as [start, stop], tensors as themselves); an error
+    as text."""
+    try:
+        value = function(*args)
+    except Exception as error:  # named in the test
+        return f"{type(error).__name__}: {error}"
+    if isinstance(value, tuple):
+        return [[each.start, each.stop] if isinstance(each, slice) else
+                (each.detach().clone() if isinstance(each, torch.Tensor) else each) for each in value]
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def merge_sample(config: dict, seed: int):
+    """Two blocks' partial (out, lse) of one rank's queries, fp32, lse at the case's magnitude;
+    the rows of query 0 see nothing of either."""
+    batch, heads, _ = (int(n) for n in config["shape"].split("x"))
+    rows = 2 * config["chunk"]
+    generator = torch.Generator().manual_seed(zlib.crc32(f"merge {label(config, seed)}".encode()))
+    shift = 95.0 if config["numbers"] == LARGE else 0.0
+    out1, out2 = (torch.randn(batch, heads, rows, HEAD_DIM, generator=generator) for _ in range(2))
+    lse1, lse2 = (torch.randn(batch, heads, rows, generator=generator) * 3 + shift for _ in range(2))
+    for out, lse in ((out1, lse1), (out2, lse2)):
+        out[:, :, 0], lse[:, :, 0] = 0.0, float("-inf")
+    return out1, lse1, out2, lse2
+
+
+def units_on_rank(modules: dict, config: dict, member: int, seed: int) -> dict:
+    """What the submission's own units give on this rank's arguments of the case."""
+    cp, local = config["cp"], 2 * config["chunk"]
+    balance, softmax = modules["load_balance"], modules["online_softmax"]
+    inputs = merge_sample(config, seed)
+    kept = [t.clone() for t in inputs]
+    merged = attempt(softmax.merge_partials, *inputs)
+    overwrote = [name for name, before, after in zip(("out1", "lse1", "out2", "lse2"), kept, inputs)
+                 if not torch.allclose(before, after, rtol=0, atol=0, equal_nan=True)]
+    return {"visible": {str(owner): attempt(balance.visible_part, cp, member, owner, local)
+                        for owner in range(cp)},
+            "positions": attempt(balance.token_positions, cp * local, cp, member),
+            "merge": merged, "overwrote": overwrote}
+
+
+def run_ring(ring, q, k, v, upstream, group, watch: RingWatch, how: str) -> dict:
+    """One forward and backward of the ring, traced: outputs, gradients and the calls made."""
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    found = {}
+    for phase in ("forward", "backward"):
+        watch.phase = f"{how}, {phase}"  # ends with the phase: message_sizes reads it
+        with CommTracer() as trace, watch:
+            if phase == "forward":
                 out = ring.ring_attention(q, k, v, group)
-                log.phase = f"case {number}, backward"
+            else:
                 out.backward(upstream)
-                found["results"].append({"out": out.detach().cpu(), "dq": q.grad.cpu(),
-                                         "dk": k.grad.cpu(), "dv": v.grad.cpu()})
-        except Exception as error:  # named in the test, with what the ring did
-            found["error"] = f"{type(error).__name__}: {error}"
-    found["events"] = log.events
+        found[phase] = [call.as_data() for call in trace.calls]
+    found.update(out=out.detach().cpu(), dq=q.grad.cpu(), dk=k.grad.cpu(), dv=v.grad.cpu())
     return found
 
 
-# ----------------------------------------------------------------- in the test
+def ring_on_rank(impl, world: int, seed: int):
+    """Every case of the plan on this rank: {case label: {"alone", "composed", "units"}}.
+    An error is raised with the case and phase named (so that a failing rank ends the launch
+    instead of leaving its peers waiting)."""
+    rank, device = dist.get_rank(), current_device()
+    plan = ring_plan(world, seed)
+    handles = {}
+    for entry in plan:
+        for members in entry["groups"]:
+            if tuple(members) not in handles:  # every rank creates every group, in one order
+                handles[tuple(members)] = dist.new_group(members)
+    ring = impl.module("ring_attention")
+    modules = {"load_balance": impl.module("load_balance"),
+               "online_softmax": impl.module("online_softmax")}
+    results = {}
+    for entry in plan:
+        config, members = entry["config"], group_of(rank, entry["groups"])
+        member = members.index(rank)
+        whole = case_tensors(config, entry["groups"].index(members), seed)
+        mine = head_tail_positions(whole[0].shape[2], config["cp"], member)
+        q, k, v, upstream = (t[:, :, mine].to(device) for t in whole)
+        found = {"units": units_on_rank(modules, config, member, seed)}
+        watch = RingWatch(members, config)
+        for how, functions in (("the ring step alone", {**STAND_INS, **watch.watch_compute(ring)}),
+                               ("composed", {})):
+            try:
+                with replaced([ring, *modules.values()], functions):
+                    found[how] = run_ring(ring, q, k, v, upstream, handles[tuple(members)], watch, how)
+            except Exception as error:
+                composed = (" (composed with your own token_positions, visible_part and "
+                            "merge_partials: with the test's stand-ins for them it ran)"
+                            if how == "composed" else "")
+                raise RuntimeError(f"[{entry['key']}] {watch.phase}: ring_attention{composed} "
+                                   f"raised {type(error).__name__}: {error}") from error
+        found["events"] = watch.events
+        results[entry["key"]] = found
+    return results
+
+
+# ----------------------------------------------------------------- in the test: crashes
+
+GLOO_CAUSES = {
+    "Pair is not connected": (
+        "a rank sent to or received from itself (gloo has no connection from a rank to itself): "
+        "the ring's neighbour computed from the global rank modulo cp lands on the rank itself "
+        "on strided or permuted CP groups; use dist.get_rank(group) and dist.get_global_rank"),
+    "Received data size doesn't match": (
+        "a receive buffer smaller than the message sent to it: receive into "
+        "torch.empty_like(the tensor sent)"),
+    "SIGABRT": (
+        "a rank died inside gloo (SIGABRT): most often a receive buffer of another size than "
+        "the message sent to it ('Received data size doesn't match'): receive into "
+        "torch.empty_like(the tensor sent)"),
+    "is not part of group": (
+        "a peer outside the CP group: P2POp takes global ranks, so the group rank of the "
+        "neighbour must be translated with dist.get_global_rank(group, ...)"),
+    "Invalid ``op``": (
+        "P2POp was given dist.isend or dist.irecv, which the test's tracer wraps: pass "
+        "torch.distributed.distributed_c10d.isend / irecv, as the comment above the exercise "
+        "says"),
+}
+
+
+def crash_cause(error: Exception) -> str:
+    """A failed or hung launch, with the likely cause of a crash inside gloo named."""
+    text = str(error)
+    if isinstance(error, LaunchTimeout):
+        return (f"ring_attention hung: {text}\nLikely cause: the ranks of a CP group do not post "
+                "matching exchanges (as many on every rank, each send matched by the receive of "
+                "the next rank of the group)")
+    if isinstance(error, RankFailure) and "ExchangeRefused" in error.summary:
+        return f"rank {error.rank}: {error.summary}"  # already names its cause
+    first, _, rest = text.partition("\n")  # the failing rank's own error, then its peers'
+    causes = [cause for part in (first, text) for words, cause in GLOO_CAUSES.items() if words in part]
+    if not causes and "composed, " in first:
+        causes = ["one of your units gives what the ring cannot use here (it ran with the test's "
+                  f"stand-ins for them): see {', '.join(UNIT_TESTS.values())}"]
+    found = f"\nLikely cause: {causes[0]}" if causes else ""
+    return f"{first}{found}\n{rest[:6000]}"
+
+
+# ----------------------------------------------------------------- in the test: expected values
 
 def owners(seq: int, cp: int) -> torch.Tensor:
     """The CP rank holding each position of the sequence."""
@@ -152,7 +459,7 @@ def masked_attention(q, k, v, visible):
 
 
 def usual_mistakes(q, k, v, cp):
-    """{the mistake: the whole output it gives}, on one device."""
+    """{the mistake: the whole output it gives}, on one device (float64)."""
     seq = q.shape[2]
     positions, owner = torch.arange(seq), owners(seq, cp)
     causal = positions[None, :] <= positions[:, None]
@@ -174,96 +481,225 @@ def usual_mistakes(q, k, v, cp):
     }
 
 
-def ring_evidence(found, cp: int, group_ranks: list[int]) -> str | None:
-    """A mistake named from the ring's exchanges and their order, or None."""
-    rank_in_group = found["member"]
-    following, preceding = group_ranks[(rank_in_group + 1) % cp], group_ranks[(rank_in_group - 1) % cp]
-    where = f"rank {group_ranks[rank_in_group]} (rank {rank_in_group} of the CP group {group_ranks})"
-    for event in found["events"]:
-        if event["kind"] != "post":
-            continue
-        for peer in event["send"] + event["recv"]:
-            if peer not in group_ranks:
-                return (f"{where}, {event['phase']}: exchanged with global rank {peer}, outside the "
-                        "CP group: group ranks are not global ranks (translate them, as "
-                        "global_rank does)")
-        if "forward" in event["phase"] and cp > 2:
-            if event["send"] == [preceding] or event["recv"] == [following]:
-                return (f"{where}, {event['phase']}: sent to the previous rank instead of the next "
-                        f"(sent to {event['send']}, received from {event['recv']}): the K/V blocks "
-                        f"travel to rank r+1 ({following}) and arrive from r-1 ({preceding}), so "
-                        "that at step t a rank holds the block of rank r - t")
-    for number in range(len(CASES)):
-        phase = f"case {number}, forward"
-        kinds = [event["kind"] for event in found["events"] if event["phase"] == phase]
-        kinds = [kind for i, kind in enumerate(kinds) if i == 0 or (kind, kinds[i - 1]) != ("wait", "wait")]
-        if kinds.count("compute") != cp or kinds.count("post") != cp - 1:
-            continue  # the blocks computed without block_attention, or the run stopped early
-        if kinds != ["post", "compute", "wait"] * (cp - 1) + ["compute"]:
-            first = kinds[: kinds.index("compute") + 2]
-            if kinds[0] == "compute":
-                cause = ("the next block's transfer was posted after this block's compute: post it "
-                         "first, so that it travels while the block is computed")
-            elif first[:3] == ["post", "wait", "compute"]:
-                cause = ("the transfer was waited for before this block's compute: wait after it, "
-                         "or nothing hides the transfer")
-            else:
-                cause = "post the next block's transfer, compute this block, then wait"
-            return (f"{where}, {phase}: the ring's steps ran as {' '.join(kinds)}, not (post "
-                    f"compute wait) x {cp - 1} then compute: {cause}")
-    return None
-
-
-def expected_of(case, group_index: int, cp: int):
-    """Single-device causal attention on the whole sequence: {out, dq, dk, dv} and the inputs."""
-    q, k, v, upstream = case_tensors(case, group_index, cp)
-    heads = q.shape[1]
+def expected_of(config: dict, group_index: int, seed: int):
+    """Single-device causal attention on the whole sequence, float64: {out, dq, dk, dv}, and
+    the inputs (float64)."""
+    q, k, v, upstream = (t.double() for t in case_tensors(config, group_index, seed))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = causal_attention(leaves[0], repeat_kv_heads(leaves[1], heads), repeat_kv_heads(leaves[2], heads))
+    positions = torch.arange(q.shape[2])
+    out = masked_attention(*leaves, positions[None, :] <= positions[:, None])
     out.backward(upstream)
     return ({"out": out.detach(), "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad},
             (q, k, v))
 
 
-def check_ring(results, groups):
-    """Every rank's exchanges, then every output, then every gradient (a wrong forward shows in
-    the gradients too: the output names it better)."""
-    compared = []
-    for rank, found in enumerate(results):
-        members = found["members"]
-        cp, group_index = len(members), groups.index(members)
-        evidence = ring_evidence(found, cp, members)
-        assert evidence is None, evidence
-        assert "error" not in found, (
-            f"rank {rank} (CP group {members}): ring_attention raised {found['error']}")
-        for case, result in zip(CASES, found["results"]):
-            expected, (q, k, v) = expected_of(case, group_index, cp)
-            mine = head_tail_positions(q.shape[2], cp, found["member"])
-            what = (f"CP group {members} (cp = {cp}), batch {case[0]}, heads {case[1]}, kv_heads "
-                    f"{case[2]}, seq {q.shape[2]}: ring_attention's")
-            mistakes = {cause: out[:, :, mine] for cause, out in usual_mistakes(q, k, v, cp).items()}
-            assert_close_naming(
-                result["out"], expected["out"][:, :, mine], f"{what} output", rank=rank, against=AGAINST,
-                mistakes=mistakes, otherwise=(
-                    "at step t a rank holds the K/V block of rank r - t (the blocks travel to the "
-                    "next rank); is its visible part taken for that owner, and merged with "
-                    "merge_partials into the running (out, lse)?"), **TOLERANCE)
-            compared.append((rank, what, result, expected, mine))
-    for rank, what, result, expected, mine in compared:
-        for name in GRADIENTS:
-            assert_close_naming(
-                result[name], expected[name][:, :, mine], f"{what} {name}", rank=rank,
-                against=AGAINST, mistakes={}, otherwise=(
-                    "the output is right but the gradients are not: the backward recomputes "
-                    "each block's probabilities from the lse the forward saved, so the merged "
-                    "lse must be kept, merged at every step like out"), **TOLERANCE)
+def wanted_calls(config: dict, members: list[int], rank: int) -> dict[str, list]:
+    """The contract of one rank: {phase: the operations the formula asks for}."""
+    cp, index = config["cp"], members.index(rank)
+    following, preceding = members[(index + 1) % cp], members[(index - 1) % cp]
+    kv_bytes, grad_bytes = block_bytes(config)
+
+    def exchanges(nbytes):
+        return [expected("isend", members, nbytes, following), expected("irecv", members, nbytes, preceding)]
+
+    steps = cp - 1
+    return {"forward": exchanges(kv_bytes) * steps,
+            "backward": (exchanges(kv_bytes) + exchanges(grad_bytes)) * steps}
 
 
-def test_ring_attention_on_two_groups_matches_one_device(impl, run_on_ranks):
-    groups = [[0, 1], [2, 3]]
-    check_ring(run_on_ranks(ring_on_rank, WORLD, impl, groups, timeout=TIMEOUT), groups)
+# ----------------------------------------------------------------- in the test: the checks
+
+def where_of(entry: dict, rank: int) -> tuple[str, list[int]]:
+    members = group_of(rank, entry["groups"])
+    return (f"[{entry['key']}] CP group {members}: ring_attention", members)
 
 
-def test_ring_attention_on_four_ranks_matches_one_device(impl, run_on_ranks):
-    groups = [[0, 1, 2, 3]]
-    check_ring(run_on_ranks(ring_on_rank, WORLD, impl, groups, timeout=TIMEOUT), groups)
+def check_contract_of(entry, rank, found) -> None:
+    what, members = where_of(entry, rank)
+    for phase, wanted in wanted_calls(entry["config"], members, rank).items():
+        check_contract(found["the ring step alone"][phase], wanted, f"{what}'s {phase}", rank=rank,
+                       formula=FORMULA)
+
+
+def check_order(entry, rank, found) -> None:
+    """(post compute wait) x (cp - 1), then compute, in the forward of the ring step alone."""
+    what, _ = where_of(entry, rank)
+    cp, phase = entry["config"]["cp"], "the ring step alone, forward"
+    kinds = [event["kind"] for event in found["events"] if event["phase"] == phase]
+    kinds = [kind for i, kind in enumerate(kinds) if i == 0 or (kind, kinds[i - 1]) != ("wait", "wait")]
+    computes = kinds.count("compute")
+    assert computes == cp, (
+        f"{what} on rank {rank} called block_attention {computes} times in a forward of cp = {cp} "
+        "steps: one call per step, on the visible part of the block held then")
+    if kinds == ["post", "compute", "wait"] * (cp - 1) + ["compute"]:
+        return
+    if kinds[0] == "compute" and cp > 1:
+        cause = ("the next block's transfer was posted after this block's compute: post it first, "
+                 "so that it travels while the block is computed")
+    elif kinds[:3] == ["post", "wait", "compute"]:
+        cause = "the transfer was waited for before this block's compute: wait after it, or nothing hides it"
+    else:
+        cause = "post the next block's transfer, compute this block, then wait"
+    raise AssertionError(f"{what} on rank {rank}, forward: the ring's steps ran as {' '.join(kinds)}, "
+                         f"not (post compute wait) x {cp - 1} then compute: {cause}")
+
+
+def compare(result, entry, rank, expected_values, inputs, otherwise, blame_units=False,
+            names=("out",) + GRADIENTS) -> None:
+    """The output or dq, dk, dv (``names``) of one run against the rank's share of
+    ``expected_values``."""
+    what, members = where_of(entry, rank)
+    config = entry["config"]
+    tolerance = NUMBERS[config["numbers"]][1]
+    mine = head_tail_positions(inputs[0].shape[2], config["cp"], members.index(rank))
+    for name in names:
+        actual, wanted = result[name], expected_values[name][:, :, mine]
+        if torch.allclose(actual.double(), wanted, atol=tolerance, rtol=tolerance):
+            continue
+        known = {}
+        if name == "out":
+            known = {cause: out[:, :, mine] for cause, out in usual_mistakes(*inputs, config["cp"]).items()}
+        if blame_units:  # the mistake the values show, and the unit that made it
+            mistake = matching_mistake(actual, known, tolerance)
+            otherwise, known = (f"{mistake}; {otherwise}" if mistake else otherwise), {}
+        hint = otherwise if name == "out" or blame_units else (
+            "the output is right but the gradients are not: the backward recomputes each block's "
+            "probabilities from the lse the forward saved, so the merged lse must be kept, merged "
+            "at every step like out")
+        assert_close_naming(actual, wanted, f"{what}'s {name}", rank=rank, against=AGAINST,
+                            mistakes=known, otherwise=hint, atol=tolerance, rtol=tolerance)
+
+
+def visible_pairs(cp: int, local: int, rank: int, owner: int) -> torch.Tensor:
+    seq = cp * local
+    queries = torch.tensor(head_tail_positions(seq, cp, rank))
+    keys = torch.tensor(head_tail_positions(seq, cp, owner))
+    return keys[None, :] <= queries[:, None]
+
+
+def visible_part_is_right(part, cp: int, local: int, rank: int, owner: int) -> bool:
+    """The slices hold every visible pair; unmasked, nothing else; masked only on the rank's own
+    block (the ring masks with this rank's positions for queries and keys)."""
+    (rows, keys, masked), truth = part, visible_pairs(cp, local, rank, owner)
+    covered = torch.zeros_like(truth)
+    covered[slice(*rows), slice(*keys)] = True
+    if (truth & ~covered).any():
+        return False
+    return owner == rank if masked else not (covered & ~truth).any()
+
+
+def wrong_units(entry, rank, units) -> list[str]:
+    """The submission's units that give other values than they must on this rank's arguments."""
+    config = entry["config"]
+    cp, local = config["cp"], 2 * config["chunk"]
+    member = group_of(rank, entry["groups"]).index(rank)
+    wrong = []
+    for owner in range(cp):
+        part, call = units["visible"][str(owner)], f"visible_part({cp}, {member}, {owner}, {local})"
+        if isinstance(part, str):
+            wrong.append(f"{call} raised {part}")
+            continue
+        if not visible_part_is_right(part, cp, local, member, owner):
+            rows, keys, masked = part
+            wrong.append(f"{call} = (rows {rows}, keys {keys}, masked {masked}) does not cover "
+                         "exactly the pairs with key position <= query position")
+    seq = cp * local
+    positions, right = units["positions"], head_tail_positions(seq, cp, member)
+    if isinstance(positions, str) or torch.as_tensor(positions).tolist() != right:
+        wrong.append(f"token_positions({seq}, {cp}, {member}) = {summary(positions)}, not "
+                     f"{head_tail_positions(seq, cp, member)}")
+    if units["overwrote"]:
+        wrong.append(f"merge_partials overwrote its caller's input {', '.join(units['overwrote'])}")
+    merged = units["merge"]
+    if isinstance(merged, str):
+        wrong.append(f"merge_partials raised {merged}")
+    else:
+        out, lse = stand_in_merge(*(t.double() for t in merge_sample(config, entry["seed"])))
+        if not (torch.allclose(merged[0].double(), out, **MERGE_TOLERANCE)
+                and torch.allclose(merged[1].double(), lse, **MERGE_TOLERANCE)):
+            wrong.append("merge_partials gives another (out, lse) than the online-softmax merge "
+                         f"(on partial results whose lse is near {lse[lse.isfinite()].mean():.0f})")
+    return wrong
+
+
+def summary(value) -> str:
+    if isinstance(value, torch.Tensor):
+        shown = value.tolist()
+        return str(shown) if len(shown) <= 16 else f"a tensor of {value.numel()} positions"
+    return str(value)[:200]
+
+
+def check_composed(entry, rank, found, expected_values, inputs, names) -> None:
+    """The ring with the submission's own units, once the ring step alone is right."""
+    wrong = wrong_units(entry, rank, found["units"])
+    if wrong:
+        units = [name for name in UNIT_TESTS if any(w.startswith(name) for w in wrong)]
+        otherwise = (f"the ring step is right with the test's stand-ins for its units, so the unit "
+                     f"is wrong, not the ring: {'; '.join(wrong[:3])} (see "
+                     f"{', '.join(UNIT_TESTS[name] for name in units)}).")
+    else:
+        otherwise = ("the ring step is right with the test's stand-ins for token_positions, "
+                     "visible_part and merge_partials, and yours give the right values on their "
+                     "own, so it is the composition: does the ring hand them the arguments it "
+                     "hands the stand-ins (the owner (rank - step) % cp, this rank's positions, "
+                     "the rows of the running out, lse), and keep what they return?")
+    compare(found["composed"], entry, rank, expected_values, inputs, otherwise,
+            blame_units=bool(wrong), names=names)
+
+
+def check_world(world: int, impl, run_on_ranks, seed: int) -> None:
+    try:
+        results, failure = run_on_ranks(ring_on_rank, world, impl, world, seed, timeout=TIMEOUT), ""
+    except (RankFailure, LaunchTimeout) as error:
+        failure = crash_cause(error)
+    if failure:  # outside the except: the launcher's error is not printed again above it
+        pytest.fail(failure, pytrace=False)
+    try:
+        check_results(results, world, seed)
+    except AssertionError as error:  # the message says it all; no frames of the test's helpers
+        failure = str(error).split("\nassert ")[0]  # nor pytest's rewritten operands
+    if failure:
+        pytest.fail(failure, pytrace=False)
+
+
+def check_results(results, world: int, seed: int) -> None:
+    """Every rank's exchanges, then its order, then the values of the ring step alone, then
+    composed (a wrong exchange shows in the values too: the exchange names it better)."""
+    plan = ring_plan(world, seed)
+    for check in (check_contract_of, check_order):
+        for entry in plan:
+            for rank in range(world):
+                check(entry, rank, results[rank][entry["key"]])
+    for how in ("the ring step alone", "composed"):
+        for entry in plan:
+            for names in (("out",), GRADIENTS):  # every rank's output first: it names a mistake best
+                check_values(results, entry, how, names, world, seed)
+
+
+def check_values(results, entry, how: str, names, world: int, seed: int) -> None:
+    """``names`` of one run (``how``) of a case, on every rank."""
+    expected_by_group = {}
+    for rank in range(world):
+        members = group_of(rank, entry["groups"])
+        index = entry["groups"].index(members)
+        if index not in expected_by_group:
+            expected_by_group[index] = expected_of(entry["config"], index, seed)
+        expected_values, inputs = expected_by_group[index]
+        found = results[rank][entry["key"]]
+        if how == "composed":
+            check_composed(entry, rank, found, expected_values, inputs, names)
+            continue
+        compare(found[how], entry, rank, expected_values, inputs, names=names, otherwise=(
+            "the ring step itself (the test's stand-ins ran for token_positions, visible_part and "
+            "merge_partials): at step t a rank holds the K/V block of rank r - t (the blocks "
+            "travel to the next rank); is its visible part taken for that owner, and merged into "
+            "the running (out, lse)?"))
+
+
+def test_ring_attention_on_4_ranks_matches_one_device(impl, run_on_ranks, sweep_seed):
+    check_world(4, impl, run_on_ranks, sweep_seed)
+
+
+def test_ring_attention_on_8_ranks_matches_one_device(impl, run_on_ranks, sweep_seed):
+    check_world(8, impl, run_on_ranks, sweep_seed)
+

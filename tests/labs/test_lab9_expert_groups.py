@@ -1,30 +1,36 @@
 """Lab 9, graded: the groups of expert parallelism (``expert_groups.py``), checked as data in one
 helper process, no ranks launched.
 
-For data-parallel groups of 8 ranks (the world, and two strided groups of 4 as in a layout
-with tp = 2) and ep = 1, 2, 4, 8: the student's ``expert_parallel_groups`` against the lists
-written here by the rule (Megatron-core's order, experts varying fastest): a DP group's
-ranks sorted, its EP groups runs of ep consecutive members (together they hold every expert
-once), its EDP groups the members ep apart (those holding the same experts, one per EP group).
+For data-parallel groups on 8 ranks, laid out with ``reference_impl.course.sweeps`` from the
+seed of ``--sweep-seed``: the world with ep = 1, 2, 4, 8; two groups of 4 consecutive, strided
+and permuted ranks with ep = 2 and 4; four permuted groups of 2 with ep = 2; and groups given
+unsorted: the student's ``expert_parallel_groups`` against the lists written here by the rule
+(Megatron-core's order, experts varying fastest): a DP group's ranks sorted, its EP groups runs
+of ep consecutive members (together they hold every expert once), its EDP groups the members ep
+apart (those holding the same experts, one per EP group).
 Then the refusals, naming the numbers: dp not divisible by ep, E not divisible by ep.
 """
 import pytest
 
+from reference_impl.course.sweeps import group_layouts, label
+
 pytestmark = pytest.mark.lab9
 
-CASES = [  # (data-parallel groups, ep)
-    (((0, 1, 2, 3, 4, 5, 6, 7),), 1),
-    (((0, 1, 2, 3, 4, 5, 6, 7),), 2),
-    (((0, 1, 2, 3, 4, 5, 6, 7),), 4),
-    (((0, 1, 2, 3, 4, 5, 6, 7),), 8),
-    (((6, 0, 2, 4), (1, 3, 5, 7)), 2),   # two DP groups, neither the world; one given unsorted
-]
+
+def cases(seed):
+    """(layout name, data-parallel groups, ep) on 8 ranks."""
+    found = [("world", group_layouts(8, 8, seed)["world"], ep) for ep in (1, 2, 4, 8)]
+    for name, groups in group_layouts(8, 4, seed).items():
+        found += [(f"{name} groups of 4", groups, ep) for ep in (2, 4)]
+    found.append(("permuted groups of 2", group_layouts(8, 2, seed)["permuted"], 2))
+    found.append(("unsorted", [[6, 0, 2, 4], [7, 5, 3, 1]], 2))  # given unsorted
+    return [(name, tuple(tuple(g) for g in groups), ep) for name, groups, ep in found]
 
 
-def groups_alone(impl):
+def groups_alone(impl, seed):
     expert_groups = impl.module("expert_groups")
     found = {}
-    for dp_groups, ep in CASES:
+    for _, dp_groups, ep in cases(seed):
         groups = expert_groups.expert_parallel_groups(dp_groups, ep)
         found[f"{dp_groups}/{ep}"] = {kind: [list(group) for group in groups[kind]]
                                       for kind in ("DP", "EP", "EDP")}
@@ -73,23 +79,24 @@ def named_mistake(kind, found, expected, dp_groups, ep):
             f"consecutive members and {ep} EDP groups of {members // ep} members, {ep} apart")
 
 
-def test_ep_and_edp_groups_are_the_rule(impl, run_alone):
-    found = run_alone(groups_alone, impl)
-    for dp_groups, ep in CASES:
+def test_ep_and_edp_groups_are_the_rule(impl, run_alone, sweep_seed):
+    found = run_alone(groups_alone, impl, sweep_seed)
+    for name, dp_groups, ep in cases(sweep_seed):
         expected = expected_groups(dp_groups, ep)
         actual = found[f"{dp_groups}/{ep}"]
         for kind in ("DP", "EP", "EDP"):
             assert actual[kind] == expected[kind], (
                 f"{kind} groups for data-parallel groups {[list(g) for g in dp_groups]} and "
-                f"ep = {ep}: got {actual[kind]}, expected {expected[kind]}. "
+                f"ep = {ep} ({label({'layout': name, 'ep': ep}, sweep_seed)}): got "
+                f"{actual[kind]}, expected {expected[kind]}. "
                 f"{named_mistake(kind, actual[kind], expected[kind], dp_groups, ep)}")
     assert found["experts"] == [[0, 1], [2, 3], [4, 5], [6, 7]], (
         f"experts_of_rank(8 experts, ep = 4, rank r) gave {found['experts']}: rank r of an EP "
         "group holds experts [r E/ep, (r + 1) E/ep)")
 
 
-def test_expert_parallel_refuses_what_does_not_divide(impl, run_alone):
-    found = run_alone(groups_alone, impl)["refusals"]
+def test_expert_parallel_refuses_what_does_not_divide(impl, run_alone, sweep_seed):
+    found = run_alone(groups_alone, impl, sweep_seed)["refusals"]
     for what, numbers, rule in (("dp", ("6", "4"), "a data-parallel group of 6 ranks with ep = 4"),
                                 ("experts", ("6", "4"), "6 experts over ep = 4")):
         message = found[what]

@@ -1,36 +1,55 @@
 """Lab 9, graded: the top-k router (``router.py``) and the expert-parallel MoE layer
-(``expert_parallel.py``: dispatch, combine, gradient sync), against a single-device
-mixture of experts written here.
+(``expert_parallel.py``: dispatch, combine, gradient sync), each unit alone before the layer,
+against a single-device mixture of experts written here.
 
-The single-device layer of this file routes plainly, one token at a time: probabilities =
-softmax over all E experts of the gate's logits, each token's k most probable experts, weights
-renormalised over the k (or the raw probabilities), then each expert keeps the first
-``capacity = ceil(factor T k / E)`` of its assignments in token order and drops the rest (no
+The single-device layer of this file routes plainly: probabilities = softmax, in fp32, over
+the E experts of the gate's logits (computed in the gate's dtype); each token's k most
+probable experts; weights renormalised over the k (or the raw probabilities); each expert
+keeps the first ``capacity = ceil(factor T k / E)`` of its assignments in token order (no
 limit when dropless); y_t = sum over kept slots of weight * expert(x_t); the Switch loss
-E sum_e f_e P_e over the assignments before dropping.
+E sum_e f_e P_e over the assignments before dropping. (``moe_layer.MoELayer`` cannot serve:
+its router is the exercise.)
 
-* **The router alone** (one helper process): k = 1 and 2, renormalised or raw weights,
-  capacity factors 1.0 and 1.25 and dropless, 13 tokens (divides nothing): the experts, the
-  weights and their gradient towards the gate, what was kept, the counts, the aux loss; and
-  the refusal of k > E.
-* **The layer on 4 ranks**, one launch per EP size: ep = 2 (two EP groups at once, EDP groups of
-  2) and ep = 4, each with k = 1 and 2, dropping and dropless, 7, 5, 7, 6 tokens per rank. Each
-  rank routes its own tokens (its own capacity, GShard's per-group capacity), so the
-  single-device layer routes each rank's tokens as a group of their own. Rank r's loss is
-  L_r = sum(y_r * g_r) + 0.1 aux_r, the single device's their mean. Checked: the groups, the
-  dispatch's split sizes, outputs, aux loss, input gradients, every gradient before and after
-  ``sync_moe_grads`` (the router's: rank r's own loss; an expert's: its EP group's losses; after
-  the sync, the mean loss's), the weights after an SGD step.
+Every configuration is drawn with ``reference_impl.course.sweeps`` from the seed of
+``--sweep-seed`` (default 0), and every failure names it (``seed S: ...``).
 
-Before the submission is loaded, each rank wraps ``dist.all_to_all_single``: every call is
-recorded with its split sizes, and the ranks first exchange their split sizes and check that
-what each sends is what its peer expects (refused by name otherwise, rather than left to hang).
+* **The router alone** (one helper process): E = 4, 8; k = 1, 2; capacity factors 0.5, 1.0,
+  1.25 and dropless; renormalised or raw weights; the gate in fp32 and bf16; logits of
+  magnitude ~1 and ~100; 13, 64 and 509 tokens; an expert that no token picks. Checked: the
+  fp32 probabilities, that the experts are a top-k of them (ties between equal probabilities
+  may go either way; the rest is then computed from the experts chosen), the weights, what was
+  kept, the counts, the aux loss, the gate's gradient; the refusal of k > E.
+* **The gradient sync alone** (4 ranks): ``sync_moe_grads`` on known gradients, the groups
+  made here (not by ``create_expert_groups``), for every layout below; each rank's all-reduces
+  checked against the formula: one over its DP group (the dense bytes), one over its EDP group
+  (its experts' bytes), none over a group of one rank. A wrong value is named by the one known
+  mistake that explains every gradient of the sweep.
+* **The layer** (4 ranks, one launch shared by the dispatch, combine and layer tests): data
+  parallelism over the world (dp 4, ep 1, 2, 4) or over two groups of 2 (consecutive,
+  strided, permuted; ep 2, and ep 1), E = 4, 8, k = 1, 2, dropping or dropless, uneven
+  token counts per rank (one rank with a single token), an expert no token picks (zero
+  splits), two SGD steps with every gradient read after each. Checked in order, each failure
+  blamed on its function: the groups, the routing (router.py), the dispatch (the rows each
+  rank sends, in expert order, and its split sizes), the combine (splits reversed, rows
+  weighted and put back in their tokens' places), then the composition: outputs, aux loss,
+  input gradients, gradients before the sync (the router's: the rank's own loss; an
+  expert's: its EP group's losses), after it (the mean over the DP group's losses), the
+  weights after each step. The all-to-alls are checked per rank with the bytes of
+  ``moe_costs.all_to_all_bytes`` (a traced payload is the whole input: those bytes plus the
+  rows a rank keeps).
 
-Tolerance (fp32): 1e-5 absolute and relative; observed about 2e-7 (the same products, summed in
-another order).
+Before the submission is loaded, each rank traces its collectives (``CommTracer``) and checks
+every ``all_to_all_single``'s split sizes with its peers first, refusing by name splits that
+disagree rather than leaving them to hang.
+
+Tolerances: fp32 1e-5 absolute and relative (observed about 2e-7: the same products summed in
+another order); the rows a dispatch sends are copies, compared exactly; in bf16 the weights
+1e-2 (one bf16 step near 1 is 4e-3) and the gate's gradient 2e-2 of its largest entry; the
+experts chosen and the drops are compared exactly.
 """
 import inspect
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -38,25 +57,47 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from reference_impl.checks import assert_close
+from reference_impl.comm.comm_contract import check_contract, expected
+from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.device import current_device
+from reference_impl.course.sweeps import draw, group_layouts, label
+from reference_impl.moe.moe_costs import all_to_all_bytes
 
 pytestmark = pytest.mark.lab9
 
-HIDDEN, FFN, AUX, LR = 8, 16, 0.1, 0.1
+HIDDEN, FFN, AUX, LR, STEPS, WORLD = 8, 16, 0.1, 0.1, 2, 4
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
-WORLD, COUNTS = 4, (7, 5, 7, 6)
-TIMEOUT = 120
+MATCH = dict(atol=1e-6, rtol=1e-5)  # a result "is" a known mistake's
+TIMEOUT = 180
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+ROW_BYTES = HIDDEN * 4
 
 
-# ----------------------------------------------------------------- the single-device layer
+# ----------------------------------------------------------------- data, seeded
 
 def seeded(shape, seed, scale=1.0):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * scale
 
 
-def layer_parameters(experts, seed=0):
+def tokens(count, seed):
+    """(count, HIDDEN) tokens whose feature 0 is 1: a gate row with a large negative weight
+    there makes an expert no token picks."""
+    x = seeded((count, HIDDEN), seed)
+    x[:, 0] = 1.0
+    return x
+
+
+def gate_weight(experts, seed, scale=1.0, empty=False):
+    weight = seeded((experts, HIDDEN), seed, 0.5 * scale)
+    if empty:
+        weight[experts - 1, 0] = -100.0 * scale
+    return weight
+
+
+def layer_parameters(config, seed):
     """name -> value of a MoE layer's parameters (the names of ``moe_layer.MoELayer``)."""
-    found = {"router.gate.weight": seeded((experts, HIDDEN), seed, 0.5)}
+    experts = config["experts"]
+    found = {"router.gate.weight": gate_weight(experts, seed, empty=config["empty expert"])}
     for e in range(experts):
         for layer, shape in (("fc1", (FFN, HIDDEN)), ("fc2", (HIDDEN, FFN))):
             found[f"experts.{e}.{layer}.weight"] = seeded(shape, seed + 10 * e + 1, 0.3)
@@ -64,409 +105,1041 @@ def layer_parameters(experts, seed=0):
     return found
 
 
-def route(gate_weight, x, top_k, capacity_factor, renormalize):
-    """The routing of x (T, hidden), one token at a time: (expert index (T, k), weight (T, k),
-    kept (T, k), aux loss)."""
-    experts = gate_weight.shape[0]
-    probabilities = (x @ gate_weight.t()).float().softmax(dim=-1)
-    top, index = probabilities.topk(top_k, dim=-1)
-    weight = top / top.sum(dim=-1, keepdim=True) if renormalize else top
-    capacity = math.inf if capacity_factor is None else \
-        math.ceil(capacity_factor * x.shape[0] * top_k / experts)
-    taken, kept = [0] * experts, torch.zeros_like(index, dtype=torch.bool)
-    for t in range(x.shape[0]):
-        for s in range(top_k):
-            e = int(index[t, s])
-            kept[t, s] = taken[e] < capacity
-            taken[e] += 1
-    fraction = torch.bincount(index.flatten(), minlength=experts).float() / index.numel()
-    aux = experts * (fraction * probabilities.mean(dim=0)).sum()
-    return index, weight, kept, aux
+def config_seed(seed, index):
+    return 7919 * seed + 1000 * index
 
 
-def expert(params, e, x):
-    hidden = F.gelu(F.linear(x, params[f"experts.{e}.fc1.weight"], params[f"experts.{e}.fc1.bias"]))
-    return F.linear(hidden, params[f"experts.{e}.fc2.weight"], params[f"experts.{e}.fc2.bias"])
+# ----------------------------------------------------------------- the routing rule
 
-
-def moe(params, x, routing, weighted=True):
-    """y_t = sum over t's kept slots of weight * expert(x_t)."""
-    index, weight, kept, _ = routing
-    y = torch.zeros_like(x)
-    for t in range(x.shape[0]):
+def queue_in_token_order(index, experts, capacity):
+    """(T, k) bool: the first ``capacity`` assignments of each expert, in token order."""
+    kept, taken = torch.zeros_like(index, dtype=torch.bool), [0] * experts
+    for t in range(index.shape[0]):
         for s in range(index.shape[1]):
-            if kept[t, s]:
-                out = expert(params, int(index[t, s]), x[t])
-                y[t] = y[t] + (weight[t, s] * out if weighted else out)
-    return y
+            e = int(index[t, s])
+            kept[t, s] = capacity is None or taken[e] < capacity
+            taken[e] += 1
+    return kept
+
+
+def capacity_of(count, experts, top_k, factor):
+    return None if factor is None else math.ceil(factor * count * top_k / experts)
+
+
+def routing_from(logits, index, top_k, factor, renormalize, dtype=torch.float32):
+    """The rule's routing of ``logits`` (T, E) with the experts ``index`` (T, k) (the rule's
+    top-k, or a submission's where it is one): probabilities, weight, kept, counts, aux."""
+    experts = logits.shape[1]
+    probabilities = logits.float().softmax(dim=-1)
+    top = probabilities.gather(1, index)
+    weight = top / top.sum(dim=-1, keepdim=True) if renormalize else top
+    kept = queue_in_token_order(index, experts, capacity_of(len(logits), experts, top_k, factor))
+    fraction = torch.bincount(index.flatten(), minlength=experts).float() / index.numel()
+    return {"probabilities": probabilities, "expert_index": index, "weight": weight.to(dtype),
+            "kept": kept, "tokens_per_expert": torch.bincount(index[kept], minlength=experts),
+            "aux_loss": experts * (fraction * probabilities.mean(dim=0)).sum()}
+
+
+def is_a_top_k(index, probabilities):
+    """Whether ``index`` (T, k) holds, per token, k distinct experts whose probabilities are
+    the k largest, largest first (equal probabilities in either order)."""
+    if index.dim() != 2 or len(index) != len(probabilities) or index.dtype != torch.long:
+        return False
+    k = index.shape[1]
+    if k > 1 and (index.sort(dim=1).values.diff(dim=1) == 0).any():
+        return False
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= probabilities.shape[1]):
+        return False
+    return torch.equal(probabilities.gather(1, index), probabilities.topk(k, dim=-1).values)
+
+
+def probabilities_problem(found, logits):
+    """What is wrong with a router's probabilities (T, E), named, or None."""
+    right = logits.float().softmax(dim=-1)
+    actual = found["probabilities"]
+    if tuple(actual.shape) != tuple(right.shape):
+        return (f"the router's probabilities have shape {tuple(actual.shape)}, not (T, E) = "
+                f"{tuple(right.shape)}: one softmax over the E experts per token")
+    if actual.dtype != torch.float32:
+        return (f"the router's probabilities are in {actual.dtype}: the softmax is taken in "
+                "fp32 (cast the gate's logits with .float() first)")
+    if not torch.isfinite(actual).all():
+        return ("the router's probabilities are not finite: exp of large logits overflowed "
+                "(torch.softmax subtracts the largest logit first; a hand-written softmax must "
+                "too)")
+    if torch.allclose(actual, right, **TOLERANCE):
+        return None
+    known = {"the router's softmax is over the wrong dimension (over the tokens, dim 0): each "
+             "token's probabilities are a softmax over its E experts (dim -1)":
+             logits.float().softmax(dim=0),
+             "the router's softmax was taken in the gate's dtype (bf16), then cast: take it in "
+             "fp32 (.float() before the softmax)": logits.softmax(dim=-1).float()}
+    for cause, wrong in known.items():
+        if torch.allclose(actual, wrong, **MATCH):
+            k = found["expert_index"].shape[1]
+            changed = int((wrong.topk(k).indices != right.topk(k).indices).any(1).sum())
+            return cause + (f"; here it changes the experts of {changed} of {len(right)} tokens"
+                            if changed else "")
+    return "the router's probabilities are not softmax(x W_gate^T) over the experts, in fp32"
+
+
+def weight_problem(found, logits, index, renormalize):
+    """Why the weights differ from the rule's, named where a known mistake explains them."""
+    probabilities = logits.float().softmax(dim=-1).gather(1, index)
+    if renormalize:
+        cause = ("the weights were not renormalised over the k chosen experts (renormalize="
+                 "True: p / sum of the k p's, so a token's weights add up to 1)")
+        wrong = probabilities
+    else:  # a softmax over the k chosen logits is the same as renormalising
+        cause = ("the weights add up to 1 although renormalize=False: the softmax was taken "
+                 "over the top-k only, or the weights renormalised (the probabilities are a "
+                 "softmax over all E experts, then the k largest are taken, and with "
+                 "renormalize=False those are the weights)")
+        wrong = probabilities / probabilities.sum(dim=-1, keepdim=True)
+    atol = 1e-2 if found["weight"].dtype == torch.bfloat16 else 1e-6
+    if found["weight"].shape == wrong.shape and torch.allclose(
+            found["weight"].double(), wrong.double(), atol=atol, rtol=0):
+        return cause
+    return "see the router's rule in router.py's docstring: the weights of the k chosen experts"
+
+
+def kept_problem(found, index, experts, capacity):
+    """Why the drops differ from the rule's (the first ``capacity`` in token order)."""
+    kept = found["kept"]
+    counts = torch.bincount(index[kept], minlength=experts)
+    if capacity is not None and (counts > capacity).any():
+        return (f"tokens past capacity were kept: an expert kept {int(counts.max())} "
+                f"assignments, its capacity is {capacity}")
+    slot_major = queue_in_token_order(index.t().contiguous(), experts, capacity).t()
+    if index.shape[1] > 1 and torch.equal(kept, slot_major):
+        return ("the capacity queue counted slot by slot (every token's first choice before "
+                "any second choice): an expert's assignments queue in token order, a token's "
+                "slots together")
+    if torch.equal(kept.flip(0), queue_in_token_order(index.flip(0), experts, capacity)):
+        return "the last assignments were kept instead of the first, in token order"
+    return (f"each expert keeps the first capacity = ceil(factor T k / E) = {capacity} of its "
+            "assignments, counted in token order")
+
+
+def routing_problem(found, logits, config):
+    """The first thing wrong with one router call's result (as data), named; None when it is
+    the rule's. Compares exactly what must be exact, within tolerance what is computed."""
+    top_k, factor = config["top_k"], config["capacity"]
+    cause = probabilities_problem(found, logits)
+    if cause:
+        return cause
+    index = found["expert_index"]
+    probabilities = logits.float().softmax(dim=-1)
+    if not is_a_top_k(index, probabilities):
+        right = probabilities.topk(top_k, dim=-1).indices
+        shape = tuple(index.shape) if index.shape == right.shape else None
+        wrong = int((index != right).any(1).sum()) if shape else len(right)
+        return (f"the experts chosen ({wrong} of {len(right)} tokens differ) are not each "
+                f"token's k = {top_k} most probable experts, most probable first")
+    rule = routing_from(logits, index, top_k, factor, config["renormalize"],
+                        found["weight"].dtype)
+    bf16 = found["weight"].dtype == torch.bfloat16
+    if tuple(found["weight"].shape) != tuple(rule["weight"].shape) or not torch.allclose(
+            found["weight"].double(), rule["weight"].double(),
+            **(dict(atol=1e-2, rtol=0) if bf16 else TOLERANCE)):
+        return (f"the routing weights differ: "
+                f"{weight_problem(found, logits, index, config['renormalize'])}")
+    capacity = capacity_of(len(logits), logits.shape[1], top_k, factor)
+    if not torch.equal(found["kept"], rule["kept"]):
+        wrong = int((found["kept"] != rule["kept"]).sum())
+        return (f"{wrong} of {rule['kept'].numel()} assignments kept or dropped against the "
+                f"rule: {kept_problem(found, index, logits.shape[1], capacity)}")
+    if found["tokens_per_expert"].tolist() != rule["tokens_per_expert"].tolist():
+        every = torch.bincount(index.flatten(), minlength=logits.shape[1]).tolist()
+        why = (" (it counts the dropped assignments too)"
+               if found["tokens_per_expert"].tolist() == every else "")
+        return (f"tokens_per_expert is {found['tokens_per_expert'].tolist()}, the kept "
+                f"assignments per expert are {rule['tokens_per_expert'].tolist()}{why}")
+    if not torch.allclose(found["aux_loss"].double(), rule["aux_loss"].double(), **TOLERANCE):
+        return (f"the Switch aux loss is {float(found['aux_loss']):.6g}, the rule's "
+                f"{float(rule['aux_loss']):.6g}: E sum_e f_e P_e, f_e over every assignment "
+                "before dropping, P_e the mean probability over all tokens")
+    return None
 
 
 # ----------------------------------------------------------------- the router alone
 
-ROUTER_CASES = {  # name: (experts, top_k, capacity factor, renormalize)
-    "k2-renormalized-capacity1": (4, 2, 1.0, True),
-    "k2-raw-capacity1.25": (4, 2, 1.25, False),
-    "k1-raw-capacity1": (4, 1, 1.0, False),
-    "k1-renormalized-dropless": (4, 1, None, True),
-    "k2-raw-dropless-E8": (8, 2, None, False),
-}
-ROUTER_TOKENS = 13
+ROUTER_SPACE = {"experts": [4, 8], "top_k": [1, 2], "capacity": [None, 0.5, 1.0, 1.25],
+                "renormalize": [True, False], "dtype": ["fp32", "bf16"], "logit scale": [1, 40],
+                "tokens": [13, 64, 509], "empty expert": [False, True]}
 
 
-def router_alone(impl):
+def router_inputs(config, seed):
+    dtype = DTYPES[config["dtype"]]
+    x = tokens(config["tokens"], seed + 1).to(dtype)
+    weight = gate_weight(config["experts"], seed + 2, config["logit scale"],
+                         config["empty expert"]).to(dtype)
+    return x, weight, seeded((config["tokens"], config["top_k"]), seed + 3).to(dtype)
+
+
+def router_alone(impl, configs, seed):
     router = impl.module("router")
-    found = {}
-    for name, (experts, top_k, capacity_factor, renormalize) in ROUTER_CASES.items():
-        module = router.Router(HIDDEN, experts, top_k, capacity_factor, renormalize)
+    found = []
+    for i, config in enumerate(configs):
+        x, weight, upstream = router_inputs(config, config_seed(seed, i))
+        module = router.Router(HIDDEN, config["experts"], config["top_k"], config["capacity"],
+                               config["renormalize"]).to(x.dtype)
         with torch.no_grad():
-            module.gate.weight.copy_(layer_parameters(experts)["router.gate.weight"])
-        routing = module(seeded((ROUTER_TOKENS, HIDDEN), 7))
-        (routing.weight * seeded(routing.weight.shape, 8)).sum().backward()
-        found[name] = {"expert_index": routing.expert_index, "weight": routing.weight.detach(),
-                       "kept": routing.kept, "tokens_per_expert": routing.tokens_per_expert,
-                       "aux_loss": routing.aux_loss.detach(), "capacity": routing.capacity,
-                       "gate_grad": module.gate.weight.grad}
+            module.gate.weight.copy_(weight)
+        routing = module(x)
+        ((routing.weight * upstream).sum() + AUX * routing.aux_loss).backward()
+        found.append({"expert_index": routing.expert_index, "weight": routing.weight.detach(),
+                      "kept": routing.kept, "tokens_per_expert": routing.tokens_per_expert,
+                      "probabilities": routing.probabilities.detach(),
+                      "aux_loss": routing.aux_loss.detach(), "capacity": routing.capacity,
+                      "gate_grad": module.gate.weight.grad})
     try:
         router.Router(HIDDEN, 4, 5)
-        found["refusal"] = None
+        refusal = None
     except ValueError as error:
-        found["refusal"] = str(error)
-    return found
+        refusal = str(error)
+    return {"configs": found, "refusal": refusal}
 
 
-def router_mistake(found, expected, x, gate, case):
-    """The named mistake the router's weights or drops show, or a generic hint."""
-    experts, top_k, capacity_factor, renormalize = case
-    index = expected[0]
-    logits = (x @ gate.t()).float()
-    over_top_k = logits.gather(1, index).softmax(dim=-1)
-    if not renormalize and torch.allclose(found["weight"].double(), over_top_k.double(), atol=1e-6):
-        return ("the softmax was taken over the top-k only: the probabilities are a softmax over "
-                "all E experts, then the k largest are taken (with renormalize=False the weights "
-                "are those probabilities, and need not add up to 1)")
-    probabilities = logits.softmax(dim=-1).gather(1, index)
-    if renormalize and torch.allclose(found["weight"].double(), probabilities.double(), atol=1e-6):
-        return ("the weights were not renormalised over the k chosen experts "
-                "(renormalize=True: p / sum of the k p's, so a token's weights add up to 1)")
-    if capacity_factor is not None:
-        capacity = math.ceil(capacity_factor * ROUTER_TOKENS * top_k / experts)
-        counts = torch.bincount(found["expert_index"][found["kept"]], minlength=experts)
-        if (counts > capacity).any():
-            return (f"tokens past capacity were kept: an expert kept {int(counts.max())} "
-                    f"assignments, its capacity is ceil({capacity_factor} x {ROUTER_TOKENS} x "
-                    f"{top_k} / {experts}) = {capacity}")
-        slot_major = torch.zeros_like(index, dtype=torch.bool)
-        taken = [0] * experts
-        for s in range(top_k):
-            for t in range(ROUTER_TOKENS):
-                slot_major[t, s] = taken[int(index[t, s])] < capacity
-                taken[int(index[t, s])] += 1
-        if top_k > 1 and torch.equal(found["kept"], slot_major) and \
-                not torch.equal(slot_major, expected[2]):
-            return ("the capacity queue counted slot by slot (every token's first choice before "
-                    "any second choice): an expert's assignments queue in token order, a token's "
-                    "slots together")
-        if torch.equal(found["kept"].flip(0), route(gate, x.flip(0), top_k, capacity_factor,
-                                                    renormalize)[2]):
-            return "the last assignments were kept instead of the first, in token order"
-    return ("see the router's rule in router.py's docstring: softmax over all experts, top-k, "
-            "weights, then the first `capacity` assignments of each expert in token order")
+def expected_gate_grad(config, seed, index):
+    """The gate's gradient of sum(weight * upstream) + AUX aux, the experts being ``index``."""
+    x, weight, upstream = router_inputs(config, seed)
+    weight.requires_grad_()
+    rule = routing_from(F.linear(x, weight), index, config["top_k"], config["capacity"],
+                        config["renormalize"], x.dtype)
+    ((rule["weight"] * upstream).sum() + AUX * rule["aux_loss"]).backward()
+    return weight.grad
 
 
-def test_router_top_k_weights_and_capacity(impl, run_alone):
-    found = run_alone(router_alone, impl)
-    x = seeded((ROUTER_TOKENS, HIDDEN), 7)
+def test_router_alone(impl, run_alone, sweep_seed):
+    configs = draw(ROUTER_SPACE, sweep_seed, extra=4)
+    found = run_alone(router_alone, impl, configs, sweep_seed)
     dropped = 0
-    for name, case in ROUTER_CASES.items():
-        experts, top_k, capacity_factor, renormalize = case
-        gate = layer_parameters(experts)["router.gate.weight"].requires_grad_()
-        expected = route(gate, x, top_k, capacity_factor, renormalize)
-        (expected[1] * seeded(expected[1].shape, 8)).sum().backward()
-        actual = found[name]
-        what = f"{name} (E = {experts}, k = {top_k}, capacity factor {capacity_factor})"
-        assert torch.equal(actual["expert_index"].cpu(), expected[0]), (
-            f"{what}: the experts chosen differ from each token's k most probable experts "
-            f"(got {actual['expert_index'].tolist()}, expected {expected[0].tolist()}), most "
-            "probable first")
-        cause = router_mistake(actual, expected, x, gate.detach(), case)
-        assert_close(actual["weight"], expected[1], f"{what}: the routing weights",
-                     likely_cause=cause, **TOLERANCE)
-        assert_close(actual["gate_grad"], gate.grad, f"{what}: the gradient of the weights "
-                     "towards the gate", likely_cause="the weights must stay differentiable "
-                     "(no .detach(), no .item()) and come from the softmax over all experts",
-                     **TOLERANCE)
-        assert torch.equal(actual["kept"].cpu(), expected[2]), (
-            f"{what}: kept {actual['kept'].int().tolist()}, expected "
-            f"{expected[2].int().tolist()}. {router_mistake(actual, expected, x, gate.detach(), case)}")
-        counts = torch.bincount(expected[0][expected[2]], minlength=experts)
-        assert actual["tokens_per_expert"].tolist() == counts.tolist(), (
-            f"{what}: tokens_per_expert {actual['tokens_per_expert'].tolist()}, the kept "
-            f"assignments per expert are {counts.tolist()}")
-        assert_close(actual["aux_loss"], expected[3], f"{what}: the Switch aux loss",
-                     likely_cause="E sum_e f_e P_e, f_e over every assignment before dropping, "
-                     "P_e the mean probability over all tokens", **TOLERANCE)
-        dropped += int((~expected[2]).sum())
-    assert dropped > 0, "no case dropped anything: the capacity rule went untested"
+    for i, config in enumerate(configs):
+        x, weight, _ = router_inputs(config, config_seed(sweep_seed, i))
+        logits = F.linear(x, weight)
+        actual, what = found["configs"][i], f"the router ({label(config, sweep_seed)})"
+        blame(routing_problem(actual, logits, config), what)
+        assert actual["capacity"] == capacity_of(len(x), config["experts"], config["top_k"],
+                                                 config["capacity"]), (
+            f"{what}: Routing.capacity is {actual['capacity']}, the rule's ceil(factor T k / E)"
+            f" is {capacity_of(len(x), config['experts'], config['top_k'], config['capacity'])}")
+        want = expected_gate_grad(config, config_seed(sweep_seed, i), actual["expert_index"])
+        assert actual["gate_grad"] is not None, (
+            f"{what}: the gate got no gradient: the weights and the aux loss must stay "
+            "differentiable (no .detach(), no .item(), no torch.no_grad())")
+        bf16 = config["dtype"] == "bf16"
+        scale = float(want.abs().max()) or 1.0
+        assert_close(actual["gate_grad"], want, f"{what}: the gradient towards the gate of "
+                     "sum(weight * g) + 0.1 aux", likely_cause="the weights and the aux loss "
+                     "must stay differentiable and come from the softmax over all experts",
+                     **(dict(atol=2e-2 * scale, rtol=2e-2) if bf16 else TOLERANCE))
+        dropped += int((~actual["kept"]).sum())
+    assert dropped > 0, f"seed {sweep_seed}: no configuration dropped anything (a weak sweep)"
     refusal = found["refusal"]
     assert refusal is not None, "Router(hidden, 4 experts, top_k = 5) was accepted: k > E"
     assert "5" in refusal and "4" in refusal, (
         f"Router with k = 5 > E = 4 raised ValueError({refusal!r}): name both numbers")
 
 
-# ----------------------------------------------------------------- the layer on ranks
+# ----------------------------------------------------------------- layouts and groups
 
-CONFIGS = {  # name: (ep, experts, top_k, capacity factor, renormalize)
-    "ep2": {"ep2-E4-k2-capacity1": (2, 4, 2, 1.0, True),
-            "ep2-E4-k1-dropless": (2, 4, 1, None, False)},
-    "ep4": {"ep4-E8-k1-capacity1": (4, 8, 1, 1.0, False),
-            "ep4-E4-k2-dropless": (4, 4, 2, None, True)},
-}
+def parallelisms(seed):
+    """name -> (data-parallel groups, ep) on 4 ranks."""
+    pairs = group_layouts(WORLD, 2, seed)
+    world = [list(range(WORLD))]
+    return {"dp4-ep1": (world, 1), "dp4-ep2": (world, 2), "dp4-ep4": (world, 4),
+            "dp2-consecutive-ep2": (pairs["consecutive"], 2),
+            "dp2-strided-ep2": (pairs["strided"], 2),
+            "dp2-permuted-ep2": (pairs["permuted"], 2),
+            "dp2-strided-ep1": (pairs["strided"], 1)}
 
 
-def tokens_of(rank):
-    return seeded((COUNTS[rank], HIDDEN), 100 + rank), seeded((COUNTS[rank], HIDDEN), 200 + rank)
+def layout(dp_groups, ep):
+    """Every DP, EP and EDP group by the rule (sorted DP groups, EP groups runs of ep of
+    them, EDP groups their members ep apart), and each rank's."""
+    groups = {"DP": [], "EP": [], "EDP": []}
+    for members in dp_groups:
+        members = sorted(members)
+        groups["DP"].append(members)
+        groups["EP"] += [members[i:i + ep] for i in range(0, len(members), ep)]
+        groups["EDP"] += [members[i::ep] for i in range(ep)]
+    mine = {rank: {kind: next(g for g in found if rank in g) for kind, found in groups.items()}
+            for rank in range(WORLD)}
+    return groups, mine
 
+
+def made_groups(groups):
+    """The torch groups of ``groups`` (every rank makes every one, in order); this rank's."""
+    rank, mine = dist.get_rank(), {}
+    for kind, found in groups.items():
+        for members in found:
+            group = dist.group.WORLD if len(members) == WORLD else dist.new_group(members)
+            if rank in members:
+                mine[kind] = (group, members)
+    return mine
+
+
+# ----------------------------------------------------------------- tracing on the ranks
 
 class SplitSizesDisagree(RuntimeError):
     """An all-to-all whose split sizes do not match its peers' or its tensors."""
 
 
-def record_all_to_alls(calls: list, phase: list):
-    """Wrap ``dist.all_to_all_single`` on this rank: record each call's split sizes, and refuse,
-    on every rank of the group at once, splits that disagree. Returns the original."""
-    original = dist.all_to_all_single
-    signature = inspect.signature(original)
+def traced(exchanges: list, phase: list):
+    """Trace this rank's collectives (``CommTracer``), and wrap ``all_to_all_single`` and
+    ``all_reduce`` above the tracer: the group is passed on by keyword (so that the tracer
+    sees it however the submission passed it), each all-to-all's split sizes are checked
+    with the peers (refused on every rank at once, rather than left to hang) and its rows
+    recorded in ``exchanges``. Returns (tracer, a function that undoes it all)."""
+    real_all_to_all, real_all_reduce = dist.all_to_all_single, dist.all_reduce
+    tracer = CommTracer().__enter__()
+    traced_all_to_all, traced_all_reduce = dist.all_to_all_single, dist.all_reduce
+    all_to_all_signature = inspect.signature(real_all_to_all)
+    all_reduce_signature = inspect.signature(real_all_reduce)
 
-    def checked(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs).arguments
-        output, input, group = bound["output"], bound["input"], bound.get("group")
+    def all_to_all_single(*args, **kwargs):
+        bound = all_to_all_signature.bind(*args, **kwargs).arguments
+        output, input, group = bound.pop("output"), bound.pop("input"), bound.get("group")
         size = dist.get_world_size(group)
-        sends = bound.get("input_split_sizes") or [input.shape[0] // size] * size
-        receives = bound.get("output_split_sizes") or [output.shape[0] // size] * size
-        sends, receives = [int(n) for n in sends], [int(n) for n in receives]
-        calls.append({"phase": phase[0], "sends": sends, "receives": receives,
-                      "rows": input.dim() > 1})  # tokens' rows, not counts
+        sends = [int(n) for n in bound.get("input_split_sizes") or [len(input) // size] * size]
+        receives = [int(n) for n in bound.get("output_split_sizes") or
+                    [len(output) // size] * size]
+        record = {"phase": phase[0], "sends": sends, "receives": receives,
+                  "of rows": input.dim() > 1, "rows": input.detach().cpu().clone(),
+                  "lengths": (len(input), len(output))}
+        exchanges.append(record)
         theirs = torch.empty(size, dtype=torch.long, device=current_device())
-        original(theirs, torch.tensor(sends, device=current_device()), group=group)
+        real_all_to_all(theirs, torch.tensor(sends, device=current_device()), group=group)
         problem = []
         if theirs.tolist() != receives:
             problem.append(f"it expects {receives} rows from the ranks of its group, which send "
                            f"it {theirs.tolist()}")
-        if sum(sends) != input.shape[0] or sum(receives) != output.shape[0]:
+        if sum(sends) != len(input) or sum(receives) != len(output):
             problem.append(f"its splits add up to {sum(sends)} rows sent and {sum(receives)} "
-                           f"received, its tensors have {input.shape[0]} and {output.shape[0]}")
+                           f"received, its tensors have {len(input)} and {len(output)}")
         flag = torch.tensor([len(problem)], device=current_device())
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        real_all_reduce(flag, op=dist.ReduceOp.MAX)  # the whole world stops together
         if int(flag):
             raise SplitSizesDisagree(f"all_to_all_single ({phase[0]}) with input splits {sends} "
                                      f"and output splits {receives}: "
                                      + ("; ".join(problem) or "another rank's splits disagree"))
-        return original(*args, **kwargs)
+        work = traced_all_to_all(output, input, **bound)
+        if record["of rows"]:
+            record["returned"] = output.detach().cpu().clone()
+            record["call"] = len(tracer.calls)
+        return work
 
-    dist.all_to_all_single = checked
-    return original
+    def all_reduce(*args, **kwargs):
+        bound = all_reduce_signature.bind(*args, **kwargs).arguments
+        return traced_all_reduce(bound.pop("tensor"), **bound)
+
+    dist.all_to_all_single, dist.all_reduce = all_to_all_single, all_reduce
+
+    def undo():
+        dist.all_to_all_single, dist.all_reduce = traced_all_to_all, traced_all_reduce
+        tracer.__exit__(None, None, None)
+
+    return tracer, undo
 
 
-def layer_on_rank(impl, ep_name):
-    """Every config of ``ep_name`` on this rank: what the test compares, as data."""
+def row_exchanges(exchanges, phase="forward"):
+    """The all-to-alls of token rows (not of counts) made in ``phase``."""
+    return [e for e in exchanges if e["of rows"] and e["phase"] == phase]
+
+
+def calls_between(tracer, start, end):
+    return [call.as_data() for call in tracer.calls[start:end]]
+
+
+# ----------------------------------------------------------------- the sync alone
+
+def sync_gradients(config_index, rank, seed, experts_local):
+    """Known gradients on ``rank``: (dense by position, expert by position)."""
+    base = config_seed(seed, config_index) + 100 * rank
+    dense = [seeded((4, HIDDEN), base + 1), seeded((HIDDEN,), base + 2)]
+    expert = [seeded((FFN, HIDDEN) if j % 2 == 0 else (FFN,), base + 10 + j)
+              for j in range(2 * experts_local)]
+    return dense, expert
+
+
+def sync_alone(impl, names, seed):
+    """sync_moe_grads for each layout of ``names``, on groups made here: (gradients after by
+    kind and position, the calls traced)."""
+    from torch import nn
+
+    rank, results, exchanges, phase = dist.get_rank(), [], [], ["sync_moe_grads"]
+    layouts = parallelisms(seed)
+    made = [made_groups(layout(*layouts[name])[0]) for name in names]
+    tracer, undo = traced(exchanges, phase)
+    try:
+        expert_parallel = impl.module("expert_parallel")
+        for i, name in enumerate(names):
+            mine, ep = made[i], layouts[name][1]
+            groups = SimpleNamespace(dp=mine["DP"][0], ep=mine["EP"][0], edp=mine["EDP"][0],
+                                     dp_size=len(mine["DP"][1]), ep_size=ep,
+                                     ep_rank=mine["EP"][1].index(rank))
+            dense, expert = sync_gradients(i, rank, seed, 2)
+            module, device = nn.Module(), current_device()
+            module.router = nn.ParameterList(nn.Parameter(torch.zeros_like(g, device=device))
+                                             for g in dense)
+            module.experts = nn.ParameterList(nn.Parameter(torch.zeros_like(g, device=device))
+                                              for g in expert)
+            for parameter, grad in zip(module.parameters(), dense + expert):
+                parameter.grad = grad.to(device)
+            for parameter in module.experts.parameters():
+                parameter.expert_parallel = True
+            start = len(tracer.calls)
+            expert_parallel.sync_moe_grads(module, groups)
+            results.append({"dense": [p.grad.cpu() for p in module.router],
+                            "expert": [p.grad.cpu() for p in module.experts],
+                            "calls": calls_between(tracer, start, None)})
+    finally:
+        undo()
+    return results
+
+
+def sync_hypotheses(kind):
+    """(description, prediction) of the right sync and of each known mistake, for one
+    gradient; ``o`` holds the rank's groups and every rank's gradients at its position."""
+    def total(o, ranks):
+        return sum(o["before"][s] for s in ranks)
+
+    world = range(WORLD)
+    if kind == "dense":
+        return [
+            ("right", lambda o: total(o, o["DP"]) / len(o["DP"])),
+            ("the dense gradients were not synced: each rank kept its own tokens' gradient",
+             lambda o: o["before"][o["rank"]]),
+            ("the dense gradients were averaged over the world, not the DP group (sum over "
+             "the rank's data-parallel group, divide by its size dp)",
+             lambda o: total(o, world) / WORLD),
+            ("ReduceOp.AVG then divided again: an all-reduce with ReduceOp.AVG already "
+             "divides by the group's size, so the division by dp after it divides twice",
+             lambda o: total(o, o["DP"]) / len(o["DP"]) ** 2),
+            ("the dense gradients were divided by the world size, not the data-parallel "
+             "group's size dp", lambda o: total(o, o["DP"]) / WORLD),
+            ("the dense gradients were summed over the DP group but not divided by dp",
+             lambda o: total(o, o["DP"])),
+            ("the dense gradients were divided by ep, not dp",
+             lambda o: total(o, o["DP"]) / len(o["EP"])),
+            ("the dense gradients were synced over the EDP group (the experts' copies), not "
+             "the DP group", lambda o: total(o, o["EDP"]) / len(o["DP"])),
+            ("the dense gradients were averaged over the EDP group (the experts' copies), not "
+             "the DP group", lambda o: total(o, o["EDP"]) / len(o["EDP"])),
+        ]
+    return [
+        ("right", lambda o: total(o, o["EDP"]) / len(o["DP"])),
+        ("the expert gradients were not synced over the EDP group",
+         lambda o: o["before"][o["rank"]]),
+        ("expert gradients averaged over the DP group instead of summed over the EDP group "
+         "and divided by dp (the DP group mixes the gradients of other experts)",
+         lambda o: total(o, o["DP"]) / len(o["DP"])),
+        ("expert gradients divided by the EDP size instead of dp (ep times too large)",
+         lambda o: total(o, o["EDP"]) / len(o["EDP"])),
+        ("expert gradients summed over the EDP group but not divided by dp",
+         lambda o: total(o, o["EDP"])),
+        ("expert gradients divided by ep instead of dp", lambda o: total(o, o["EDP"]) / len(o["EP"])),
+        ("ReduceOp.AVG then divided again: an all-reduce over the EDP group with "
+         "ReduceOp.AVG already divides by its size, and the division by dp after it divides "
+         "twice", lambda o: total(o, o["EDP"]) / len(o["EDP"]) / len(o["DP"])),
+        ("the expert gradients were averaged over the world, not summed over the EDP group "
+         "and divided by dp", lambda o: total(o, world) / WORLD),
+        ("expert gradients divided by the world size instead of dp",
+         lambda o: total(o, o["EDP"]) / WORLD),
+    ]
+
+
+def judge_sync(observations, kind, unit, only=None):
+    """Fail on the first gradient of ``kind`` (of those labelled ``only``, if given) that is
+    not the right sync of the gradients it was given, naming the known mistake that explains
+    every observation of the sweep (or, failing that, this one)."""
+    hypotheses = sync_hypotheses(kind)
+    right = hypotheses[0][1]
+    wrong = [o for o in observations if only in (None, o["label"]) and not torch.allclose(
+        o["after"].double(), right(o).double(), **TOLERANCE)]
+    if not wrong:
+        return
+    def fits(o, predict):
+        return torch.allclose(o["after"].double(), predict(o).double(), **MATCH)
+    everywhere = [d for d, predict in hypotheses[1:] if all(fits(o, predict) for o in observations)]
+    first = wrong[0]
+    here = [d for d, predict in hypotheses[1:] if fits(first, predict)]
+    if everywhere:
+        cause = f"{everywhere[0]} (the one known mistake that fits every gradient of the sweep)"
+    elif here:
+        cause = f"{here[0]} (it fits this gradient, not every one of the sweep)"
+    else:
+        cause = ("dense gradients are summed over the DP group, expert gradients over the EDP "
+                 "group, both divided by dp")
+    assert_close(first["after"], right(first), f"{unit}: the {kind} gradient {first['name']} "
+                 f"after sync_moe_grads ({first['label']})", rank=first["rank"],
+                 likely_cause=f"{cause}. {len(wrong)} {kind} gradients are off here",
+                 against="the sync of the gradients it was given",
+                 **TOLERANCE)
+
+
+def sync_contract(calls, mine, dense_bytes, expert_bytes, what, rank):
+    """One all-reduce over the DP group (the dense bytes), one over the EDP group (the
+    experts'); nothing over a group of one rank is counted (it moves nothing)."""
+    wanted = [expected("all_reduce", mine[kind], nbytes)
+              for kind, nbytes in (("DP", dense_bytes), ("EDP", expert_bytes))
+              if len(mine[kind]) > 1 and nbytes]
+    check_contract([c for c in calls if len(c["ranks"]) > 1], wanted, what, rank=rank,
+                   formula="one bucketed all-reduce of the dense gradients over the DP group, "
+                   "one of this rank's expert gradients over its EDP group")
+
+
+def test_sync_moe_grads_alone(impl, run_on_ranks, sweep_seed):
+    names = list(parallelisms(sweep_seed))
+    results = run_on_ranks(sync_alone, WORLD, impl, names, sweep_seed, timeout=TIMEOUT)
+    observations = {"dense": [], "expert": []}
+    for i, name in enumerate(names):
+        dp_groups, ep = parallelisms(sweep_seed)[name]
+        _, mine = layout(dp_groups, ep)
+        before = [sync_gradients(i, r, sweep_seed, 2) for r in range(WORLD)]
+        tag = label({"layout": name, "DP groups": dp_groups}, sweep_seed)
+        for rank in range(WORLD):
+            for k, kind in enumerate(("dense", "expert")):
+                for j, after in enumerate(results[rank][i][kind]):
+                    observations[kind].append(
+                        {"rank": rank, "after": after, "name": f"at position {j}",
+                         "label": tag, "before": {s: before[s][k][j] for s in range(WORLD)},
+                         **mine[rank]})
+    for kind in ("dense", "expert"):
+        judge_sync(observations[kind], kind, "sync_moe_grads alone")
+    for i, name in enumerate(names):
+        _, mine = layout(*parallelisms(sweep_seed)[name])
+        dense, expert = sync_gradients(i, 0, sweep_seed, 2)
+        for rank in range(WORLD):
+            sync_contract(results[rank][i]["calls"], mine[rank],
+                          sum(g.numel() * 4 for g in dense), sum(g.numel() * 4 for g in expert),
+                          f"sync_moe_grads alone ({label({'layout': name}, sweep_seed)})", rank)
+
+
+# ----------------------------------------------------------------- the layer on ranks
+
+LAYER_SPACE = {"parallelism": ["dp4-ep1", "dp4-ep2", "dp4-ep4", "dp2-consecutive-ep2",
+                               "dp2-strided-ep2", "dp2-permuted-ep2", "dp2-strided-ep1"],
+               "experts": [4, 8], "top_k": [1, 2], "capacity": [None, 1.0, 0.75],
+               "tokens": [(7, 5, 7, 6), (3, 9, 1, 6), (8, 8, 8, 8)],
+               "empty expert": [False, True]}
+
+
+def layer_configs(seed):
+    configs = draw(LAYER_SPACE, seed, extra=2)
+    for config in configs:
+        config["renormalize"] = config["top_k"] > 1  # Switch's raw weight at k = 1
+    return configs
+
+
+def layer_tokens(config, seed, index, rank, step):
+    base = config_seed(seed, index) + 100 * step + 10 * rank
+    return tokens(config["tokens"][rank], base + 500), seeded((config["tokens"][rank], HIDDEN),
+                                                              base + 501)
+
+
+def layer_on_rank(impl, configs, seed):
+    """Every configuration on this rank, STEPS steps each: what the tests compare, as data."""
     from reference_impl.moe.moe_layer import MoELayer  # given; its experts are plain MLPs
 
     rank, device = dist.get_rank(), current_device()
-    calls, phase = [], ["construction"]
-    original = record_all_to_alls(calls, phase)  # before the submission runs in this process
-    results = {}
+    exchanges, phase, results = [], ["construction"], {"configs": [], "error": None}
+    tracer, undo = traced(exchanges, phase)
+    index, step = 0, 0
     try:
         expert_groups = impl.module("expert_groups")
         expert_parallel = impl.module("expert_parallel")
         made = {}
-        for name, (ep, experts, top_k, capacity_factor, renormalize) in CONFIGS[ep_name].items():
-            calls.clear()
-            if ep not in made:
-                made[ep] = expert_groups.create_expert_groups(ep)
-            groups = made[ep]
-            layer = MoELayer(HIDDEN, FFN, experts, top_k, capacity_factor, renormalize)
+        for index, config in enumerate(configs):
+            dp_groups, ep = parallelisms(seed)[config["parallelism"]]
+            if config["parallelism"] not in made:
+                made[config["parallelism"]] = expert_groups.create_expert_groups(ep, dp_groups)
+            groups = made[config["parallelism"]]
+            layer = MoELayer(HIDDEN, FFN, config["experts"], config["top_k"],
+                             config["capacity"], config["renormalize"])
             with torch.no_grad():
                 for what, parameter in layer.named_parameters():
-                    parameter.copy_(layer_parameters(experts)[what])
+                    parameter.copy_(layer_parameters(config, config_seed(seed, index))[what])
             parallel = expert_parallel.ExpertParallelMoE(layer.to(device), groups)
-            x, upstream = (t.to(device) for t in tokens_of(rank))
-            x.requires_grad_()
-            phase[0] = "forward"
-            result = parallel(x)
-            phase[0] = "backward"
-            ((result.output * upstream).sum() + AUX * result.aux_loss).backward()
-            before = {what: p.grad.detach().cpu().clone() for what, p in parallel.named_parameters()
-                      if p.grad is not None}
-            phase[0] = "sync_moe_grads"
-            expert_parallel.sync_moe_grads(parallel, groups)
-            after = {what: p.grad.detach().cpu().clone() for what, p in parallel.named_parameters()}
-            torch.optim.SGD(parallel.parameters(), lr=LR).step()
-            results[name] = {
-                "ep_group": dist.get_process_group_ranks(groups.ep),
-                "output": result.output.detach().cpu(), "aux_loss": result.aux_loss.detach().cpu(),
-                "input_grad": x.grad.cpu(), "before": before, "after": after,
-                "stepped": {what: p.detach().cpu() for what, p in parallel.named_parameters()},
-                "calls": list(calls), "error": None}
-    except SplitSizesDisagree as error:  # every rank of the group raised it: name it in the test
-        results["error"] = {"error": str(error), "calls": list(calls), "config": name}
+            optimizer = torch.optim.SGD(parallel.parameters(), lr=LR)
+            steps = []
+            results["configs"].append({
+                "groups": {kind: dist.get_process_group_ranks(getattr(groups, kind.lower()))
+                           for kind in ("DP", "EP", "EDP")}, "steps": steps})
+            for step in range(STEPS):
+                x, upstream = (t.to(device) for t in layer_tokens(config, seed, index, rank, step))
+                x.requires_grad_()
+                exchanges.clear()
+                marks = [len(tracer.calls)]
+                phase[0] = "forward"
+                result = parallel(x)
+                marks.append(len(tracer.calls))
+                phase[0] = "backward"
+                ((result.output * upstream).sum() + AUX * result.aux_loss).backward()
+                marks.append(len(tracer.calls))
+                before = [(what, None if p.grad is None else p.grad.detach().cpu().clone())
+                          for what, p in parallel.named_parameters()]
+                phase[0] = "sync_moe_grads"
+                expert_parallel.sync_moe_grads(parallel, groups)
+                marks.append(len(tracer.calls))
+                routing = result.routings[0]
+                steps.append({
+                    "routing": {"expert_index": routing.expert_index.cpu(),
+                                "weight": routing.weight.detach().cpu(),
+                                "kept": routing.kept.cpu(),
+                                "tokens_per_expert": routing.tokens_per_expert.cpu(),
+                                "probabilities": routing.probabilities.detach().cpu(),
+                                "aux_loss": routing.aux_loss.detach().cpu()},
+                    "output": result.output.detach().cpu(), "aux_loss": result.aux_loss.detach().cpu(),
+                    "input_grad": None if x.grad is None else x.grad.cpu(), "before": before,
+                    "after": [(what, p.grad.detach().cpu().clone())
+                              for what, p in parallel.named_parameters()],
+                    "exchanges": row_exchanges(exchanges),
+                    "calls": {name: calls_between(tracer, start, end) for name, start, end in
+                              zip(("forward", "backward", "sync"), marks, marks[1:])},
+                    "forward_start": marks[0]})
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                steps[-1]["stepped"] = [(what, p.detach().cpu().clone())
+                                        for what, p in parallel.named_parameters()]
+    except SplitSizesDisagree as error:  # every rank raised it: name it in the test
+        results["error"] = {"error": str(error), "config": index, "step": step,
+                            "exchanges": [{k: v for k, v in e.items() if k != "rows"}
+                                          for e in exchanges]}
     finally:
-        dist.all_to_all_single = original
+        undo()
     return results
 
 
-def single_device(config):
-    """Per rank: routing, outputs, losses; and the gradients and weights the test expects."""
-    ep, experts, top_k, capacity_factor, renormalize = config
-    params = {what: value.requires_grad_() for what, value in layer_parameters(experts).items()}
-    xs = [tokens_of(r)[0].requires_grad_() for r in range(WORLD)]
-    per_rank = []
-    for r in range(WORLD):
-        routing = route(params["router.gate.weight"], xs[r], top_k, capacity_factor, renormalize)
-        y = moe(params, xs[r], routing)
-        loss = (y * tokens_of(r)[1]).sum() + AUX * routing[3]
-        per_rank.append({"routing": routing, "output": y, "loss": loss,
-                         "unweighted": moe(params, xs[r], routing, weighted=False)})
-    names = list(params)
-
-    def grads(loss):
-        found = torch.autograd.grad(loss, [params[n] for n in names], retain_graph=True,
-                                    allow_unused=True)
-        return {n: torch.zeros_like(params[n]) if g is None else g for n, g in zip(names, found)}
-
-    mean = grads(sum(each["loss"] for each in per_rank) / WORLD)
-    for r, each in enumerate(per_rank):
-        each["input_grad"] = torch.autograd.grad(each["loss"], xs[r], retain_graph=True)[0]
-        each["own"] = grads(each["loss"])                       # the router's, before the sync
-        first = r // ep * ep
-        each["ep_group"] = list(range(first, first + ep))
-        each["group"] = grads(sum(per_rank[s]["loss"] for s in each["ep_group"]))  # experts'
-        each["edp_group"] = list(range(r % ep, WORLD, ep))
-    return per_rank, {n: g.detach() for n, g in mean.items()}, \
-        {n: (p - LR * mean[n]).detach() for n, p in params.items()}
+_LAUNCHES = {}  # (implementation, seed) -> the layer's results: one launch for three tests
 
 
-def expected_splits(per_rank, rank, ep, experts):
-    """The dispatch's (input, output) split sizes on ``rank``: kept rows to and from each rank
-    of its EP group."""
-    def to_ranks(r):
-        index, _, kept, _ = per_rank[r]["routing"]
-        counts = torch.bincount(index[kept], minlength=experts).view(ep, -1).sum(dim=1)
-        return counts.tolist()
-    group = per_rank[rank]["ep_group"]
-    return to_ranks(rank), [to_ranks(s)[group.index(rank)] for s in group]
+def layer_results(impl, run_on_ranks, seed):
+    key = (impl.name, seed)
+    if key not in _LAUNCHES:
+        _LAUNCHES[key] = run_on_ranks(layer_on_rank, WORLD, impl, layer_configs(seed), seed,
+                                      timeout=TIMEOUT)
+    return _LAUNCHES[key]
 
 
-def check_dispatch(calls, per_rank, rank, ep, experts, name):
-    sends, receives = expected_splits(per_rank, rank, ep, experts)
-    forward = [call for call in calls if call["phase"] == "forward" and call["rows"]][:1]
-    if any(call["sends"] == receives and call["receives"] == sends != receives for call in forward):
-        return (f"{name}, rank {rank}: input and output split sizes swapped in the dispatch: this "
-                f"rank sends {sends} rows to the ranks of its EP group and receives {receives}, "
-                f"its all-to-all was given input splits {receives} and output splits {sends}")
-    if not any(call["sends"] == sends and call["receives"] == receives for call in forward):
-        return (f"{name}, rank {rank}: the dispatch should send {sends} rows to the ranks of "
-                f"its EP group and receive {receives}; its first all-to-all of rows in the forward "
-                f"had {[(c['sends'], c['receives']) for c in forward] or 'none'} (input, output "
-                "splits): input splits are the rows this rank's kept assignments send to each EP "
-                "rank, output splits the rows each EP rank sends it (from the exchanged counts)")
+# ----------------------------------------------------------------- the single device
+
+def experts_of(e, params, x):
+    hidden = F.gelu(F.linear(x, params[f"experts.{e}.fc1.weight"],
+                             params[f"experts.{e}.fc1.bias"]))
+    return F.linear(hidden, params[f"experts.{e}.fc2.weight"], params[f"experts.{e}.fc2.bias"])
+
+
+def single_device_output(params, x, rule):
+    """y_t = sum over t's kept slots of weight * expert(x_t)."""
+    y = torch.zeros_like(x)
+    for e in range(params["router.gate.weight"].shape[0]):
+        chosen = ((rule["expert_index"] == e) & rule["kept"]).to(x.dtype)    # (T, k)
+        y = y + (chosen * rule["weight"]).sum(dim=1, keepdim=True) * experts_of(e, params, x)
+    return y
+
+
+def dispatch_order(rule):
+    """The kept assignments' flat indices (token * k + slot), stably sorted by expert."""
+    flat = rule["kept"].flatten().nonzero().squeeze(1)
+    return flat[rule["expert_index"].flatten()[flat].argsort(stable=True)]
+
+
+_SINGLE_DEVICE = {}
+
+
+def single_device(config, seed, index):
+    """Per (rank, step): the gate, the routing rule, the dispatch, the output and every
+    gradient (a pure function of its arguments: computed once)."""
+    key = (repr(config), seed, index)
+    if key not in _SINGLE_DEVICE:
+        _SINGLE_DEVICE[key] = compute_single_device(config, seed, index)
+    return _SINGLE_DEVICE[key]
+
+
+def compute_single_device(config, seed, index):
+    dp_groups, ep = parallelisms(seed)[config["parallelism"]]
+    _, mine = layout(dp_groups, ep)
+    found = {}
+    for group in dp_groups:
+        params = {n: v.requires_grad_() for n, v in
+                  layer_parameters(config, config_seed(seed, index)).items()}
+        names = list(params)
+        for step in range(STEPS):
+            for rank in group:
+                x, upstream = layer_tokens(config, seed, index, rank, step)
+                x.requires_grad_()
+                logits = F.linear(x, params["router.gate.weight"])
+                rule = routing_from(logits, logits.softmax(-1).topk(config["top_k"]).indices,
+                                    config["top_k"], config["capacity"], config["renormalize"])
+                y = single_device_output(params, x, rule)
+                loss = (y * upstream).sum() + AUX * rule["aux_loss"]
+                *grads, input_grad = torch.autograd.grad(loss, [params[n] for n in names] + [x])
+                order = dispatch_order(rule)
+                found[rank, step] = {"rule": {k: v.detach() for k, v in rule.items()},
+                                     "gate": params["router.gate.weight"].detach(),
+                                     "output": y.detach(), "input_grad": input_grad, "x": x.detach(),
+                                     "own": dict(zip(names, grads)), "order": order,
+                                     "rows": x.detach()[order // config["top_k"]]}
+            for rank in group:
+                me = found[rank, step]
+                me["ep_sum"] = {n: sum(found[s, step]["own"][n] for s in mine[rank]["EP"])
+                                for n in names}
+                me["mean"] = {n: sum(found[s, step]["own"][n] for s in group) / len(group)
+                              for n in names}
+            mean = found[group[0], step]["mean"]
+            params = {n: (params[n] - LR * mean[n]).detach().requires_grad_() for n in names}
+            for rank in group:
+                found[rank, step]["stepped"] = {n: p.detach() for n, p in params.items()}
+    for (rank, step), me in found.items():
+        me.update(mine[rank])
+        counts = [found[s, step]["rule"]["tokens_per_expert"].tolist() for s in me["EP"]]
+        me["counts_by_ep_rank"] = counts
+        me["ep_index"] = me["EP"].index(rank)
+        per = config["experts"] // ep
+        by_rank = [[sum(c[d * per:(d + 1) * per]) for d in range(ep)] for c in counts]
+        me["sends"] = by_rank[me["ep_index"]]
+        me["receives"] = [row[me["ep_index"]] for row in by_rank]
+        mine_counts = torch.tensor([c[me["ep_index"] * per:(me["ep_index"] + 1) * per]
+                                    for c in counts])          # (ep sources, E/ep)
+        me["receives read transposed"] = mine_counts.flatten().view(per, ep).t().sum(1).tolist()
+    return found
+
+
+# ----------------------------------------------------------------- the units' verdicts
+
+def rows_problem(rows, me, top_k):
+    """Why the rows a dispatch sent are not the kept assignments' tokens sorted by expert."""
+    if rows is None or tuple(rows.shape) != tuple(me["rows"].shape):
+        return None  # the split sizes say it
+    if torch.equal(rows, me["rows"]):
+        return None
+    kept = me["rule"]["kept"].flatten().nonzero().squeeze(1)
+    if torch.equal(rows, me["x"][kept // top_k]):
+        return ("the dispatch did not sort tokens by expert: it sent the kept assignments in "
+                "token order, so the rows for an EP rank's experts are not consecutive")
+    if torch.equal(rows.sum(1).sort().values, me["rows"].sum(1).sort().values):
+        return ("the dispatch sent the right rows in another order: sort the kept assignments "
+                "by expert with a stable sort (token order within an expert)")
+    return ("the dispatch sent other rows than the kept assignments' tokens (x[token], "
+            "sorted by expert)")
+
+
+def dispatch_problem(exchanges, me, top_k):
+    """The first thing wrong with this rank's dispatch (its first all-to-all of rows in the
+    forward), named; None when it is right."""
+    rows = exchanges
+    if not rows:
+        return ("the dispatch made no all_to_all_single of token rows (use all_to_all_rows, "
+                "named \"dispatch\")")
+    first, sends, receives = rows[0], me["sends"], me["receives"]
+    if first["sends"] == receives and first["receives"] == sends != receives:
+        return (f"input and output split sizes swapped in the dispatch: this rank sends "
+                f"{sends} rows to the ranks of its EP group and receives {receives}, its "
+                f"all-to-all was given input splits {receives} and output splits {sends}")
+    if first["sends"] == sends and first["receives"] == me["receives read transposed"] != receives:
+        return (f"the dispatch's output splits {first['receives']} read the exchanged counts "
+                f"as (E/ep, ep): they arrive by source rank, E/ep from each, so recv_counts is "
+                f"view(ep, E/ep) and the rows from each rank are {receives}")
+    if (first["sends"], first["receives"]) != (sends, receives):
+        return (f"the dispatch should send {sends} rows to the ranks of its EP group "
+                f"{me['EP']} and receive {receives}; its all-to-all had input splits "
+                f"{first['sends']} and output splits {first['receives']} (input splits: the "
+                "rows this rank's kept assignments send to each EP rank; output splits: the "
+                "rows each EP rank sends it, from the exchanged counts)")
+    if first["lengths"][0] != sum(sends):
+        every = me["rule"]["kept"].numel()
+        return (("the dispatch sent the dropped assignments too: " if first["lengths"][0] ==
+                 every else "") + f"its rows tensor holds {first['lengths'][0]} rows, its "
+                f"input splits add up to {sum(sends)}, this rank's kept assignments (only "
+                "those travel; a dropped assignment stays home and adds 0)")
+    return rows_problem(first.get("rows"), me, top_k)
+
+
+def combine_output(returned, me, weighted=True, unpermuted=True, weight_in_order=True):
+    rule, order, k = me["rule"], me["order"], me["rule"]["expert_index"].shape[1]
+    token = order // k
+    weight = (rule["weight"].flatten()[order] if weight_in_order else
+              rule["weight"].flatten()[rule["kept"].flatten()]).unsqueeze(1)
+    rows = returned * weight if weighted else returned
+    return torch.zeros_like(me["x"]).index_add(0, token if unpermuted else token.sort().values,
+                                               rows)
+
+
+def combine_problem(step, me):
+    """The first thing wrong with this rank's combine (its second all-to-all of rows in the
+    forward, and the output it makes of the rows that came back), named; None when right."""
+    rows = step["exchanges"]
+    if len(rows) < 2:
+        return ("the combine made no all_to_all_single of rows after the dispatch (use "
+                "all_to_all_rows, named \"combine\")")
+    dispatch, combine = rows[0], rows[1]
+    if (combine["sends"], combine["receives"]) == (dispatch["sends"], dispatch["receives"]) \
+            and dispatch["sends"] != dispatch["receives"]:
+        return (f"the combine's split sizes are swapped: it must send back the rows it "
+                f"received (input splits = the dispatch's output splits {dispatch['receives']}, "
+                f"output splits = its input splits {dispatch['sends']}); it was given "
+                f"{combine['sends']} and {combine['receives']}")
+    if (combine["sends"], combine["receives"]) != (dispatch["receives"], dispatch["sends"]):
+        return (f"the combine's splits {combine['sends']} (input), {combine['receives']} "
+                f"(output) are not the dispatch's reversed ({dispatch['receives']}, "
+                f"{dispatch['sends']})")
+    if combine["lengths"] != (sum(dispatch["receives"]), sum(dispatch["sends"])):
+        return (f"the combine sends {combine['lengths'][0]} rows and receives into "
+                f"{combine['lengths'][1]}: it must send back every row the dispatch brought "
+                f"({sum(dispatch['receives'])}) and receive every row this rank sent "
+                f"({sum(dispatch['sends'])})")
+    if "output" not in step:
+        return None
+    returned = combine["returned"]
+    right = combine_output(returned, me)
+    if torch.allclose(step["output"], right, **TOLERANCE):
+        return None
+    known = {"the expert outputs were not weighted by the router's weights":
+             combine_output(returned, me, weighted=False),
+             "the combine did not un-permute the tokens: the rows came back in the order they "
+             "were sent (by expert), and each must be added at its own token's place":
+             combine_output(returned, me, unpermuted=False),
+             "the combine took the weights in token order, not permuted with the rows (by "
+             "expert)": combine_output(returned, me, weight_in_order=False)}
+    for cause, wrong in known.items():
+        if torch.allclose(step["output"], wrong, **MATCH):
+            return cause
+    error = (step["output"] - right).abs().max()
+    return (f"the combine's output differs by up to {float(error):.3g} from the rows that "
+            "came back, weighted by their routing weights and added at their tokens' places")
+
+
+def judge_error(results, configs, seed):
+    """A launch stopped by split sizes that disagree: blame the exchange that failed."""
+    error = results[0]["error"]
+    if error is None:
+        return
+    config = configs[error["config"]]
+    truth = single_device(config, seed, error["config"])
+    for rank, each in enumerate(results):
+        me = truth[rank, each["error"]["step"]]
+        failed = each["error"]["exchanges"][-1]
+        if failed["phase"] != "forward":
+            unit = (f"an all-to-all of the {failed['phase']} (the backward of all_to_all_rows "
+                    "is the reverse exchange: it sends back what the forward received)")
+            break
+        if not failed["of rows"]:
+            unit = ("the exchange of the counts: an all_to_all_single of routing."
+                    "tokens_per_expert over the EP group, E/ep counts to each rank")
+            break
+        exchanges = row_exchanges(each["error"]["exchanges"])
+        unit = dispatch_problem(exchanges[:1], me, config["top_k"]) if len(exchanges) < 2 \
+            else combine_problem({"exchanges": exchanges[:2]}, me)
+        if unit:
+            break
+    raise AssertionError(f"the layer's all-to-alls ({label(config, seed)}, step "
+                         f"{error['step']}) stopped: {error['error']}. Likely cause: "
+                         f"{unit or 'the split sizes each rank passes must agree'}")
+
+
+def units_of(results, configs, seed, steps):
+    """Yield (config, its label, step, rank, what the rank found, the single device's) for
+    every configuration, step of ``steps`` and rank of a launch, in that order."""
+    for index, config in enumerate(configs):
+        truth = single_device(config, seed, index)
+        for step in steps:
+            for rank in range(WORLD):
+                found = results[rank]["configs"][index]
+                yield config, label(config, seed), step, rank, found, truth[rank, step]
+
+
+def groups_problem(found, me):
+    for kind in ("DP", "EP", "EDP"):
+        if sorted(found["groups"][kind]) != me[kind]:
+            return (f"create_expert_groups gave this rank the {kind} group "
+                    f"{sorted(found['groups'][kind])}, the rule's is {me[kind]} (see "
+                    "test_lab9_expert_groups)")
     return None
 
 
-def expert_of(what):
-    return int(what.split(".")[1]) if what.startswith("experts.") else None
+def upstream_problem(config, step, found, me, logits):
+    """The groups or the router, which the dispatch and the combine rely on."""
+    return groups_problem(found, me) or routing_problem(
+        found["steps"][step]["routing"], logits, config)
 
 
-def sync_mistakes(per_rank, rank, ep, what):
-    """The gradient ``what`` on ``rank`` after each usual mistake of the sync."""
-    dp, me = WORLD, per_rank[rank]
-    if expert_of(what) is None:
-        own = me["own"][what]
-        return {"the router's gradient not synced: each rank kept its own tokens' gradient":
-                own,
-                "the router's gradient summed over the DP group, not divided by dp":
-                sum(per_rank[s]["own"][what] for s in range(dp)),
-                f"the router's gradient averaged over the EDP group ({len(me['edp_group'])} "
-                "ranks), not over the DP group":
-                sum(per_rank[s]["own"][what] for s in me["edp_group"]) / len(me["edp_group"])}
-    summed = sum(per_rank[s]["group"][what] for s in me["edp_group"])
-    # The DP average mixes other experts: rank s's j-th local expert in place of this rank's.
-    experts = sum(1 for n in me["group"] if n.endswith(".fc1.weight"))
-    per = experts // ep
-    j = expert_of(what) % per
-    suffix = what.split(".", 2)[2]
-    mixed = sum(per_rank[s]["group"][f"experts.{(s % ep) * per + j}.{suffix}"]
-                for s in range(dp)) / dp
-    return {"expert gradients averaged over the DP group instead of summed over the EDP group "
-            "and divided by dp (the DP group mixes the gradients of other experts)": mixed,
-            f"expert gradients divided by the EDP size {dp // ep} instead of dp = {dp} ({ep}x "
-            "too large)": summed / (dp // ep),
-            "expert gradients summed over the EDP group but not divided by dp": summed,
-            "expert gradients not synced over the EDP group": me["group"][what]}
+def each_rank(results, configs, seed, steps=(0,)):
+    """Yield (config, its label, step, rank, what the rank found, the single device's, the
+    gate's logits on the rank's tokens) for every configuration, step and rank. The units
+    are judged at step 0, where what they are given does not depend on the sync."""
+    judge_error(results, configs, seed)
+    for config, tag, step, rank, found, me in units_of(results, configs, seed, steps):
+        yield config, tag, step, rank, found, me, F.linear(me["x"], me["gate"])
 
 
-def named(actual, mistakes, otherwise):
-    for description, value in mistakes.items():
-        if torch.allclose(actual.double(), value.detach().double(), atol=1e-6, rtol=1e-5):
-            return description
-    return otherwise
+def blame(cause, where):
+    """Fail with ``where: cause`` when there is a cause (the message alone, no repr of it)."""
+    if cause:
+        raise AssertionError(f"{where}: {cause}")
 
 
-@pytest.mark.parametrize("ep_name", CONFIGS)
-def test_expert_parallel_layer_matches_one_device(impl, run_on_ranks, ep_name):
-    results = run_on_ranks(layer_on_rank, WORLD, impl, ep_name, timeout=TIMEOUT)
-    for rank, found in enumerate(results):
-        if "error" in found:
-            name = found["error"]["config"]
-            per_rank, _, _ = single_device(CONFIGS[ep_name][name])
-            ep, experts = CONFIGS[ep_name][name][:2]
-            cause = check_dispatch(found["error"]["calls"], per_rank, rank, ep, experts, name)
-            raise AssertionError(f"rank {rank}: {found['error']['error']}. "
-                                 f"{cause or 'the split sizes each rank passes must agree'}")
-    for name, config in CONFIGS[ep_name].items():
-        ep, experts = config[:2]
-        per_rank, mean_grads, stepped = single_device(config)
-        dropped = sum(int((~each["routing"][2]).sum()) for each in per_rank)
-        assert (dropped > 0) == (config[3] is not None), f"{name}: {dropped} drops, a weak case"
-        for rank, each in enumerate(results):
-            found, me = each[name], per_rank[rank]
-            assert found["ep_group"] == me["ep_group"], (
-                f"{name}, rank {rank}: its EP group is {found['ep_group']}, expected "
-                f"{me['ep_group']}"
-                + (": EP groups strided instead of consecutive ranks"
-                   if found["ep_group"] == me["edp_group"] or ep < WORLD and
-                   found["ep_group"] == list(range(rank % (WORLD // ep), WORLD, WORLD // ep)) else ""))
-            dispatch = check_dispatch(found["calls"], per_rank, rank, ep, experts, name)
-            assert dispatch is None, dispatch
-            expected = me["output"].detach()
-            if torch.allclose(found["output"].sum(0).double(), expected.sum(0).double(),
-                              **TOLERANCE):
-                cause = ("the combine did not un-permute the tokens: the rows came back in the "
-                         "order they were sent (by expert), and each must be added at its own "
-                         "token's place")
-            else:
-                cause = named(found["output"], {
-                    "the expert outputs were not weighted by the router's weights":
-                        me["unweighted"]}, "see the combine's steps in expert_parallel.py")
-            assert_close(found["output"], expected, f"{name}: the layer's output", rank=rank,
-                         likely_cause=cause, **TOLERANCE)
-            assert_close(found["aux_loss"], me["routing"][3], f"{name}: the aux loss",
-                         rank=rank, likely_cause="each rank routes its own tokens",
+def unit_upstream(config, tag, step, rank, found, me, logits, unit):
+    blame(upstream_problem(config, step, found, me, logits),
+          f"the {unit} cannot be judged on rank {rank} ({tag}, step {step}): the groups or the "
+          "router it is given are wrong (test_lab9_expert_groups, test_router_alone)")
+
+
+def forward_contract(calls, me, what, rank, start, end, parts):
+    """The forward's all-to-alls over the EP group, with moe_costs' bytes plus the rows kept."""
+    if len(me["EP"]) == 1:
+        return
+    costs = all_to_all_bytes(me["counts_by_ep_rank"], me["ep_index"], HIDDEN)
+    stay = me["sends"][me["ep_index"]] * ROW_BYTES
+    experts = len(me["counts_by_ep_rank"][0])
+    payloads = {"counts": experts * 8, "dispatch": costs.dispatch_forward + stay,
+                "combine": costs.combine_forward + stay,
+                "combine backward": costs.combine_backward + stay,
+                "dispatch backward": costs.dispatch_backward + stay}
+    wanted = [expected("all_to_all_single", me["EP"], payloads[part]) for part in parts]
+    check_contract([c for c in calls[start:end] if len(c["ranks"]) > 1], wanted, what, rank=rank,
+                   formula="moe_costs.all_to_all_bytes: the dispatch sends sum_{d != r} n[r][d] "
+                   "rows of hidden fp32, the combine sum_{s != r} n[s][r], each traced with the "
+                   "rows the rank keeps; the counts exchange E int64")
+
+
+def test_dispatch_alone(impl, run_on_ranks, sweep_seed):
+    configs = layer_configs(sweep_seed)
+    results = layer_results(impl, run_on_ranks, sweep_seed)
+    for config, tag, step, rank, found, me, logits in each_rank(results, configs, sweep_seed):
+        unit_upstream(config, tag, step, rank, found, me, logits, "dispatch")
+        here = found["steps"][step]
+        blame(dispatch_problem(here["exchanges"], me, config["top_k"]),
+              f"the dispatch on rank {rank} ({tag}, step {step})")
+        end = here["exchanges"][0]["call"] - here["forward_start"]
+        forward_contract(here["calls"]["forward"], me, f"the dispatch ({tag}, step {step})", rank, 0, end,
+                         ["counts", "dispatch"])
+
+
+def test_combine_alone(impl, run_on_ranks, sweep_seed):
+    configs = layer_configs(sweep_seed)
+    results = layer_results(impl, run_on_ranks, sweep_seed)
+    for config, tag, step, rank, found, me, logits in each_rank(results, configs, sweep_seed):
+        unit_upstream(config, tag, step, rank, found, me, logits, "combine")
+        here = found["steps"][step]
+        blame(dispatch_problem(here["exchanges"], me, config["top_k"]),
+              f"the combine cannot be judged on rank {rank} ({tag}, step {step}): the "
+              "dispatch it reverses is wrong (test_dispatch_alone)")
+        blame(combine_problem(here, me), f"the combine on rank {rank} ({tag}, step {step})")
+        start = here["exchanges"][0]["call"] - here["forward_start"]
+        forward_contract(here["calls"]["forward"], me, f"the combine ({tag}, step {step})",
+                         rank, start, None, ["combine"])
+
+
+def unit_problem(config, step, found, me, logits):
+    """Which unit the layer's failure comes from (they each have a test), or None."""
+    here = found["steps"][step]
+    for unit, cause in (("router or groups", upstream_problem(config, step, found, me, logits)),
+                        ("dispatch", dispatch_problem(here["exchanges"], me, config["top_k"])),
+                        ("combine", combine_problem(here, me))):
+        if cause:
+            return f"the {unit} is wrong: {cause}"
+    return None
+
+
+COMPOSITION = ("the router, the dispatch and the combine each pass on their own (test_router_"
+               "alone, test_dispatch_alone, test_combine_alone), so the composition is wrong: ")
+
+
+def test_layer_matches_one_device(impl, run_on_ranks, sweep_seed):
+    configs = layer_configs(sweep_seed)
+    results = layer_results(impl, run_on_ranks, sweep_seed)
+    judge_error(results, configs, sweep_seed)
+    observations = {"dense": [], "expert": []}  # the whole sweep's, to name a sync mistake
+    for config, tag, step, rank, _, me in units_of(results, configs, sweep_seed, range(STEPS)):
+        observe(observations, results, configs.index(config), step, rank, tag, me)
+    dropped, empty, seen = 0, 0, None
+    for config, tag, step, rank, found, me in units_of(results, configs, sweep_seed,
+                                                        range(STEPS)):
+        if seen not in (None, (tag, step)):
+            judge_step(results, configs, sweep_seed, observations, *seen)
+        seen = (tag, step)
+        compose(config, tag, step, rank, found, me)
+        dropped += int((~me["rule"]["kept"]).sum())
+        empty += me["receives"].count(0)
+    judge_step(results, configs, sweep_seed, observations, *seen)
+    assert dropped > 0 and empty > 0, (
+        f"seed {sweep_seed}: the sweep dropped {dropped} assignments and left {empty} splits "
+        "empty: a weak sweep")
+
+
+def compose(config, tag, step, rank, found, me):
+    """One rank's step up to the sync: the units, then what they make together."""
+    here, what = found["steps"][step], f"the layer ({tag}, step {step})"
+    blame(unit_problem(config, step, found, me, F.linear(me["x"], me["gate"])),
+          f"{what} on rank {rank}")
+    assert_close(here["output"], me["output"], f"{what}: the output", rank=rank,
+                 likely_cause=COMPOSITION + "the rows were run by the wrong local experts: "
+                 "recv_counts (ep, E/ep), the rows each rank of the EP group sends to each "
+                 "local expert, decide which expert runs each received row", **TOLERANCE)
+    assert_close(here["aux_loss"], me["rule"]["aux_loss"], f"{what}: the aux loss",
+                 rank=rank, likely_cause=COMPOSITION + "each rank routes its own tokens",
+                 **TOLERANCE)
+    assert here["input_grad"] is not None, f"{what} on rank {rank}: x got no gradient"
+    assert_close(here["input_grad"], me["input_grad"], f"{what}: the input's gradient",
+                 rank=rank, likely_cause=COMPOSITION + "the dispatch and the combine are "
+                 "all-to-alls whose backward brings each row's gradient home (all_to_all_"
+                 "rows, not dist.all_to_all_single alone)", **TOLERANCE)
+    for name, before in here["before"]:
+        want = me["own"][name] if name.startswith("router.") else me["ep_sum"][name]
+        assert before is not None, f"{what} on rank {rank}: {name} has no gradient"
+        assert_close(before, want, f"{what}: the gradient of {name} before the sync",
+                     rank=rank, likely_cause=COMPOSITION + "the router's is this rank's "
+                     "loss's; an expert's, its EP group's losses'", **TOLERANCE)
+    forward_contract(here["calls"]["backward"], me, f"{what}'s backward", rank, 0, None,
+                     ["combine backward", "dispatch backward"])
+
+
+def judge_step(results, configs, seed, observations, tag, step):
+    """The sync of one configuration's step (named from the whole sweep), then every rank's
+    gradients after it, its weights after the SGD step and its all-reduces."""
+    for kind in ("dense", "expert"):
+        judge_sync(observations[kind], kind, "sync_moe_grads in the layer",
+                   only=f"{tag}, step {step}")
+    index = [label(config, seed) for config in configs].index(tag)
+    truth = single_device(configs[index], seed, index)
+    for rank in range(WORLD):
+        here, me = results[rank]["configs"][index]["steps"][step], truth[rank, step]
+        what = f"the layer ({tag}, step {step})"
+        for name, after in here["after"]:
+            assert_close(after, me["mean"][name], f"{what}: the gradient of {name} after "
+                         "sync_moe_grads", rank=rank, against="the single-device gradient of "
+                         "the DP group's mean loss", likely_cause=COMPOSITION, **TOLERANCE)
+        for name, value in here["stepped"]:
+            assert_close(value, me["stepped"][name], f"{what}: {name} after an SGD step",
+                         rank=rank, likely_cause="the step must follow the synced gradients",
                          **TOLERANCE)
-            assert_close(found["input_grad"], me["input_grad"], f"{name}: the input's gradient",
-                         rank=rank, likely_cause="the dispatch and the combine are all-to-alls "
-                         "whose backward brings each row's gradient home", **TOLERANCE)
-            for what, value in found["after"].items():
-                before = found["before"].get(what)
-                want = me["own"][what] if expert_of(what) is None else me["group"][what]
-                assert before is not None, f"{name}, rank {rank}: {what} has no gradient"
-                assert_close(before, want, f"{name}: the gradient of {what} before the sync",
-                             rank=rank, likely_cause="the router's is this rank's loss's; an "
-                             "expert's, its EP group's losses'", **TOLERANCE)
-                cause = named(value, sync_mistakes(per_rank, rank, ep, what),
-                              "dense gradients summed over the DP group, expert gradients over "
-                              "the EDP group, both divided by dp")
-                assert_close(value, mean_grads[what], f"{name}: the gradient of {what} after "
-                             "sync_moe_grads", rank=rank, likely_cause=cause,
-                             against="the single-device gradient of the mean loss", **TOLERANCE)
-                assert_close(found["stepped"][what], stepped[what], f"{name}: {what} after an "
-                             "SGD step", rank=rank, **TOLERANCE)
+        dense = sum(v.numel() * 4 for n, v in here["after"] if n.startswith("router."))
+        expert = sum(v.numel() * 4 for n, v in here["after"] if not n.startswith("router."))
+        sync_contract(here["calls"]["sync"], me, dense, expert, f"sync_moe_grads in {what}",
+                      rank)
+
+
+def observe(observations, results, index, step, rank, tag, me):
+    """Each gradient of ``rank`` after the sync, with every rank's at its position."""
+    positions = {}
+    for s in range(WORLD):
+        here = results[s]["configs"][index]["steps"][step]
+        for kind in ("dense", "expert"):
+            listed = [torch.zeros_like(a) if b is None else b for (n, b), (_, a) in
+                      zip(here["before"], here["after"])
+                      if n.startswith("router.") == (kind == "dense")]
+            positions.setdefault(kind, {})[s] = listed
+    here = results[rank]["configs"][index]["steps"][step]
+    for kind in ("dense", "expert"):
+        names = [n for n, _ in here["after"] if n.startswith("router.") == (kind == "dense")]
+        afters = [g for n, g in here["after"] if n.startswith("router.") == (kind == "dense")]
+        for j, (name, after) in enumerate(zip(names, afters)):
+            if any(j >= len(positions[kind][s]) or positions[kind][s][j].shape != after.shape
+                   for s in range(WORLD)):
+                continue
+            observations[kind].append(
+                {"rank": rank, "after": after, "name": name, "label": f"{tag}, step {step}",
+                 "before": {s: positions[kind][s][j] for s in range(WORLD)},
+                 "DP": me["DP"], "EP": me["EP"], "EDP": me["EDP"]})

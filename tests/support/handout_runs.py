@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import sysconfig
+from importlib.metadata import entry_points
 from pathlib import Path
 
 from support import nested
@@ -55,10 +56,12 @@ def handout_python(folder: Path) -> Path:
                                          "['purelib'])"], capture_output=True, text=True,
                           check=True).stdout.strip()
     Path(site, "kit_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    # Its own `pytest` command, as pip would install it: what a student types runs here.
+    # Its own `pytest` command, as pip installs it (pytest's console script): what a student
+    # types runs here.
+    (script,) = entry_points(group="console_scripts", name="pytest")
     launcher = folder / "bin" / "pytest"
-    launcher.write_text(f"#!{python}\nimport sys\nfrom pytest import console_main\n"
-                        "sys.exit(console_main())\n")
+    launcher.write_text(f"#!{python}\nimport sys\nfrom {script.module} import {script.attr}\n"
+                        f"sys.exit({script.attr}())\n")
     launcher.chmod(0o755)
     return python
 

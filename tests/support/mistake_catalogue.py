@@ -214,6 +214,15 @@ LAB2_LAB3: list[Mistake] = [
             "vocab_parallel", "start = dist.get_rank(group) * local_size",
             "start = dist.get_rank() * local_size", "vocab_parallel_embedding",
             "exactly the tokens TP rank 1 holds"),
+    # lab 2: a gradient tensor shared by an add; fused variants with a bias
+    Mistake("copy_to_tp's backward all-reduces the incoming gradient in place", "lab2",
+            "tp_collectives", "return _all_reduce(grad, ctx.group), None",
+            "dist.all_reduce(grad, group=ctx.group)\n        return grad, None",
+            "copy_to_tp_is_identity", "all-reduced the incoming gradient in place"),
+    Mistake("the fused bias split as one contiguous tensor", "lab2", "tp_layers",
+            "self.bias = (sharded_parameter(linear.bias, 0, group, blocks)",
+            "self.bias = (sharded_parameter(linear.bias, 0, group)",
+            "layers_honour_their_group", "the fused bias was split as one contiguous tensor"),
 ]
 
 # ---------------------------------------------------------------- lab 4
@@ -338,7 +347,7 @@ LAB5: list[Mistake] = [
             "grad = param.grad.reshape(-1)[:shard.size]", ZERO1,
             "a shard updated with another slice"),
     Mistake("ZeRO-1 sums the gradients over the group without averaging them", "lab5",
-            "zero", "                param.grad.div_(self.world_size)\n", "", ZERO1,
+            "zero", "            param.grad.div_(self.world_size)\n", "", ZERO1,
             "the gradient summed over the group but not averaged"),
     Mistake("ZeRO-1's all-reduce over the world", "lab5", "zero",
             "dist.all_reduce(param.grad, group=self.group)", "dist.all_reduce(param.grad)",
@@ -362,6 +371,22 @@ LAB5: list[Mistake] = [
             "        dist.all_reduce(param.grad, group=self.group)\n"
             "        output = shard.my_slice(param.grad).clone()\n", ZERO2,
             "ZeRO-2 all-reduced a whole gradient in the backward"),
+    # ZeRO: the state after a step, and stage 3
+    Mistake("ZeRO-1 averages a copy of the gradient, param.grad left as it was", "lab5", "zero",
+            "            dist.all_reduce(param.grad, group=self.group)\n"
+            "            param.grad.div_(self.world_size)\n"
+            "            shard.grad = shard.my_slice(param.grad)\n",
+            "            grad = param.grad.clone()\n"
+            "            dist.all_reduce(grad, group=self.group)\n"
+            "            grad.div_(self.world_size)\n"
+            "            shard.grad = shard.my_slice(grad)\n", ZERO1,
+            "ZeRO-1 averaged a copy: param.grad is still this rank's own"),
+    Mistake("the updated shards copied back into the parameter under stage 3 too", "lab5",
+            "zero", "            if self.stage < 3:\n"
+            "                param.copy_(self._gather_full(shard, weights))\n",
+            "            param.copy_(self._gather_full(shard, weights))\n",
+            "zero_on_two_groups and zero3",
+            "stage 3 wrote into a parameter whose storage is freed"),
 ]
 
 # ---------------------------------------------------------------- lab 6 and lab 7
@@ -445,11 +470,11 @@ LAB8: list[Mistake] = [
             "                  dist.P2POp(distributed_c10d.irecv, received, global_rank((rank - 1) % cp)",
             "tensor, global_rank((rank - 1) % cp), group, tag),\n"
             "                  dist.P2POp(distributed_c10d.irecv, received, global_rank((rank + 1) % cp)",
-            "four_ranks", "sent to the previous rank instead of the next"),
+            RING_TESTS, "sent to the previous rank instead of the next"),
     Mistake("the block held at step t taken as rank r + t's", "lab8", "ring_attention",
             "(rank - step) % cp, q.shape[2])\n                block_out,",
             "(rank + step) % cp, q.shape[2])\n                block_out,",
-            "four_ranks", "holds the K/V block of rank r - t"),
+            RING_TESTS, "holds the K/V block of rank r - t"),
     Mistake("the next block posted after this block's compute", "lab8", "ring_attention",
             POST_NEXT + RING_STEP, RING_STEP + POST_NEXT,
             RING_TESTS, "posted after this block's compute"),
@@ -457,24 +482,76 @@ LAB8: list[Mistake] = [
             RING_MERGE,
             RING_MERGE.replace("out[:, :, rows], lse[:, :, rows] = merge", "out[:, :, rows], _ = merge"),
             RING_TESTS, "the merged lse must be kept"),
+    # lab 8, issue 31: CP groups that are not consecutive ranks
+    Mistake("the ring's neighbours from the global rank modulo cp", "lab8", "ring_attention",
+            "global_rank((rank + 1) % cp), group, tag),\n"
+            "                  dist.P2POp(distributed_c10d.irecv, received, global_rank((rank - 1) % cp)",
+            "global_rank((dist.get_rank() + 1) % cp), group, tag),\n"
+            "                  dist.P2POp(distributed_c10d.irecv, received, "
+            "global_rank((dist.get_rank() - 1) % cp)",
+            RING_TESTS, "the neighbour computed from the global rank"),
+    Mistake("P2POp given the neighbours' group ranks as global ranks", "lab8", "ring_attention",
+            "tensor, global_rank((rank + 1) % cp), group, tag),\n"
+            "                  dist.P2POp(distributed_c10d.irecv, received, global_rank((rank - 1) % cp)",
+            "tensor, (rank + 1) % cp, group, tag),\n"
+            "                  dist.P2POp(distributed_c10d.irecv, received, (rank - 1) % cp",
+            RING_TESTS, "P2POp takes global ranks"),
+    # communication that changes no value
+    Mistake("an exchange posted at the last step too", "lab8", "ring_attention", POST_NEXT,
+            POST_NEXT.replace(" if step < cp - 1 else None", ""), RING_TESTS,
+            "none at its last step"),
+    Mistake("the first step's exchange skipped", "lab8", "ring_attention", POST_NEXT,
+            POST_NEXT.replace("if step < cp - 1", "if 0 < step < cp - 1"), RING_TESTS,
+            "which the formula asks for"),
+    # scores whose exponentials overflow fp32
+    Mistake("the merged lse as log(exp(lse1) + exp(lse2)), as written", "lab8", "online_softmax",
+            "lse = torch.logaddexp(lse1, lse2)\n    finite",
+            "lse = torch.log(lse1.exp() + lse2.exp())\n    finite", "merge", "the merge overflows"),
+    Mistake("the blocks' weights as exp(lse_i) / exp(lse)", "lab8", "online_softmax",
+            "out = (lse1 - finite).exp()[..., None] * out1 + (lse2 - finite).exp()[..., None] * out2",
+            "out = (lse1.exp() / finite.exp())[..., None] * out1 + "
+            "(lse2.exp() / finite.exp())[..., None] * out2",
+            "merge", "overflows or underflows"),
+    # the unit that is wrong, blamed
+    Mistake("a later rank's block attended by all my queries", "lab8", "load_balance",
+            "return slice(half, seq_local), slice(0, seq_local), False",
+            "return slice(0, seq_local), slice(0, seq_local), False",
+            RING_TESTS, "the unit is wrong, not the ring"),
+    Mistake("the merge rescales its caller's out1 in place", "lab8", "online_softmax",
+            "out = (lse1 - finite).exp()[..., None] * out1 + (lse2 - finite).exp()[..., None] * out2",
+            "out = out1.mul_((lse1 - finite).exp()[..., None]).add_("
+            "(lse2 - finite).exp()[..., None] * out2)",
+            "merge", "the merge overwrote its caller's input"),
+    # what gloo dies on
+    Mistake("the receive's source is the rank itself", "lab8", "ring_attention",
+            "received, global_rank((rank - 1) % cp)", "received, global_rank(rank % cp)",
+            RING_TESTS, "Pair is not connected"),
+    Mistake("the block sent in fp32", "lab8", "ring_attention",
+            "dist.P2POp(distributed_c10d.isend, tensor, ",
+            "dist.P2POp(distributed_c10d.isend, tensor.float(), ",
+            RING_TESTS, "Received data size doesn't match"),
 ]
 
 # ---------------------------------------------------------------- lab 9
-MOE_LAYER = "expert_parallel_layer_matches_one_device"
+ROUTER_ALONE, SYNC_ALONE = "router_alone", "sync_moe_grads_alone"
+DISPATCH_ALONE, COMBINE_ALONE = "dispatch_alone", "combine_alone"
+DENSE_SYNC = "    all_reduce_mean(dense, groups.dp, groups.dp_size)\n"
+EXPERT_SYNC = "    all_reduce_mean(expert, groups.edp, groups.dp_size)\n"
+ROUTER_SOFTMAX = "probabilities = self.gate(tokens).float().softmax(dim=-1)"
 LAB9: list[Mistake] = [
     Mistake("the softmax taken over the k largest logits only", "lab9", "router",
             "        top_probability, expert_index = probabilities.topk(self.top_k, dim=-1)\n",
             "        top_logit, expert_index = self.gate(tokens).float().topk(self.top_k, dim=-1)\n"
             "        top_probability = top_logit.softmax(dim=-1)\n",
-            "router_top_k", "the softmax was taken over the top-k only"),
+            ROUTER_ALONE, "the softmax was taken over the top-k only"),
     Mistake("the weights not renormalised over the k experts", "lab9", "router",
             "        if self.renormalize:\n            weight = top_probability /",
             "        if False:\n            weight = top_probability /",
-            "router_top_k", "not renormalised over the k chosen experts"),
+            ROUTER_ALONE, "not renormalised over the k chosen experts"),
     Mistake("an expert keeps capacity + 1 assignments", "lab9", "router",
             "return (position.sum(dim=1) < capacity).view_as(expert_index)",
             "return (position.sum(dim=1) <= capacity).view_as(expert_index)",
-            "router_top_k", "tokens past capacity were kept"),
+            ROUTER_ALONE, "tokens past capacity were kept"),
     Mistake("the capacity queue counted slot by slot, first choices first", "lab9", "router",
             "one_hot = F.one_hot(expert_index.flatten(), num_experts)     # (T*k, E), token-major\n"
             "    position = (one_hot.cumsum(dim=0) - 1) * one_hot              "
@@ -483,7 +560,19 @@ LAB9: list[Mistake] = [
             "one_hot = F.one_hot(expert_index.t().flatten(), num_experts)\n"
             "    position = (one_hot.cumsum(dim=0) - 1) * one_hot\n"
             "    return (position.sum(dim=1) < capacity).view(expert_index.shape[1], -1).t()",
-            "router_top_k", "counted slot by slot"),
+            ROUTER_ALONE, "counted slot by slot"),
+    # dtypes and magnitudes
+    Mistake("the router's softmax taken in the gate's dtype (bf16), then cast", "lab9", "router",
+            ROUTER_SOFTMAX, "probabilities = self.gate(tokens).softmax(dim=-1).float()",
+            ROUTER_ALONE, "taken in the gate's dtype (bf16)"),
+    Mistake("the router's probabilities left in the gate's dtype", "lab9", "router",
+            ROUTER_SOFTMAX, "probabilities = self.gate(tokens).softmax(dim=-1)",
+            ROUTER_ALONE, "the router's probabilities are in torch.bfloat16"),
+    Mistake("a hand-written softmax that does not subtract the largest logit", "lab9", "router",
+            ROUTER_SOFTMAX, "probabilities = self.gate(tokens).float().exp()\n"
+            "        probabilities = probabilities / probabilities.sum(dim=-1, keepdim=True)",
+            ROUTER_ALONE, "exp of large logits overflowed"),
+    # groups
     Mistake("EP groups taken with a stride, EDP groups consecutive", "lab9", "expert_groups",
             "        groups[\"EP\"] += [members[start:start + ep] for start in range(0, len(members), ep)]\n"
             "        groups[\"EDP\"] += [members[offset::ep] for offset in range(ep)]\n",
@@ -492,26 +581,68 @@ LAB9: list[Mistake] = [
             "        groups[\"EDP\"] += [members[start:start + step]\n"
             "                          for start in range(0, len(members), step)]\n",
             "ep_and_edp_groups", "EP groups strided instead of consecutive ranks"),
+    # blame: the unit that is wrong, named in the test of a unit that relies on it
+    Mistake("the router's softmax over the tokens instead of the experts", "lab9", "router",
+            ROUTER_SOFTMAX, "probabilities = self.gate(tokens).float().softmax(dim=0)",
+            DISPATCH_ALONE, "the router's softmax is over the wrong dimension"),
+    Mistake("the dispatch does not sort the assignments by expert", "lab9", "expert_parallel",
+            "        assignment = assignment[routing.expert_index.flatten()[assignment]"
+            ".argsort(stable=True)]\n", "",
+            DISPATCH_ALONE, "the dispatch did not sort tokens by expert"),
     Mistake("the dispatch's input and output split sizes swapped", "lab9", "expert_parallel",
             "all_to_all_rows(permuted, send_splits, recv_splits, group, \"dispatch\", log)",
             "all_to_all_rows(permuted, recv_splits, send_splits, group, \"dispatch\", log)",
-            MOE_LAYER, "input and output split sizes swapped"),
+            DISPATCH_ALONE, "input and output split sizes swapped"),
+    Mistake("the combine sends back with the dispatch's split sizes", "lab9", "expert_parallel",
+            "all_to_all_rows(computed, recv_splits, send_splits, group, \"combine\", log)",
+            "all_to_all_rows(computed, send_splits, recv_splits, group, \"combine\", log)",
+            COMBINE_ALONE, "the combine's split sizes are swapped"),
     Mistake("the combine adds the returned rows in token order, not at their tokens", "lab9",
             "expert_parallel", "index_add(0, token, returned * weight)",
             "index_add(0, token.sort().values, returned * weight)",
-            MOE_LAYER, "the combine did not un-permute the tokens"),
+            COMBINE_ALONE, "the combine did not un-permute the tokens"),
     Mistake("the expert outputs summed without their weights", "lab9", "expert_parallel",
             "index_add(0, token, returned * weight)", "index_add(0, token, returned)",
-            MOE_LAYER, "not weighted by the router's weights"),
+            COMBINE_ALONE, "not weighted by the router's weights"),
+    # the data-parallel structure of the sync
     Mistake("expert gradients averaged over the DP group", "lab9", "expert_parallel",
-            "    all_reduce_mean(expert, groups.edp, groups.dp_size)\n",
-            "    all_reduce_mean(expert, groups.dp, groups.dp_size)\n",
-            MOE_LAYER, "expert gradients averaged over the DP group instead of summed over the "
+            EXPERT_SYNC, "    all_reduce_mean(expert, groups.dp, groups.dp_size)\n",
+            SYNC_ALONE, "expert gradients averaged over the DP group instead of summed over the "
             "EDP group and divided by dp"),
     Mistake("expert gradients divided by the EDP size", "lab9", "expert_parallel",
-            "    all_reduce_mean(expert, groups.edp, groups.dp_size)\n",
+            EXPERT_SYNC,
             "    all_reduce_mean(expert, groups.edp, groups.dp_size // groups.ep_size)\n",
-            MOE_LAYER, "instead of dp"),
+            SYNC_ALONE, "divided by the EDP size instead of dp"),
+    Mistake("the dense gradients averaged over the world", "lab9", "expert_parallel",
+            DENSE_SYNC, "    all_reduce_mean(dense, None, dist.get_world_size())\n",
+            SYNC_ALONE, "averaged over the world, not the DP group"),
+    Mistake("ReduceOp.AVG over the DP group, then divided by dp", "lab9", "expert_parallel",
+            DENSE_SYNC, "    for grad in dense:\n"
+            "        dist.all_reduce(grad, op=dist.ReduceOp.AVG, group=groups.dp)\n"
+            "        grad /= groups.dp_size\n",
+            SYNC_ALONE, "ReduceOp.AVG then divided again"),
+    Mistake("the dense gradients divided by the world size", "lab9", "expert_parallel",
+            DENSE_SYNC, "    all_reduce_mean(dense, groups.dp, dist.get_world_size())\n",
+            SYNC_ALONE, "divided by the world size, not the data-parallel group's size"),
+    Mistake("the expert gradients left unsynced", "lab9", "expert_parallel", EXPERT_SYNC, "",
+            "layer_matches_one_device", "the expert gradients were not synced over the EDP group"),
+    # the communication contract
+    Mistake("the dense gradients all-reduced one tensor at a time", "lab9", "expert_parallel",
+            DENSE_SYNC, "    for grad in dense:\n"
+            "        all_reduce_mean([grad], groups.dp, groups.dp_size)\n",
+            SYNC_ALONE, "an extra all_reduce"),
+    Mistake("the counts exchanged with an all-gather instead of an all-to-all", "lab9",
+            "expert_parallel",
+            "        dist.all_to_all_single(recv_counts, routing.tokens_per_expert, group=group)\n",
+            "        gathered = [torch.empty_like(recv_counts) for _ in range(ep)]\n"
+            "        dist.all_gather(gathered, routing.tokens_per_expert, group=group)\n"
+            "        recv_counts = torch.stack(gathered).view(ep, ep, -1)"
+            "[:, self.groups.ep_rank].flatten()\n",
+            DISPATCH_ALONE, "communicates other than the formula says"),
+    Mistake("the dispatch sends the dropped assignments too", "lab9", "expert_parallel",
+            "assignment = routing.kept.flatten().nonzero().squeeze(1)",
+            "assignment = torch.arange(routing.kept.numel(), device=tokens.device)",
+            DISPATCH_ALONE, "the dispatch sent the dropped assignments too"),
 ]
 
 CATALOGUE = LAB0_LAB1 + LAB2_LAB3 + LAB4 + LAB5 + LAB6_LAB7 + LAB8 + LAB9
