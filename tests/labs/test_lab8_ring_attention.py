@@ -6,8 +6,8 @@ failure prints its seed and case):
 
 * **CP groups**, every group of a layout at once, each on its own sequence: on 4 ranks cp = 1,
   cp = 2 consecutive ({0, 1}, {2, 3}), strided ({0, 2}, {1, 3}) and permuted, and cp = 4 (the
-  world); on 8 ranks cp = 2 and 4, consecutive, strided and permuted, and cp = 8. Group ranks
-  are not global ranks, and the ring's neighbours are the next and previous ranks *of the group*.
+  world), on the 4 GPUs the lab needs. Group ranks are not global ranks, and the ring's
+  neighbours are the next and previous ranks *of the group*.
 * **Cases**, drawn for each layout so that every value appears: (batch, heads, kv_heads) (3, 4, 2),
   (1, 4, 1), (2, 2, 2) (grouped-query attention); 1, 2 or 3 tokens per chunk (the sequence is
   2cp chunks, load-balanced: rank i holds chunks i and 2cp-1-i); numbers fp32, bf16, and fp32
@@ -63,7 +63,7 @@ pytestmark = pytest.mark.lab8
 
 TIMEOUT = 90
 HEAD_DIM = 4
-CP_SIZES = {4: (1, 2, 4), 8: (2, 4, 8)}  # world -> the CP sizes swept there
+CP_SIZES = {4: (1, 2, 4)}  # world -> the CP sizes swept there
 SHAPES = ["3x4x2", "1x4x1", "2x2x2"]  # batch x heads x kv_heads
 NUMBERS = {"fp32": (torch.float32, 1e-5), "bf16": (torch.bfloat16, 8e-2),
            "fp32, scores ~95": (torch.float32, 1e-3)}  # dtype, atol = rtol
@@ -698,8 +698,4 @@ def check_values(results, entry, how: str, names, world: int, seed: int) -> None
 
 def test_ring_attention_on_4_ranks_matches_one_device(impl, run_on_ranks, sweep_seed):
     check_world(4, impl, run_on_ranks, sweep_seed)
-
-
-def test_ring_attention_on_8_ranks_matches_one_device(impl, run_on_ranks, sweep_seed):
-    check_world(8, impl, run_on_ranks, sweep_seed)
 
