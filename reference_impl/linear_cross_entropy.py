@@ -28,8 +28,10 @@ class LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden, weight, targets, chunk_tokens: int, dtype: torch.dtype):
         tokens, grads_wanted = hidden.shape[0], any(ctx.needs_input_grad[:2])
         w = weight.to(dtype)
-        grad_hidden = torch.empty(hidden.shape, dtype=dtype, device=hidden.device)
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        grad_hidden = grad_weight = None  # made only where a backward will read them
+        if grads_wanted:
+            grad_hidden = torch.empty(hidden.shape, dtype=dtype, device=hidden.device)
+            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, tokens, chunk_tokens):

@@ -387,16 +387,13 @@ class SplitSizesDisagree(RuntimeError):
 
 
 def traced(exchanges: list, phase: list):
-    """Trace this rank's collectives (``CommTracer``), and wrap ``all_to_all_single`` and
-    ``all_reduce`` above the tracer: the group is passed on by keyword (so that the tracer
-    sees it however the submission passed it), each all-to-all's split sizes are checked
-    with the peers (refused on every rank at once, rather than left to hang) and its rows
-    recorded in ``exchanges``. Returns (tracer, a function that undoes it all)."""
+    """Trace this rank's collectives (``CommTracer``), and wrap ``all_to_all_single`` above the
+    tracer: each all-to-all's split sizes are checked with the peers (refused on every rank
+    at once, rather than left to hang) and its rows recorded in ``exchanges``. Returns (tracer, a function that undoes it all)."""
     real_all_to_all, real_all_reduce = dist.all_to_all_single, dist.all_reduce
     tracer = CommTracer().__enter__()
-    traced_all_to_all, traced_all_reduce = dist.all_to_all_single, dist.all_reduce
+    traced_all_to_all = dist.all_to_all_single
     all_to_all_signature = inspect.signature(real_all_to_all)
-    all_reduce_signature = inspect.signature(real_all_reduce)
 
     def all_to_all_single(*args, **kwargs):
         bound = all_to_all_signature.bind(*args, **kwargs).arguments
@@ -430,14 +427,10 @@ def traced(exchanges: list, phase: list):
             record["call"] = len(tracer.calls)
         return work
 
-    def all_reduce(*args, **kwargs):
-        bound = all_reduce_signature.bind(*args, **kwargs).arguments
-        return traced_all_reduce(bound.pop("tensor"), **bound)
-
-    dist.all_to_all_single, dist.all_reduce = all_to_all_single, all_reduce
+    dist.all_to_all_single = all_to_all_single
 
     def undo():
-        dist.all_to_all_single, dist.all_reduce = traced_all_to_all, traced_all_reduce
+        dist.all_to_all_single = traced_all_to_all
         tracer.__exit__(None, None, None)
 
     return tracer, undo
