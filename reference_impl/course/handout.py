@@ -32,13 +32,16 @@ import sys
 from pathlib import Path
 
 from reference_impl.course.own_files import WITHHELD_LIST
-from reference_impl.course import syllabus
+from reference_impl.course import answer_leaks, syllabus
 from reference_impl.course.make_labs import modules_with_exercises, stubbed_source
 
 REPO = Path(__file__).resolve().parents[2]
 _LAB_FILE = re.compile(r"^(?:solutions|slides)/lab(\d+)_.*\.ipynb$")
 # The kit's pages for instructors and maintainers, and its continuous integration.
-INSTRUCTOR_ONLY = ("docs/teaching.md", "docs/grading.md", "docs/maintaining.md", ".ci/")
+INSTRUCTOR_ONLY = ("docs/teaching.md", "docs/grading.md", "docs/maintaining.md", ".ci/",
+                   "reference_impl/course/snapshots/lab")  # the snapshots' makers
+# The hidden checks: the batch grader runs them, students never see them.
+HIDDEN_TESTS = "tests/labs/hidden/"
 # Written by the build rather than copied.
 WRITTEN = ("README.md", "pytest.ini", WITHHELD_LIST.relative_to(REPO).as_posix())
 STUDENT_README = Path(__file__).resolve().parent / "student_readme.md"
@@ -70,7 +73,7 @@ def left_out(name: str, first_withheld: int) -> bool:
     if name.startswith("slides/"):
         return first_withheld == 0  # the decks' folder ships with a deck
     if name.startswith("tests/"):
-        return not name.startswith("tests/labs/")  # the graded tests only
+        return not name.startswith("tests/labs/") or name.startswith(HIDDEN_TESTS)
     return name.startswith(INSTRUCTOR_ONLY) or name in WRITTEN
 
 
@@ -221,6 +224,10 @@ def build(out: Path, first_withheld: int) -> list[str]:
     broken = broken_links(out)
     if broken:
         raise ValueError("the handout's pages link to files it lacks: " + "; ".join(broken))
+    leaks = answer_leaks.leaks(out, sorted(shipped | set(WRITTEN)), labs)
+    if leaks:
+        raise ValueError(f"the handout would give {len(leaks)} answer(s) away: "
+                         + "; ".join(map(str, leaks)))
     return names
 
 
@@ -238,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         names = build(args.out, int(match.group(1)))
     except FileExistsError as error:
         parser.error(str(error))
+    except ValueError as error:
+        print(f"handout: {error}", file=sys.stderr)
+        return 1
     print(f"wrote the handout to {args.out}; stubbed: {', '.join(names) or 'nothing'}")
     return 0
 

@@ -1,0 +1,92 @@
+"""Expected values of the graded checks, written by the reference when the kit is built.
+
+A graded check that needs an exercise's answer (a layout, the positions a rank holds, the
+experts a router picks) reads it from a snapshot instead of computing it, so the handout
+holds the numbers and never the algorithm (as Stanford CS336's assignments keep their tests'
+``_snapshots``). Each lab with snapshots has a maker here, ``labN.py``, whose ``make()``
+returns a dict of tensors, numbers, lists and strings computed by the reference; it is
+stored in ``tests/labs/snapshots/labN.pt``. The makers stay with the kit (the handout leaves
+them out); a kit test checks that the stored snapshots are what the makers give today.
+
+    python -m reference_impl.course.snapshots           # rewrite every snapshot
+    python -m reference_impl.course.snapshots lab8      # rewrite lab 8's
+    python -m reference_impl.course.snapshots --check   # exit 1 if one is out of date
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+from functools import cache
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[3]
+STORED = REPO / "tests" / "labs" / "snapshots"
+MAKERS = Path(__file__).resolve().parent
+
+
+def makers() -> list[str]:
+    """The labs that have a snapshot maker: ``["lab1", "lab8", ...]``."""
+    return sorted(path.stem for path in MAKERS.glob("lab*.py"))
+
+
+@cache
+def _stored(lab: str) -> dict:
+    path = STORED / f"{lab}.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"no snapshot {path}: write it with "
+                                "`python -m reference_impl.course.snapshots`")
+    return torch.load(path, weights_only=True)
+
+
+def snapshot(lab: str, key: str):
+    """The stored value ``key`` of ``lab``'s snapshot."""
+    values = _stored(lab)
+    if key not in values:
+        raise KeyError(f"{lab}'s snapshot has no {key!r}: its keys are {sorted(values)}; "
+                       "rewrite it with `python -m reference_impl.course.snapshots`")
+    return values[key]
+
+
+def made(lab: str) -> dict:
+    """What ``lab``'s maker gives now."""
+    return importlib.import_module(f"{__name__}.{lab}").make()
+
+
+def same(a, b) -> bool:
+    """Whether two snapshot values are equal, tensors bit for bit (dtype and shape too)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    return type(a) is type(b) and a == b
+
+
+def out_of_date() -> list[str]:
+    """The labs whose stored snapshot differs from what their maker gives."""
+    return [lab for lab in makers() if not (STORED / f"{lab}.pt").exists()
+            or not same(torch.load(STORED / f"{lab}.pt", weights_only=True), made(lab))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("labs", nargs="*", help="the labs to rewrite (default: every one)")
+    parser.add_argument("--check", action="store_true", help="only say which are out of date")
+    args = parser.parse_args(argv)
+    unknown = set(args.labs) - set(makers())
+    if unknown:
+        parser.error(f"no snapshot maker for {sorted(unknown)}: the makers are {makers()}")
+    if args.check:
+        stale = out_of_date()
+        print("snapshots out of date: " + ", ".join(stale) if stale else "snapshots up to date")
+        return 1 if stale else 0
+    STORED.mkdir(parents=True, exist_ok=True)
+    for lab in args.labs or makers():
+        torch.save(made(lab), STORED / f"{lab}.pt")
+        print(f"wrote {(STORED / f'{lab}.pt').relative_to(REPO)}")
+    return 0
+

@@ -1,0 +1,23 @@
+"""The graded checks' snapshots are what the reference gives today, and bad keys are named."""
+import pytest
+
+from reference_impl.course import snapshots
+
+
+def test_every_stored_snapshot_is_what_its_maker_gives():
+    assert snapshots.makers(), "no snapshot makers in reference_impl/course/snapshots/"
+    stale = snapshots.out_of_date()
+    assert not stale, (f"out of date: {stale}; rewrite with "
+                       "`python -m reference_impl.course.snapshots`")
+
+
+def test_a_missing_key_names_the_keys_there_are():
+    lab = snapshots.makers()[0]
+    with pytest.raises(KeyError, match="its keys are"):
+        snapshots.snapshot(lab, "no such key")
+
+
+@pytest.mark.parametrize("a, b, equal", [
+    (1, 1, True), (1, 1.0, False), ([1, 2], (1, 2), False), ({"x": [1]}, {"x": [1]}, True)])
+def test_values_compare_with_their_types(a, b, equal):
+    assert snapshots.same(a, b) is equal
