@@ -45,6 +45,11 @@ score blocks), nor is anything else that does not scale with N: the softmax, the
 layernorms' arithmetic, the optimizer step. "Model FLOPs" are the model's, whatever the
 kernels do, so MFU compares implementations fairly.
 
+**Weights.** With ``--dtype bf16`` the parameters are fp32 under autocast (``--weights fp32``,
+the trainer's bf16) or bf16 with fp32 masters and gradients (``--weights bf16``,
+``master_weights.MasterWeights``, Megatron-LM's ``--bf16``): the second casts nothing in the
+step, so the elementwise share falls (docs/profiling.md).
+
 **Peak** (dense, no sparsity), by the name ``torch.cuda.get_device_name`` gives, from the
 data-sheet table the planner uses too (``perf.planner.hardware.peak_tflops``): bf16 tensor
 cores for ``--dtype bf16``, plain fp32 (no TF32: PyTorch's default for matmuls) for
@@ -89,6 +94,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from reference_impl.linear_cross_entropy import linear_cross_entropy
+from reference_impl.master_weights import MasterWeights
 from reference_impl.memory.activation_memory import SavedActivations, gpt_activation_bytes
 from reference_impl.memory.model_states import zero_memory_formula
 from reference_impl.model import ATTENTION_KERNELS, GPT, Block, ModelConfig
@@ -145,6 +151,9 @@ def narayanan_flops_per_iteration(batch: int, config: ModelConfig,
 
 # ---------------------------------------------------------------- the run
 
+WEIGHTS = ("fp32", "bf16")  # the parameters' dtype in a bf16 step
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m reference_impl.benchmarks.mfu",
                                      description=__doc__.splitlines()[0])
@@ -153,6 +162,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=PRECISIONS, default=None,
                         help="bf16: autocast (weights, gradients and AdamW stay fp32); "
                              "default bf16 on a GPU, fp32 on the CPU")
+    parser.add_argument("--weights", choices=WEIGHTS, default="fp32",
+                        help="with --dtype bf16: fp32 (fp32 parameters under autocast) or bf16 "
+                             "(bf16 parameters, fp32 masters and gradients: master_weights.py)")
     parser.add_argument("--attention", choices=ATTENTION_KERNELS, default="sdpa")
     for name in ("layers", "hidden", "heads", "seq", "batch", "vocab", "steps", "warmup"):
         parser.add_argument(f"--{name}", type=int, default=None,
@@ -187,6 +199,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{name} must be at least 1")
     if args.warmup < 0:
         parser.error("--warmup must be at least 0")
+    if args.weights == "bf16" and args.dtype != "bf16":
+        parser.error(f"--weights bf16 needs --dtype bf16, got --dtype {args.dtype}")
     if args.compile and args.warmup < 1:
         parser.error("--compile needs --warmup of at least 1: the first step compiles")
     if args.hidden % args.heads:
@@ -206,7 +220,7 @@ def loss_function(model: GPT, loss: str, compile_model: bool):
         return lambda tokens, targets: linear_cross_entropy(hidden_states(tokens),
                                                             model.lm_head.weight, targets)
     forward = torch.compile(model) if compile_model else model  # same parameters
-    return lambda tokens, targets: gpt_loss(forward(tokens), targets)
+    return lambda tokens, targets: gpt_loss(forward(tokens).float(), targets)
 
 
 def attention_backend(name: str):
@@ -245,8 +259,13 @@ def measure(args) -> dict:
     torch.manual_seed(args.seed)
     with device:  # parameters made on the device (1.5B of them take a while on a CPU)
         model = GPT(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
-                                  **multi_tensor_options(model.parameters()))
+    if args.weights == "bf16":
+        optimizer = MasterWeights(model, lambda masters: torch.optim.AdamW(
+            masters, lr=1e-4, **multi_tensor_options(masters)))
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4,
+                                      **multi_tensor_options(model.parameters()))
+    cast = autocast_precision(args)
     generator = torch.Generator().manual_seed(args.seed)
     data = torch.randint(args.vocab, (args.batch, args.seq + 1), generator=generator)
     # separate tensors (gpt_activation_bytes counts tokens and targets once each)
@@ -257,8 +276,8 @@ def measure(args) -> dict:
 
     def steps(count: int) -> tuple[torch.Tensor, float]:
         with attention_backend(args.sdpa_backend):
-            return timed(lambda: train_steps(loss_of, optimizer, tokens, targets, count,
-                                             args.dtype), device)
+            return timed(lambda: train_steps(loss_of, optimizer, tokens, targets, count, cast),
+                         device)
 
     steps(args.warmup)
     if cuda:
@@ -285,13 +304,18 @@ def measure(args) -> dict:
         "loss": float(loss),  # read after the clock stopped
         "peak_memory": torch.cuda.max_memory_allocated(device) if cuda else None,
         "saved_bytes": saved_bytes(model, loss_function(model, args.loss, False), tokens,
-                                   targets, args.dtype),
+                                   targets, cast),
         "memory_formula": memory_formula(model, config, args.batch, args.dtype),
         "layer_seconds": layer_seconds(config, args.batch, args.dtype, device, args.warmup,
-                                       args.steps),
+                                       args.steps, args.weights),
         "ceiling_tflops": matmul_ceiling_tflops(device, args.dtype),
         "profile": profile,
     }
+
+
+def autocast_precision(args) -> str:
+    """The precision the step's autocast runs in: none ("fp32") where the weights are bf16."""
+    return "fp32" if args.weights == "bf16" else args.dtype
 
 
 def head_width(config: ModelConfig) -> int | None:
@@ -335,14 +359,18 @@ def memory_formula(model, config: ModelConfig, batch: int, precision: str) -> di
 
 
 def layer_seconds(config: ModelConfig, batch: int, precision: str, device: torch.device,
-                  warmup: int, steps: int) -> float:
-    """Mean seconds of one ``Block``'s forward + backward (autocast as in training)."""
+                  warmup: int, steps: int, weights: str = "fp32") -> float:
+    """Mean seconds of one ``Block``'s forward + backward, in the training step's precision
+    (autocast over fp32 weights, or bf16 weights)."""
     torch.manual_seed(0)
-    block = Block(config).to(device)
-    x = torch.randn(batch, config.seq_len, config.hidden, device=device, requires_grad=True)
+    dtype = torch.bfloat16 if weights == "bf16" else torch.float32
+    block = Block(config).to(device, dtype)
+    x = torch.randn(batch, config.seq_len, config.hidden, device=device, dtype=dtype,
+                    requires_grad=True)
+    cast = "fp32" if weights == "bf16" else precision
 
     def step():
-        with autocast(precision, device):
+        with autocast(cast, device):
             y = block(x)
         y.sum().backward()
 
@@ -391,7 +419,8 @@ def main(argv=None) -> dict:
     print(f"model: GPT {config.layers} layers, hidden {config.hidden}, {config.heads} heads, "
           f"seq {config.seq_len}, vocab {config.vocab_size}: {result['parameters']:,} "
           f"parameters, N = {n:,} without the embedding tables; batch {args.batch}, "
-          f"{args.dtype}, attention {args.attention} (backend {args.sdpa_backend}), loss "
+          f"{args.dtype} ({args.weights} weights), attention {args.attention} (backend "
+          f"{args.sdpa_backend}), loss "
           f"{args.loss}, " + ("compiled, " if args.compile else "eager, ") + "AdamW "
           + ("fused" if args.device == "cuda" else "foreach"))
     print(f"FLOPs per token: 6N + 12*L*h*s = {6 * n:,} + "
@@ -444,6 +473,10 @@ def print_layer(result: dict, args, peak: float) -> None:
               f"{', '.join(gpu.name for gpu in GPUS.values())})")
     else:
         layer, cast = predicted
+        if args.weights == "bf16":
+            print(f"planner's layer model predicts {layer * 1e3:.3f} ms (bf16 weights: no "
+                  f"autocast cost): measured / predicted = {seconds / layer:.2f}")
+            return
         print(f"planner's layer model predicts {(layer + cast) * 1e3:.3f} ms ({layer * 1e3:.3f} "
               f"in bf16 + {cast * 1e3:.3f} for autocast's fp32 weights and residual stream): "
               f"measured / predicted = {seconds / (layer + cast):.2f}")
@@ -452,6 +485,12 @@ def print_layer(result: dict, args, peak: float) -> None:
 def print_memory(result: dict, args) -> None:
     """The formulas, the measurements beside them, and their ratios."""
     formula, mib = result["memory_formula"], 2 ** 20
+    if args.weights == "bf16":
+        print(f"saved for the backward, measured: {result['saved_bytes'] / mib:,.2f} MiB; "
+              "peak memory allocated: " + (f"{result['peak_memory'] / 2 ** 30:.2f} GiB"
+                                           if result["peak_memory"] else "not measured")
+              + " (the formulas here are autocast's: compare with --weights fp32)")
+        return
     print(f"memory formulas: model states {formula['model states'] / mib:,.1f} MiB (16 B/param: "
           f"fp32 weights, gradients, Adam m and v; zero_memory_formula), bf16 weight copies "
           f"{formula['weight copies'] / mib:,.1f} MiB (2 B per matmul weight in bf16, 0 in "

@@ -180,3 +180,16 @@ def test_compile_option_trains_the_compiled_model(monkeypatch, capsys):
     assert "MFU:" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         mfu.parse_args(["--device", "cpu", "--compile", "--warmup", "0"])
+
+
+def test_bf16_weights_train_without_autocast_and_name_their_memory_lines(capsys):
+    """``--weights bf16``: the model's parameters are bf16 (fp32 masters in the optimizer), the
+    step runs without autocast, and the memory lines say the formulas are autocast's."""
+    result = mfu.main(["--device", "cpu", "--layers", "1", "--hidden", "16", "--heads", "2",
+                       "--seq", "8", "--batch", "2", "--vocab", "32", "--steps", "2",
+                       "--warmup", "1", "--dtype", "bf16", "--weights", "bf16"])
+    out = capsys.readouterr().out
+    assert "bf16 (bf16 weights)" in out and result["tflops"] > 0, out
+    assert "the formulas here are autocast's" in out, out
+    with pytest.raises(SystemExit):
+        mfu.parse_args(["--device", "cpu", "--weights", "bf16"])  # fp32 on the CPU by default
