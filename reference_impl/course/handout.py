@@ -13,7 +13,9 @@ and its instructor and maintainer pages. The handout keeps the student notebooks
 checks, the single-device model, the pytest plugin) and the library's pages, and gets its own
 README (``student_readme.md``, with the kit README's set-up and student sections) and pytest
 configuration: a plain ``pytest`` there checks the student's ``labs/``. Links of the kit's
-pages to files that do not ship become plain text; the build fails on any other broken link.
+pages to files that do not ship become plain text; the build fails on any other broken link,
+and on any solution line of a withheld lab found in a shipped file (``answer_leaks``). The
+hidden checks (``tests/labs/hidden/``) and the snapshots' makers stay with the kit.
 ``reference_impl/course/withheld.txt`` lists the stubbed modules: in a graded run there, an
 import of one of them gets the student's own file (``labs/tp_layers.py`` for
 ``reference_impl.tp.tp_layers``), so a lab that builds on a withheld one uses the student's
