@@ -2,11 +2,13 @@
 
 :class:`RankFailure`: a rank raised, or died, before returning; when several ranks fail, the
 first rank's *own* error is reported (:func:`root_cause`), not the connection errors its peers
-got because of it. :class:`LaunchTimeout`: some ranks did not return in time; each stuck rank
-is asked for its Python stack (faulthandler on SIGUSR1, :func:`dump_stacks`) and the error
-shows where it was. A rank that died without a word is described by its exit code or signal
-(:func:`receive`); whether the rank server itself died is read from ``/proc``
-(:func:`has_died`). :func:`reference_impl.comm.launcher.launch` raises them.
+got because of it, and an error from inside the communication backend gets the mistake that
+most often causes it (:func:`likely_cause`). :class:`LaunchTimeout`: some ranks did not return
+in time; each stuck rank is asked for its Python stack (faulthandler on SIGUSR1,
+:func:`dump_stacks`) and the error shows where it was. A rank that died without a word is
+described by its exit code or signal (:func:`receive`); whether the rank server itself died is
+read from ``/proc`` (:func:`has_died`). :func:`reference_impl.comm.launcher.launch` raises
+them.
 """
 from __future__ import annotations
 
@@ -23,6 +25,21 @@ _STACK_DUMP_WAIT = 0.5  # seconds for a stuck rank to write its stack after SIGU
 # Errors a rank sees *because another rank failed* (its peer's socket closed).
 _KNOCK_ON_ERRORS = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError")
 _KNOCK_ON_MESSAGES = ("Connection closed by peer", "Connection reset by peer")
+# What the backend says (gloo's words, or how the rank died) -> the usual mistake behind it.
+BACKEND_CAUSES = {
+    "Pair is not connected": (
+        "a rank sent to or received from itself (gloo has no connection from a rank to itself): "
+        "a point-to-point peer computed as this very rank"),
+    "Received data size doesn't match": (
+        "a receive buffer of another size than the message sent to it: each receive's tensor "
+        "must have its matching send's shape and dtype"),
+    "is not part of group": (
+        "a point-to-point peer outside the group: send, recv and P2POp take global ranks, not "
+        "ranks within the group"),
+    "killed by signal SIGABRT": (
+        "the rank aborted inside the communication backend: most often a receive buffer of "
+        "another size than the message sent to it"),
+}
 
 
 class RankFailure(RuntimeError):
@@ -35,6 +52,9 @@ class RankFailure(RuntimeError):
         message = f"rank {rank} failed: {summary}"
         if others:
             message += "\n(then also: " + "; ".join(f"rank {r}: {s}" for r, s in others) + ")"
+        cause = likely_cause([summary, *(s for _, s in others)])
+        if cause:
+            message += f"\nLikely cause: {cause}"
         if remote_traceback:
             message += f"\n\n--- traceback of rank {rank} ---\n{remote_traceback.rstrip()}"
         super().__init__(message)
@@ -69,6 +89,12 @@ def receive(connection, process, result_kind):
     else:
         how = f"exited with code {code}"
     return ("error", "ProcessDied", f"{how} before returning a result", "")
+
+
+def likely_cause(texts) -> str | None:
+    """The usual mistake behind the first backend message found in ``texts``, or None."""
+    return next((cause for text in texts for words, cause in BACKEND_CAUSES.items()
+                 if words in text), None)
 
 
 def root_cause(failures) -> RankFailure:

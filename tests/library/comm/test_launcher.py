@@ -147,6 +147,22 @@ def test_ranks_stuck_in_a_collective_time_out_showing_where(run_on_ranks):
         assert "in recv" in caught.value.stacks[rank]
 
 
+def receive_into_a_smaller_buffer():
+    if dist.get_rank() == 0:
+        dist.send(torch.ones(64), dst=1)
+    else:
+        dist.recv(torch.empty(16), src=0)
+
+
+def test_a_crash_inside_the_backend_names_its_likely_cause(run_on_ranks):
+    """gloo aborts (or says 'Received data size doesn't match') when a receive buffer is
+    smaller than the message: the failure names that mistake, not only gloo's words."""
+    with pytest.raises(RankFailure) as caught:
+        run_on_ranks(receive_into_a_smaller_buffer, 2, timeout=20)
+    assert "Likely cause: " in str(caught.value) and "receive buffer" in str(caught.value), (
+        str(caught.value)[:2000])
+
+
 def test_a_rank_that_never_returns_times_out(run_on_ranks):
     start = time.monotonic()
     with pytest.raises(LaunchTimeout) as caught:
