@@ -57,9 +57,12 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def split_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(batch, seq, 3*heads*d) with [q; k; v] blocks -> q, k, v of shape (batch, heads, seq, d)."""
+    """(batch, seq, 3*heads*d) with [q; k; v] blocks -> q, k, v of shape (batch, heads, seq, d).
+
+    Views of ``qkv``, no copy: their gradients are stacked straight into ``qkv``'s layout in the
+    backward (one copy; heads first, then a transpose back, would take two)."""
     batch, seq, _ = qkv.shape
-    q, k, v = qkv.view(batch, seq, 3, heads, -1).permute(2, 0, 3, 1, 4)
+    q, k, v = (part.transpose(1, 2) for part in qkv.view(batch, seq, 3, heads, -1).unbind(2))
     return q, k, v
 
 
