@@ -21,6 +21,8 @@ TEXT = documents.text()
 RUN_ELSEWHERE = {
     "python -m reference_impl.course.make_labs": "tests/course/test_grading.py checks its output",
     "python -m reference_impl.course.build_slides": "tests/course/test_slides.py builds a deck",
+    "python -m reference_impl.course.snapshots":
+        "tests/course/test_snapshots.py checks what it writes",
     "python -m reference_impl.course.check_machine":
         "tests/course/test_check_machine.py runs it as printed and reads its report",
 }
