@@ -1,19 +1,25 @@
 # Student file for the labs, generated from reference_impl/comm/alpha_beta.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
-"""The alpha-beta cost model of communication, and how to fit it to measurements.
+"""The alpha-beta cost model of communication, how to fit it to measurements, and which
+all-reduce it picks.
 
 A message of S bytes costs alpha + S/B: a fixed latency alpha plus the bytes over the
 bandwidth B. A ring all-reduce over n ranks (``collectives.py``) takes 2(n-1) steps, each
 moving S/n bytes, so
 
-    T_all_reduce(S, n) = 2(n-1) * alpha + 2(n-1)/n * S / B
+    T_ring(S, n) = 2(n-1) * alpha + 2(n-1)/n * S / B
 
 Measured times of all-reduce over several sizes lie on a line T = a + b*S; the fitted
-intercept and slope give alpha = a / (2(n-1)) and B = 2(n-1) / (n*b).
+intercept and slope give alpha and B. Recursive doubling (``collectives.py``) swaps the whole
+S bytes log2(n) times: fewer latencies, more bytes, so it wins on small messages and the ring
+on large ones, and the fitted alpha and B say where the two cross (Thakur, Rabenseifner and
+Gropp 2005, "Optimization of collective communication operations in MPICH", pick MPICH's
+all-reduce this way). The lab's notebook derives both models (parts 4 and 5) and the crossover.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -25,12 +31,51 @@ from reference_impl.comm.device import current_device, wait_for_device
 
 def ring_all_reduce_seconds(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
     """Predicted time of a ring all-reduce of ``nbytes`` over ``n`` ranks."""
-    raise NotImplementedError('lab0: the alpha-beta time of a ring all-reduce, 2(n-1)*alpha + 2(n-1)/n * S/B')
+    raise NotImplementedError("lab0: the alpha-beta time of the ring's steps, each one latency and one chunk of S/n bytes (the notebook, part 4); a single rank communicates nothing")
+
+
+def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """The least-squares line through the points (x, y): (intercept, slope)."""
+    if len(set(x)) < 2:
+        raise ValueError(f"a line needs points at two different sizes at least, got the sizes "
+                         f"{sorted(set(x))}")
+    raise NotImplementedError('lab0: the intercept and slope minimising the sum of squared residuals (the normal equations of the notebook, part 4, or torch.linalg.lstsq), in float64')
 
 
 def fit_alpha_beta(nbytes: list[float], seconds: list[float], n: int) -> tuple[float, float]:
-    """Least-squares fit of measured all-reduce times; returns (alpha in s, bandwidth in B/s)."""
-    raise NotImplementedError('lab0: fit the line seconds = a + b*nbytes by least squares, then alpha = a/(2(n-1)) and bandwidth = 2(n-1)/(n*b)')
+    """Least-squares fit of measured ring all-reduce times; returns (alpha in s, bandwidth in B/s)."""
+    raise NotImplementedError('lab0: fit_line, then read alpha and the bandwidth off the intercept and slope of T_ring(S) (the notebook, part 4)')
+
+
+def _power_of_two(n: int) -> None:
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"recursive doubling runs on a power-of-two number of ranks, got n={n}")
+
+
+def recursive_doubling_seconds(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
+    """Predicted time of a recursive-doubling all-reduce of ``nbytes`` over ``n`` = 2^k ranks."""
+    _power_of_two(n)
+    raise NotImplementedError('lab0: the alpha-beta time of the steps recursive doubling takes, each one message of the whole tensor each way (the notebook, part 5)')
+
+
+def crossover_bytes(n: int, alpha: float, bandwidth: float) -> float:
+    """The message size at which the ring and recursive doubling over ``n`` = 2^k ranks take
+    the same time: recursive doubling is faster below it, the ring above; ``math.inf`` where
+    the ring is never the faster."""
+    _power_of_two(n)
+    raise NotImplementedError("lab0: set T_ring(S) = T_doubling(S) and solve for S (the notebook, part 5); the ring can only catch up when its bandwidth term grows more slowly in S than recursive doubling's (not on 1 or 2 ranks)")
+
+
+def faster_all_reduce(nbytes: float, n: int, alpha: float, bandwidth: float) -> str:
+    """"ring" or "recursive doubling": the faster all-reduce of ``nbytes`` over ``n`` ranks by
+    the model; the ring where recursive doubling cannot run (n not a power of two) and on a tie."""
+    raise NotImplementedError('lab0: compare the two predicted times (or the size with the crossover); recursive doubling only where it runs, and only when strictly faster')
+
+
+def all_reduce_plan(nbytes: list[float], seconds: list[float], n: int) -> list[str]:
+    """The faster all-reduce at each of the sizes ``nbytes`` on ``n`` ranks, by the model fitted
+    to the ring all-reduce times ``seconds`` measured at those sizes."""
+    raise NotImplementedError('lab0: fit the measurements, then choose at each size with the fitted alpha and bandwidth')
 
 
 def time_all_reduce(nbytes: list[int], repeats: int = 5, group=None) -> list[float]:

@@ -19,8 +19,8 @@ tokens:
    consecutive;
 3. exchange counts: an all-to-all of the E tokens-per-expert counts (E/ep to each rank) tells
    each rank how many rows it will receive from each rank for each of its experts;
-4. dispatch: ``all_to_all_rows`` (``dist.all_to_all_single`` with uneven splits, its backward
-   the reverse exchange);
+4. dispatch: ``all_to_all_rows`` (``dist.all_to_all_single`` with uneven splits, and its
+   backward: ``token_exchange.py``);
 5. run each local expert on its rows (from every source rank);
 6. combine: the reverse all-to-all brings every row home, in the order it left;
 7. un-permute and weight: y_t = sum of w_ts * row, ``index_add`` into the token's place.
@@ -28,7 +28,7 @@ tokens:
 The calls of steps 4 and 6, forward and backward, are recorded in ``all_to_all_log``
 (``token_exchange.AllToAllCall``); ``moe_costs.py`` has their bytes as a formula.
 
-The backward runs the combine's reverse exchange, then the dispatch's, the latter only when the
+The backward runs the combine's all-to-all backward, then the dispatch's, the latter only when the
 input requires a gradient: as with every collective in a backward, the ranks of an EP group
 must agree on it (inside a model they do: the input of a layer comes out of the layers below).
 """
@@ -44,7 +44,7 @@ from reference_impl.hybrid.data_parallel import all_reduce_mean
 from expert_groups import ExpertGroups, experts_of_rank
 from reference_impl.moe.moe_layer import MoELayer, MoEOutput
 from router import Router
-from reference_impl.moe.token_exchange import all_to_all_rows
+from token_exchange import all_to_all_rows
 
 
 class ExpertParallelMoE(nn.Module):
@@ -73,7 +73,7 @@ class ExpertParallelMoE(nn.Module):
         ep, group = self.groups.ep_size, self.groups.ep
         self.all_to_all_log = log = []
 
-        raise NotImplementedError('lab9: the dispatch. assignment: the flat indices (token * k + slot) of the kept assignments, stably sorted by expert, so each EP rank\'s rows are consecutive and in token order; token: their tokens; recv_counts (ep, E/ep): the rows each rank of the group sends to each local expert (exchange routing.tokens_per_expert); send_splits, recv_splits: rows to and from each rank; received: the permuted rows after all_to_all_rows (named "dispatch", logged in log)')
+        raise NotImplementedError("lab9: the dispatch (steps 2-4 above; the notebook's section 6). Afterwards the code below reads received, the rows this rank's local experts run, from every rank of the EP group in rank order, and recv_counts, (ep, E/ep): how many of them each rank sent for each local expert; the combine will need to send every row back and put it at its token")
 
         # 5. local experts: the received rows come by source rank, within it by local expert
         local_expert_of_row = torch.arange(len(self.local_experts), device=tokens.device) \
@@ -93,21 +93,17 @@ def is_expert_parameter(parameter: nn.Parameter) -> bool:
 
 
 def sync_moe_grads(module: nn.Module, groups: ExpertGroups) -> None:
-    """Make every gradient that of the mean of the dp ranks' losses (L = (1/dp) sum_r L_r):
+    """Make every gradient that of the mean of the dp ranks' losses, L = (1/dp) sum_r L_r,
+    on every copy of every parameter.
 
-    * a **dense** parameter (the router, anything replicated): each rank's gradient is dL_r/dw,
-      its own tokens' only: summed over the whole DP group, divided by dp, as in plain data
-      parallelism;
-    * an **expert** parameter (marked ``expert_parallel``): the expert saw the tokens of every
-      rank of its EP group (the dispatch brought them, the combine's backward brought their
-      gradients), so after the backward its gradient is already sum_{r in EP group} dL_r/dw.
-      Its copies live on the EDP group, one per EP group, each with the other ranks' tokens:
-      summed over the EDP group it is sum over all dp ranks of dL_r/dw; divided by **dp**
-      (not by the EDP size dp/ep, which would make it ep times too large; Megatron-core's
-      DDP scales expert gradients by 1/dp too).
+    After the backward a **dense** parameter (the router, anything replicated; not marked)
+    holds its own rank's tokens' gradient, and an **expert** parameter (marked
+    ``expert_parallel``) the gradient of the tokens the dispatch brought it. Which ranks'
+    copies to sum, and by what to divide, follows from that: the notebook's section 6
+    derives it (Megatron-core's DDP does the same for its experts).
 
     One bucketed all-reduce per group (``hybrid.data_parallel.all_reduce_mean``). Collective
-    over the DP and EDP groups; call after the backward, before the optimizer step."""
+    over the groups it uses; call after the backward, before the optimizer step."""
     expert, dense = [], []
     for parameter in module.parameters():
         if parameter.grad is None:  # a rank whose tokens missed it: its share is 0

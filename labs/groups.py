@@ -22,9 +22,8 @@ agree on every coordinate except the ones listed:
                                 the union of the PP groups of the ranks in one's TP group
     WORLD      varies all
 
-Why two data-parallel groups (SageMaker's ranking page): a TP-sharded parameter exists once per
-replica, so its gradient is all-reduced over RDP_GROUP; a parameter that is not sharded is also
-replicated across the TP group, so its gradient is all-reduced over the whole DP_GROUP.
+Which of the two data-parallel groups a gradient is summed over is lab 1's closing question
+(its notebook, "two data-parallel groups").
 
 A rank's ``tp_rank``, ``pp_rank``, ``rdp_rank``, ``dp_rank`` and ``mp_rank`` are its index in
 that group, members in increasing order: the same number ``dist.get_rank(group)`` returns.
@@ -42,6 +41,11 @@ listed fastest-varying first.
   over which Megatron reduces what every TP rank holds a copy of.
 
 Any other permutation of tp, pp and rdp may be given, e.g. ``rdp-tp-pp``.
+
+The same layout is a grid (:func:`rank_mesh`): a tensor of ranks with one dimension per axis,
+slowest first, numbered row-major as PyTorch's ``DeviceMesh`` numbers its ranks. A kind's
+groups are then the grid's sub-grids along the kind's axes (:func:`mesh_groups`), and a rank's
+coordinates its place in the grid (:func:`mesh_position`, :func:`mesh_group_rank`).
 
 **Context parallelism** (``cp``, default 1): a fourth axis, the cp ranks that split one sequence
 (``reference_impl.cp``). It sits just faster than rdp in every order, so ``megatron`` becomes
@@ -64,6 +68,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, replace
 from math import prod
+
+import torch
 
 AXES = ("tp", "pp", "rdp")
 ORDERS = {"sagemaker": ("pp", "tp", "rdp"), "megatron": ("tp", "rdp", "pp")}
@@ -178,6 +184,36 @@ def parse_order(order: str | tuple[str, ...]) -> tuple[str, ...]:
     return axes
 
 
+def rank_positions(world_size: int, sizes: dict[str, int],
+                   axes: tuple[str, ...]) -> list[dict[str, int]]:
+    """Each rank's position along every axis, ``positions[rank][axis]`` in 0 .. sizes[axis]-1:
+    the ranks counted in mixed radix over ``axes``, the first axis varying fastest (the
+    notebook's section 2). Sizes whose product is not the world size are refused."""
+    if prod(sizes[axis] for axis in axes) != world_size:
+        shown = " x ".join(f"{axis} {sizes[axis]}" for axis in axes)
+        raise ValueError(f"the axes' sizes {shown} = {prod(sizes[axis] for axis in axes)} "
+                         f"ranks, but the world size is {world_size}: they must be equal")
+    raise NotImplementedError("lab1: positions[rank][axis] for every rank and every axis of `axes`: rank 0 sits at 0 on every axis, and each next rank is one step further along axes[0], wrapping round into the next axis (the notebook's formula for the SageMaker order)")
+
+
+def groups_along(positions: list[dict[str, int]],
+                 varying: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    """The groups whose members differ along the axes ``varying`` only: each holds every rank
+    that agrees with it on all the other axes, so each rank is in exactly one. Each group's
+    ranks increasing and the groups sorted, so equal layouts compare equal."""
+    unknown = sorted(set(varying) - set(positions[0]))
+    if unknown:
+        raise ValueError(f"groups along {unknown}: the positions have the axes "
+                         f"{sorted(positions[0])} only")
+    raise NotImplementedError('lab1: the partition of the ranks in which two ranks share a group exactly when their positions agree on every axis outside `varying`; as sorted tuples of increasing ranks')
+
+
+def index_in(groups: tuple[tuple[int, ...], ...], rank: int) -> int:
+    """``rank``'s index in whichever of ``groups`` holds it (members in increasing order): what
+    ``dist.get_rank(group)`` returns there."""
+    return next(group for group in groups if rank in group).index(rank)
+
+
 def build_rank_layout(world_size: int, tp: int = 1, pp: int = 1,
                       order: str | tuple[str, ...] = "sagemaker", cp: int = 1) -> RankLayout:
     """Coordinates and groups of every rank for ``world_size`` ranks, ``tp`` x ``pp`` x the rest
@@ -192,7 +228,7 @@ def build_rank_layout(world_size: int, tp: int = 1, pp: int = 1,
     axes = parse_order(order)
     # With cp > 1, the axis numbered rdp here is cp x rdp (cp the faster digit): split after.
     sizes = {"tp": tp, "pp": pp, "rdp": world_size // (tp * pp)}
-    raise NotImplementedError("lab1: position[rank][axis] (mixed radix, the first axis of `axes` varying fastest), then groups[kind] for every kind in GROUP_AXES (ranks agreeing on every axis the kind does not vary; sorted tuples) and `ranks`, each rank's RankCoordinates (its index in each group)")
+    raise NotImplementedError("lab1: `groups` (kind -> its groups, every kind of GROUP_AXES) and `ranks` (each rank's RankCoordinates, in rank order) from the two functions above; a coordinate is the rank's index in its group of that kind")
     if cp > 1:
         groups, ranks = _split_context_parallel(groups, ranks, cp)
     return RankLayout(world_size, tp, pp, axes, groups, ranks, cp)
@@ -211,11 +247,8 @@ def _split_context_parallel(groups: dict, ranks: tuple[RankCoordinates, ...], cp
     world = kinds.pop("WORLD")
     kinds |= {"CP": tuple(sorted(cp_groups)), "RDP_CP": merged, "WORLD": world}
 
-    def index_in(kind: str, rank: int) -> int:
-        return next(group for group in kinds[kind] if rank in group).index(rank)
-
-    ranks = tuple(replace(coords, rdp_rank=index_in("RDP", coords.rank),
-                          cp_rank=index_in("CP", coords.rank)) for coords in ranks)
+    ranks = tuple(replace(coords, rdp_rank=index_in(kinds["RDP"], coords.rank),
+                          cp_rank=index_in(kinds["CP"], coords.rank)) for coords in ranks)
     return kinds, ranks
 
 
@@ -223,6 +256,55 @@ def _check_rank(rank: int, world_size: int) -> None:
     if not isinstance(rank, int) or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank!r} is out of range for world size {world_size} "
                          f"(ranks are 0..{world_size - 1})")
+
+
+# ---------------------------------------------------------------- the layout as a grid
+
+def rank_mesh(layout: RankLayout) -> tuple[torch.Tensor, tuple[str, ...]]:
+    """The layout as a grid of ranks, and the names of its dimensions: one dimension per axis
+    of the layout (cp too when cp > 1), ``mesh[i, j, k]`` the rank at position i, j, k along
+    them. The dimensions go slowest axis first, so that the grid numbers the ranks row-major,
+    the last dimension fastest, as ``DeviceMesh`` does (``process_groups.device_mesh``)."""
+    raise NotImplementedError("lab1: (mesh, names): names are the layout's axes slowest first (layout.axes lists them fastest first); mesh is an integer tensor with one dimension per name, of that axis's size, each rank in the cell of its positions (the notebook's section 4, the grid)")
+
+
+def _check_names(names: tuple[str, ...], mesh: torch.Tensor, wanted=()) -> None:
+    if len(names) != mesh.dim():
+        raise ValueError(f"{len(names)} names {list(names)} for a mesh of {mesh.dim()} "
+                         f"dimensions (shape {tuple(mesh.shape)})")
+    unknown = [name for name in wanted if name not in names]
+    if unknown:
+        raise ValueError(f"{unknown} are not dimensions of the mesh, whose are {list(names)}")
+
+
+def mesh_groups(mesh: torch.Tensor, names: tuple[str, ...],
+                varying: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    """The groups of the grid whose members differ along the dimensions ``varying`` only: one
+    per position on the other dimensions, the sub-grid there. Each group's ranks increasing
+    and the groups sorted, as the layout's: ``mesh_groups(*rank_mesh(layout),
+    layout.varying(kind)) == layout.groups[kind]``."""
+    _check_names(names, mesh, varying)
+    raise NotImplementedError("lab1: every sub-grid spanned by the `varying` dimensions (one at each position of the other dimensions) as a sorted tuple of its ranks, the tuples sorted; rearranging the grid's dimensions makes each sub-grid one row")
+
+
+def mesh_position(mesh: torch.Tensor, names: tuple[str, ...], rank: int) -> dict[str, int]:
+    """Where ``rank`` sits in the grid: its index along each dimension, by name. Along one
+    axis that is the rank's index in its group of that axis: its ``tp_rank``, ``pp_rank``,
+    ``rdp_rank`` (and ``cp_rank``)."""
+    _check_names(names, mesh)
+    if not bool((mesh == rank).any()):
+        raise ValueError(f"rank {rank} is not in the mesh (ranks {int(mesh.min())} to "
+                         f"{int(mesh.max())}, shape {tuple(mesh.shape)})")
+    raise NotImplementedError('lab1: {name: index along that dimension} of the one cell of the mesh that holds `rank`')
+
+
+def mesh_group_rank(mesh: torch.Tensor, names: tuple[str, ...], varying: tuple[str, ...],
+                    rank: int) -> int:
+    """``rank``'s index in its group along ``varying`` (members increasing, as
+    ``dist.get_rank(group)`` numbers them), from its position alone, without listing the
+    group: its ``dp_rank`` for ``("tp", "rdp")``, its ``mp_rank`` for ``("tp", "pp")``."""
+    _check_names(names, mesh, varying)
+    raise NotImplementedError("lab1: the rank's positions along the `varying` dimensions read as one number in mixed radix, the grid's order of dimensions giving the digits' weights (the notebook: a position in a group follows the same mixed radix, restricted to the axes that vary in it)")
 
 
 def main(argv: list[str] | None = None) -> None:

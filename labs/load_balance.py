@@ -61,13 +61,9 @@ def token_positions(seq: int, cp: int, rank: int, device=None) -> torch.Tensor:
 def visible_part(cp: int, rank: int, owner: int, seq_local: int) -> tuple[slice, slice, bool]:
     """Which of rank ``rank``'s queries see which of rank ``owner``'s keys, as (query slice,
     key slice, whether a causal mask is needed inside), over the two ranks' seq_local tokens.
-    Under this layout every other block is half visible, the rest hidden whole:
-
-        owner == rank:  all x all, causal inside each chunk
-        owner <  rank:  all of my queries x owner's first chunk (owner < rank: before both of
-                        mine); its second chunk (2cp-1-owner > 2cp-1-rank) is after both
-        owner >  rank:  my second chunk (2cp-1-rank > 2cp-1-owner > owner) x all of owner's
-                        keys; my first chunk (rank < owner) sees none of them
-    """
+    The slices hold every pair whose key position is at most its query position; without a
+    mask, only such pairs. The mask (this rank's positions for queries and keys) is right on
+    the rank's own block alone; of any other block the visible part is a whole rectangle, half
+    of the block (the notebook's section 3 derives which half from the chunks' places)."""
     half = seq_local // 2
-    raise NotImplementedError("lab8: compare the chunks' places: own block (causal inside), an earlier owner (its first chunk only, no mask), a later owner (my second chunk only, no mask)")
+    raise NotImplementedError("lab8: compare the places of the two ranks' chunks (notebook, section 3): which of my chunks sees which of the owner's, whole, partly or not at all")

@@ -275,7 +275,7 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
         planned = exchanges.get(step)
         if planned is None:
             return
-        raise NotImplementedError("lab4: the step's exchange: post its planned sends (each message carries the previous action's output, outgoing, to message.dst with message.tag) and receives (each into a fresh buffer of boundary_shape and boundary_dtype on this rank's device, kept in arrived under its message, from message.src) in one post_exchange over group. Before returning, wait for exactly what the next computation reads: the receive requests. Never wait for a send here (the receiver may still be computing): keep each send request with the tensor it reads in sending, waited for at the end of the step (the tensor must stay alive until its send completes)")
+        raise NotImplementedError("lab4: the step's exchange: post its planned sends (each message carries the previous action's output, outgoing, to message.dst with message.tag) and receives (each into a fresh buffer of boundary_shape and boundary_dtype on this rank's device, kept in arrived under its message, from message.src) all posted together over group (post_exchange). Before returning, wait for exactly what the next computation reads: the receive requests. Never wait for a send here (the receiver may still be computing): keep each send request with the tensor it reads in sending, waited for at the end of the step (the tensor must stay alive until its send completes)")
 
     if timed:
         dist.barrier(group=group)  # the common origin of every rank's timestamps

@@ -18,18 +18,19 @@ Keys and values travel with their kv_heads only and are expanded on arrival (gro
 attention): a step moves 2 * batch * kv_heads * (seq/cp) * head_dim elements, heads/kv_heads
 times less than the queries would be.
 
-Backward (the standard ring backward): the K/V blocks go round again, each rank recomputes
-its queries' probabilities against each block from the saved lse and keeps adding to its dQ;
-each block's dK/dV is accumulated by every rank it visits and travels one rank behind the
-block, so that after cp - 1 hops it reaches its owner (rank r's own share, from step 0, never
-leaves). Only q, k, v, out and lse are saved: nothing of size seq x seq outlives a step.
+Backward (the standard ring backward): the K/V blocks go round again. At each step a rank
+computes, from the lse the forward saved, its queries' gradients through the block it holds
+(added to its dQ, which never leaves the rank) and its share of that block's dK/dV
+(:func:`backward_step`). A block's dK/dV gathers the shares of every rank the block visits:
+it follows the block round the ring, one hop behind it, and reaches the block's owner after
+the last step (the owner's own share, from step 0, stays home). Each rank sends cp - 1 K/V
+blocks and cp - 1 dK/dV blocks (fp32). Only q, k, v, out and lse are saved: nothing of size
+seq x seq outlives a step.
 
-Only the visible part of a block is computed. A rank's own block is masked from the tokens'
-global positions (key position > query position is hidden); of any other rank's block, the
-load-balanced layout makes exactly half visible, whole, and half hidden
-(``load_balance.visible_part``): all queries against the earlier owner's first chunk, or the
-rank's later chunk against all of a later owner's keys. So every rank computes the same
-number of (query, key) pairs at every step, the point of the layout.
+Only the visible part of a block is computed (``load_balance.visible_part``): a rank's own
+block, masked by the tokens' global positions, and half of any other rank's block, whole, with
+no mask. So every rank computes the same number of (query, key) pairs at every step, the point
+of the load-balanced layout.
 """
 from __future__ import annotations
 
@@ -89,6 +90,20 @@ def start_ring_exchange(tensor: torch.Tensor, group, tag: int) -> _Transfer:
     return _Transfer(received, dist.batch_isend_irecv(operations))
 
 
+def backward_step(q: torch.Tensor, kv: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor,
+                  out_dot_grad: torch.Tensor, positions: torch.Tensor, cp: int, rank: int,
+                  owner: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of the ring's backward on rank ``rank``, holding the K/V block ``kv`` (2, batch,
+    kv_heads, seq_local, d) of rank ``owner``: (dq, dkv), fp32, dq like q (this rank's queries'
+    gradient through that block's keys) and dkv like kv (the block's keys' and values' gradient
+    through this rank's queries), zero where nothing is visible. ``lse`` is the forward's final
+    log-sum-exp of each query row (over every block), ``out_dot_grad`` the rows'
+    :func:`output_dot_grad`, ``positions`` this rank's tokens' global positions. Notebook,
+    section 4b, derives it."""
+    raise NotImplementedError("lab8: the same part of the block as the forward attends to, its gradients by block_attention_backward with the forward's lse (the block's probabilities are its share of the whole row's softmax), placed into full-size fp32 zeros like q and kv")
+    return grad_q, grad_kv
+
+
 class RingAttention(torch.autograd.Function):
     """Ring attention's forward and backward (see the module's docstring)."""
 
@@ -123,30 +138,9 @@ class RingAttention(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):
             positions = token_positions(seq, cp, rank, q.device)
             out_dot_grad = output_dot_grad(out, grad_out)
-            grad_q = torch.zeros_like(q, dtype=torch.float32)
             kv = torch.stack((k, v))
-            kv_transfer = start_ring_exchange(kv, group, KV_TAG) if cp > 1 else None
-            grad_kv_transfer = own_grad_kv = None
-            for step in range(cp):
-                rows, keys, masked = visible_part(cp, rank, (rank - step) % cp, q.shape[2])
-                block_grads = block_attention_backward(
-                    q[:, :, rows], kv[0][:, :, keys], kv[1][:, :, keys], grad_out[:, :, rows],
-                    lse[:, :, rows], out_dot_grad[:, :, rows], *((positions, positions) if masked else ()))
-                grad_q[:, :, rows] += block_grads[0]
-                block_grad_kv = torch.zeros_like(kv, dtype=torch.float32)
-                block_grad_kv[:, :, :, keys] = torch.stack(block_grads[1:])
-                if step == 0:
-                    own_grad_kv = block_grad_kv  # stays here; the others' shares arrive at the end
-                else:  # add to the block's dK/dV so far (none before step 1) and pass it on
-                    if step > 1:
-                        block_grad_kv += grad_kv_transfer.wait()
-                    grad_kv_transfer = start_ring_exchange(block_grad_kv, group, GRAD_KV_TAG)
-                if step < cp - 1:
-                    kv = kv_transfer.wait()
-                    if step < cp - 2:
-                        kv_transfer = start_ring_exchange(kv, group, KV_TAG)
-            grad_kv = own_grad_kv if cp == 1 else own_grad_kv + grad_kv_transfer.wait()
-        return grad_q.to(q.dtype), grad_kv[0].to(k.dtype), grad_kv[1].to(v.dtype), None, None
+            raise NotImplementedError("lab8: the blocks travel as in the forward; at each step dQ (fp32, it stays here) gains the queries' gradient through the block held, and the block's dK/dV gains this rank's share, then travels on behind the block so that every block's sum reaches its owner, which keeps its own share from step 0 (own_grad_kv: the sum of the cp shares of this rank's block, fp32, like kv)")
+        return grad_q.to(q.dtype), own_grad_kv[0].to(k.dtype), own_grad_kv[1].to(v.dtype), None, None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group=None,

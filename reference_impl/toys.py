@@ -58,10 +58,3 @@ def toy_grads() -> dict:
     toy_loss(toy, tokens, targets).backward()
     return {name: p.grad.clone() for name, p in toy.named_parameters()}
 
-
-def head_tail_positions(seq: int, cp: int, rank: int) -> list[int]:
-    """Context parallelism's load-balanced layout written out for the graded tests: the global
-    positions of rank ``rank``'s tokens, the sequence cut into 2*cp chunks and the rank holding
-    chunks rank and 2*cp-1-rank, in that order."""
-    size = seq // (2 * cp)
-    return [chunk * size + offset for chunk in (rank, 2 * cp - 1 - rank) for offset in range(size)]

@@ -1,16 +1,22 @@
-"""The alpha-beta cost model of communication, and how to fit it to measurements.
+"""The alpha-beta cost model of communication, how to fit it to measurements, and which
+all-reduce it picks.
 
 A message of S bytes costs alpha + S/B: a fixed latency alpha plus the bytes over the
 bandwidth B. A ring all-reduce over n ranks (``collectives.py``) takes 2(n-1) steps, each
 moving S/n bytes, so
 
-    T_all_reduce(S, n) = 2(n-1) * alpha + 2(n-1)/n * S / B
+    T_ring(S, n) = 2(n-1) * alpha + 2(n-1)/n * S / B
 
 Measured times of all-reduce over several sizes lie on a line T = a + b*S; the fitted
-intercept and slope give alpha = a / (2(n-1)) and B = 2(n-1) / (n*b).
+intercept and slope give alpha and B. Recursive doubling (``collectives.py``) swaps the whole
+S bytes log2(n) times: fewer latencies, more bytes, so it wins on small messages and the ring
+on large ones, and the fitted alpha and B say where the two cross (Thakur, Rabenseifner and
+Gropp 2005, "Optimization of collective communication operations in MPICH", pick MPICH's
+all-reduce this way). The lab's notebook derives both models (parts 4 and 5) and the crossover.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -22,18 +28,75 @@ from reference_impl.comm.device import current_device, wait_for_device
 
 def ring_all_reduce_seconds(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
     """Predicted time of a ring all-reduce of ``nbytes`` over ``n`` ranks."""
-    # BEGIN SOLUTION lab0: the alpha-beta time of a ring all-reduce, 2(n-1)*alpha + 2(n-1)/n * S/B
+    # BEGIN SOLUTION lab0: the alpha-beta time of the ring's steps, each one latency and one chunk of S/n bytes (the notebook, part 4); a single rank communicates nothing
     return 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / bandwidth
     # END SOLUTION
 
 
+def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
+    """The least-squares line through the points (x, y): (intercept, slope)."""
+    if len(set(x)) < 2:
+        raise ValueError(f"a line needs points at two different sizes at least, got the sizes "
+                         f"{sorted(set(x))}")
+    # BEGIN SOLUTION lab0: the intercept and slope minimising the sum of squared residuals (the normal equations of the notebook, part 4, or torch.linalg.lstsq), in float64
+    x, y = torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
+    centred = x - x.mean()
+    slope = (centred * (y - y.mean())).sum() / (centred * centred).sum()
+    return (y.mean() - slope * x.mean()).item(), slope.item()
+    # END SOLUTION
+
+
 def fit_alpha_beta(nbytes: list[float], seconds: list[float], n: int) -> tuple[float, float]:
-    """Least-squares fit of measured all-reduce times; returns (alpha in s, bandwidth in B/s)."""
-    # BEGIN SOLUTION lab0: fit the line seconds = a + b*nbytes by least squares, then alpha = a/(2(n-1)) and bandwidth = 2(n-1)/(n*b)
-    x, y = torch.tensor(nbytes, dtype=torch.float64), torch.tensor(seconds, dtype=torch.float64)
-    design = torch.stack([torch.ones_like(x), x], dim=1)
-    intercept, slope = torch.linalg.lstsq(design, y.unsqueeze(1)).solution.squeeze(1).tolist()
+    """Least-squares fit of measured ring all-reduce times; returns (alpha in s, bandwidth in B/s)."""
+    # BEGIN SOLUTION lab0: fit_line, then read alpha and the bandwidth off the intercept and slope of T_ring(S) (the notebook, part 4)
+    intercept, slope = fit_line(nbytes, seconds)
     return intercept / (2 * (n - 1)), 2 * (n - 1) / (n * slope)
+    # END SOLUTION
+
+
+def _power_of_two(n: int) -> None:
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"recursive doubling runs on a power-of-two number of ranks, got n={n}")
+
+
+def recursive_doubling_seconds(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
+    """Predicted time of a recursive-doubling all-reduce of ``nbytes`` over ``n`` = 2^k ranks."""
+    _power_of_two(n)
+    # BEGIN SOLUTION lab0: the alpha-beta time of the steps recursive doubling takes, each one message of the whole tensor each way (the notebook, part 5)
+    return math.log2(n) * (alpha + nbytes / bandwidth)
+    # END SOLUTION
+
+
+def crossover_bytes(n: int, alpha: float, bandwidth: float) -> float:
+    """The message size at which the ring and recursive doubling over ``n`` = 2^k ranks take
+    the same time: recursive doubling is faster below it, the ring above; ``math.inf`` where
+    the ring is never the faster."""
+    _power_of_two(n)
+    # BEGIN SOLUTION lab0: set T_ring(S) = T_doubling(S) and solve for S (the notebook, part 5); the ring can only catch up when its bandwidth term grows more slowly in S than recursive doubling's (not on 1 or 2 ranks)
+    steps = math.log2(n)
+    extra_per_byte = steps - 2 * (n - 1) / n  # recursive doubling's bytes beyond the ring's, per byte of S
+    if extra_per_byte <= 0:
+        return math.inf
+    return (2 * (n - 1) - steps) * alpha * bandwidth / extra_per_byte
+    # END SOLUTION
+
+
+def faster_all_reduce(nbytes: float, n: int, alpha: float, bandwidth: float) -> str:
+    """"ring" or "recursive doubling": the faster all-reduce of ``nbytes`` over ``n`` ranks by
+    the model; the ring where recursive doubling cannot run (n not a power of two) and on a tie."""
+    # BEGIN SOLUTION lab0: compare the two predicted times (or the size with the crossover); recursive doubling only where it runs, and only when strictly faster
+    if n & (n - 1) or n == 1:
+        return "ring"
+    return "recursive doubling" if nbytes < crossover_bytes(n, alpha, bandwidth) else "ring"
+    # END SOLUTION
+
+
+def all_reduce_plan(nbytes: list[float], seconds: list[float], n: int) -> list[str]:
+    """The faster all-reduce at each of the sizes ``nbytes`` on ``n`` ranks, by the model fitted
+    to the ring all-reduce times ``seconds`` measured at those sizes."""
+    # BEGIN SOLUTION lab0: fit the measurements, then choose at each size with the fitted alpha and bandwidth
+    alpha, bandwidth = fit_alpha_beta(nbytes, seconds, n)
+    return [faster_all_reduce(size, n, alpha, bandwidth) for size in nbytes]
     # END SOLUTION
 
 

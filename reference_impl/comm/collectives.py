@@ -1,17 +1,26 @@
-"""Ring all-reduce, built by hand from point-to-point sends and receives.
+"""All-reduce built by hand from point-to-point sends and receives: the ring, and recursive
+doubling.
 
-The n ranks of a group form a ring; each sends to its right neighbour and receives from its
-left. The tensor is cut into n chunks, and the all-reduce runs in two phases of n-1 steps:
+**The ring.** The n ranks of a group form a ring; each sends to its right neighbour and
+receives from its left. The tensor is cut into n chunks (``ring_chunks``), and the all-reduce
+runs in two phases of n-1 steps, every rank sending one chunk at every step:
 
-1. reduce-scatter: at step s, rank r sends chunk (r - s) mod n and adds the chunk it receives
-   into chunk (r - s - 1) mod n. After n-1 steps rank r holds the full sum of chunk (r + 1) mod n.
-2. all-gather: at step s, rank r sends chunk (r + 1 - s) mod n (one that is complete) and
-   overwrites chunk (r - s) mod n with the one it receives. After n-1 steps every rank has
-   every complete chunk.
+1. reduce-scatter: a rank adds the chunk it receives into its own copy of that chunk and passes
+   the grown chunk on at the next step, so a partial sum collects one rank's contribution per
+   hop. After n-1 steps rank r holds the full sum of chunk (r + 1) mod n.
+2. all-gather: starting from that one complete chunk, a rank passes on the complete chunk it
+   holds most recently and stores the one it receives in place, so after n-1 steps every rank
+   has every complete chunk.
 
 Each rank sends 2(n-1) chunks of S/n bytes: 2(n-1)/n * S in all, nearly independent of n. That
 is why the ring is bandwidth-optimal, and where the alpha-beta cost 2(n-1)*alpha +
 2(n-1)/n * S/B of ``alpha_beta.py`` comes from.
+
+**Recursive doubling** (Thakur, Rabenseifner and Gropp 2005) on a group of n = 2^k ranks: at
+each of k steps a rank swaps its whole tensor with one partner and adds, doubling the number of
+ranks summed into it. It sends log2(n) messages of S bytes: fewer latencies than the ring's
+2(n-1), more bytes; which one is faster depends on S (``alpha_beta.faster_all_reduce``).
+The lab's notebook derives what every rank holds after each step of both (parts 3 and 5).
 """
 from __future__ import annotations
 
@@ -20,24 +29,35 @@ import torch.distributed as dist
 
 
 def ring_chunks(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
-    """n views into ``flat``, as equal as possible (the first ones one element longer)."""
-    return list(torch.tensor_split(flat, n))
+    """n views into the 1-d ``flat`` whose lengths sum to its length and differ by at most one,
+    the longer ones first (a chunk may be empty when there are fewer elements than ranks)."""
+    # BEGIN SOLUTION lab0: n views into flat (no copies: the ring works in place); when n does not divide the length, the remainder goes one element each to the first chunks
+    base, extra = divmod(flat.numel(), n)
+    lengths = [base + 1 if index < extra else base for index in range(n)]
+    return list(flat.split(lengths))
+    # END SOLUTION
+
+
+def _swap(send: torch.Tensor, receive: torch.Tensor, to: int, source: int, group) -> None:
+    """Send ``send`` to group rank ``to`` while receiving ``receive`` from group rank ``source``
+    (non-blocking send first, so that two ranks sending to each other do not deadlock)."""
+    to, source = ((dist.get_global_rank(group, to), dist.get_global_rank(group, source))
+                  if group else (to, source))
+    outgoing = dist.isend(send.contiguous(), to, group=group)
+    dist.recv(receive, source, group=group)
+    outgoing.wait()
 
 
 def _exchange(send: torch.Tensor, receive: torch.Tensor, group) -> None:
     """Send ``send`` to the right neighbour while receiving ``receive`` from the left one."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    right = dist.get_global_rank(group, (rank + 1) % n) if group else (rank + 1) % n
-    left = dist.get_global_rank(group, (rank - 1) % n) if group else (rank - 1) % n
-    outgoing = dist.isend(send.contiguous(), right, group=group)
-    dist.recv(receive, left, group=group)
-    outgoing.wait()
+    _swap(send, receive, (rank + 1) % n, (rank - 1) % n, group)
 
 
 def ring_reduce_scatter(chunks: list[torch.Tensor], group=None) -> None:
     """Phase 1, in place: afterwards chunk (rank + 1) mod n holds the sum over all ranks."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    # BEGIN SOLUTION lab0: the n-1 reduce-scatter steps: at each step every rank passes one chunk to its right neighbour (_exchange) and adds the chunk arriving from its left into its own copy of that chunk; choose the chunks so that each step passes on the chunk that has just grown, and after n-1 steps chunk (rank + 1) mod n holds the sum over all n ranks
+    # BEGIN SOLUTION lab0: n-1 steps, each one _exchange: after step t, the chunk this rank received holds the contributions of t + 2 consecutive ranks of the ring ending with its own, and that is the chunk it passes on next; the phase must end with chunk (rank + 1) mod n complete (the notebook, part 3, works out which chunk moves at each step from that end)
     for step in range(n - 1):
         send_index, receive_index = (rank - step) % n, (rank - step - 1) % n
         received = torch.empty_like(chunks[receive_index])
@@ -49,19 +69,50 @@ def ring_reduce_scatter(chunks: list[torch.Tensor], group=None) -> None:
 def ring_all_gather(chunks: list[torch.Tensor], group=None) -> None:
     """Phase 2, in place: starting with chunk (rank + 1) mod n complete, make every chunk complete."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    # BEGIN SOLUTION lab0: the n-1 all-gather steps: each rank starts with one complete chunk, (rank + 1) mod n; at each step it passes on the complete chunk it got most recently and stores the one arriving from its left in place, so that after n-1 steps every chunk is complete on every rank
+    # BEGIN SOLUTION lab0: n-1 steps, each one _exchange: after step t a rank holds t + 2 complete chunks, the one it received last being the one it passes on next, stored where it belongs; it starts with the one that ring_reduce_scatter completed (the notebook, part 3)
     for step in range(n - 1):
         send_index, receive_index = (rank + 1 - step) % n, (rank - step) % n
         _exchange(chunks[send_index], chunks[receive_index], group)
     # END SOLUTION
 
 
-def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
-    """Sum ``tensor`` over the group, in place, with the two ring phases; returns it."""
-    flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1)
-    chunks = ring_chunks(flat, dist.get_world_size(group))
-    ring_reduce_scatter(chunks, group)
-    ring_all_gather(chunks, group)
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as one contiguous dimension (send and receive need one): a view when it is
+    contiguous, else a copy."""
+    return tensor.contiguous().view(-1)
+
+
+def _written_back(flat: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` holding ``flat``'s values (copied back when ``flat`` is not its view)."""
     if flat.data_ptr() != tensor.data_ptr() or not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))
     return tensor
+
+
+def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum ``tensor`` over the group, in place, with the two ring phases; returns it."""
+    flat = _flat(tensor)
+    chunks = ring_chunks(flat, dist.get_world_size(group))
+    ring_reduce_scatter(chunks, group)
+    ring_all_gather(chunks, group)
+    return _written_back(flat, tensor)
+
+
+def recursive_doubling_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum ``tensor`` over a group of a power-of-two size, in place, by recursive doubling;
+    returns it."""
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
+    if n & (n - 1):
+        raise ValueError(f"recursive doubling needs a power-of-two group, got {n} ranks: pair "
+                         "the ranks of a group of another size with the ring instead")
+    flat = _flat(tensor)
+    # BEGIN SOLUTION lab0: log2(n) steps, each one _swap of the whole tensor with one partner, then a sum; after step t every rank holds the sum over the 2^(t+1) group ranks whose indices agree with its own above bit t, the same sum on each of them (the notebook, part 5, derives each step's partner from that)
+    distance = 1
+    while distance < n:
+        received = torch.empty_like(flat)
+        partner = rank ^ distance
+        _swap(flat, received, partner, partner, group)
+        flat += received
+        distance *= 2
+    # END SOLUTION
+    return _written_back(flat, tensor)

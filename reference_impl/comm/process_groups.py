@@ -12,18 +12,24 @@ a multi-dimensional rank grid: its ``tp``, ``pp`` and ``rdp`` dimensions (and ``
 exactly the TP, PP and RDP (and CP) groups, and the groups of several axes (DP, MP, RDP_CP)
 its sub-meshes.
 
+Underneath, :func:`new_groups` creates the groups of any kinds given as lists of ranks (the
+expert-parallel groups of ``reference_impl.moe`` too), and :func:`members_by_all_reduce`
+checks a group by communicating over it.
+
 With context parallelism (a layout with cp > 1) there are two more groups, ``cp`` and
 ``rdp_cp``; without it they are None, and :attr:`ParallelGroups.rdp_cp_or_rdp` is the RDP
 group: the group gradients are averaged over either way.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
-from reference_impl.comm.groups import RankCoordinates, RankLayout
+from reference_impl.comm.groups import RankCoordinates, RankLayout, rank_mesh
 from reference_impl.comm.device import current_device
 
 
@@ -54,46 +60,76 @@ class ParallelGroups:
         return getattr(self, kind.lower())
 
 
-def create_process_groups(layout: RankLayout) -> ParallelGroups:
-    """Create every group of the layout; return the ones this rank belongs to.
+def new_groups(groups: dict[str, Sequence[Sequence[int]]]
+               ) -> dict[str, tuple[dist.ProcessGroup, tuple[int, ...]]]:
+    """Create every group of every kind (``kind -> its groups``, each kind's groups holding
+    every rank once); return this rank's group of each kind, with its members (increasing).
 
     ``dist.new_group`` is collective: every rank creates every group, in the same order,
-    including the groups it is not a member of.
+    including the groups it is not a member of. A group of the whole world is the default
+    group, ``dist.group.WORLD``, rather than a new one.
     """
+    world, rank = dist.get_world_size(), dist.get_rank()
+    for kind in groups:
+        held = sorted(member for members in groups[kind] for member in members)
+        if held != list(range(world)):
+            raise ValueError(f"the {kind} groups {[list(members) for members in groups[kind]]} "
+                             f"must hold each of the {world} ranks exactly once")
+    mine: dict[str, tuple[dist.ProcessGroup, tuple[int, ...]]] = {}
+    # BEGIN SOLUTION lab1: mine[kind] = (this rank's process group of that kind, its members as a tuple of increasing ranks), for every kind; every rank makes the same calls in the same order, whether or not it is a member (the notebook's section 5, real groups)
+    for kind, of_kind in groups.items():
+        for members in of_kind:
+            members = tuple(sorted(members))
+            handle = dist.group.WORLD if len(members) == world else dist.new_group(list(members))
+            if rank in members:
+                mine[kind] = (handle, members)
+    # END SOLUTION
+    return mine
+
+
+def create_process_groups(layout: RankLayout) -> ParallelGroups:
+    """Create every group of the layout (:func:`new_groups`); return the ones this rank
+    belongs to. Collective: every rank calls it, with the same layout."""
     if not dist.is_initialized():
         raise RuntimeError("create_process_groups needs an initialised default process group "
                            "(run it inside reference_impl.comm.launcher.launch or under torchrun)")
     if dist.get_world_size() != layout.world_size:
         raise ValueError(f"the layout is for world size {layout.world_size} but the process "
                          f"group has {dist.get_world_size()} ranks")
-    rank = dist.get_rank()
-    mine = {}
-    # BEGIN SOLUTION lab1: create every group of every kind with dist.new_group (all ranks, same order; WORLD is dist.group.WORLD) and keep this rank's in mine["tp"], mine["pp"], ... (keys: kind.lower())
-    for kind, groups in layout.groups.items():
-        for members in groups:
-            group = dist.group.WORLD if kind == "WORLD" else dist.new_group(list(members))
-            if rank in members:
-                mine[kind.lower()] = group
+    made = new_groups(layout.groups)
+    mine = {kind.lower(): group for kind, (group, _) in made.items()}
+    return ParallelGroups(layout=layout, coordinates=layout.coordinates(dist.get_rank()), **mine)
+
+
+def members_by_all_reduce(group: dist.ProcessGroup) -> list[int]:
+    """The global ranks that an all-reduce over ``group`` sums, found by doing one: each member
+    puts in the bit of its global rank, 2**rank, so the sum's set bits name the ranks that
+    took part (the notebook's check of every group). Every member calls it; one int64, so
+    worlds of up to 63 ranks."""
+    world = dist.get_world_size()
+    if world > 63:
+        raise ValueError(f"a 64-bit sum holds the bits of ranks 0 to 62; this world has {world} "
+                         "ranks")
+    # BEGIN SOLUTION lab1: one all-reduce over `group` of 8 bytes (one int64, on current_device()) whose sum's set bits are the members' global ranks; those ranks, increasing (the notebook's section 5)
+    mask = torch.tensor([1 << dist.get_rank()], dtype=torch.int64, device=current_device())
+    dist.all_reduce(mask, group=group)
+    return [rank for rank in range(world) if int(mask.item()) >> rank & 1]
     # END SOLUTION
-    return ParallelGroups(layout=layout, coordinates=layout.coordinates(rank), **mine)
 
 
 def mesh_dim_names(layout: RankLayout, kind: str = "WORLD") -> tuple[str, ...]:
     """The device-mesh dimensions spanned by a kind of group, in the mesh's own order."""
-    return tuple(axis for axis in reversed(layout.axes) if axis in layout.varying(kind))
+    return tuple(name for name in rank_mesh(layout)[1] if name in layout.varying(kind))
 
 
 def device_mesh(layout: RankLayout, device_type: str | None = None) -> DeviceMesh:
-    """The layout as a 3-D ``DeviceMesh`` named ``tp``, ``pp``, ``rdp`` (4-D with ``cp`` when
-    cp > 1), on ``device_type`` (default: the type of this rank's ``current_device()``, "cuda"
-    under NCCL, else "cpu").
+    """The layout as a ``DeviceMesh`` of the grid :func:`~reference_impl.comm.groups.rank_mesh`
+    (dimensions ``tp``, ``pp``, ``rdp``, and ``cp`` when cp > 1), on ``device_type`` (default:
+    the type of this rank's ``current_device()``, "cuda" under NCCL, else "cpu").
 
     A mesh numbers ranks row-major, last dimension fastest, so its dimensions are the
     layout's axes slowest first: sagemaker gives shape (rdp, tp, pp), megatron (pp, rdp, tp),
-    megatron with cp (pp, rdp, cp, tp).
+    megatron with cp (pp, rdp, cp, tp). Collective: every rank calls it, with the same layout.
     """
-    names = mesh_dim_names(layout)
-    device_type = device_type or current_device().type
-    sizes = {"tp": layout.tp, "pp": layout.pp, "rdp": layout.rdp, "cp": layout.cp}
-    return init_device_mesh(device_type, tuple(sizes[name] for name in names),
-                            mesh_dim_names=names)
+    mesh, names = rank_mesh(layout)
+    return DeviceMesh(device_type or current_device().type, mesh, mesh_dim_names=names)

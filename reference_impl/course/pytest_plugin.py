@@ -25,15 +25,18 @@ ranks or of a helper), ``--budget`` (the whole run's seconds, 900 by default whe
 submission is graded; once spent, the remaining graded tests fail at once, saying so),
 ``--after-hang`` (once one launch has hung, later ones get this
 limit: a hang costs about one limit, not one per test), ``--output-limit`` (bytes kept of each
-rank's output per launch). ``--grading-log FILE`` appends one JSON line per collected test,
-per test phase, per launch (its world size and backend), per launch that hung and per finding
-(a graded file that imports the reference module it must write), as the run goes: ``python -m
-reference_impl.course.grade`` builds its results from it, also when the run is killed. How
-graded tests are written: ``reference_impl.course.grading``.
+rank's output per launch). ``--grading-log FILE`` appends one JSON line per collected test
+(its lab, and whether it is a hidden check), per test phase, per launch (its world size and
+backend), per launch that hung and per finding (a graded file that imports the reference
+module it must write), as the run goes: ``python -m reference_impl.course.grade`` builds its
+results from it, also when the run is killed. How graded tests are written:
+``reference_impl.course.grading``.
 
 The summary gives each lab's progress, ``lab2: 12/22 passed``, or ``lab3: not started (0/17)``
 for a lab whose every failure stopped at an exercise's ``NotImplementedError``: those
-failures are counted in the last line ("17 not started"), their tracebacks left out.
+failures are counted in the last line ("17 not started"), their tracebacks left out. Where the
+run includes hidden checks (``tests/labs/hidden/``, marked ``hidden``: the grader's, never in
+the handout), the line says how many of them passed.
 """
 import collections
 import json
@@ -57,6 +60,7 @@ from reference_impl.comm.rank_failures import LaunchTimeout
 # unless the run sets its own limit.
 DEFAULT_TEST_TIMEOUT = 300
 ALONE = "alone"  # the marker of tests that compare wall-clock times
+HIDDEN = "hidden"  # the marker of the graded checks under tests/labs/hidden/, not handed out
 DEFAULT_AFTER_HANG = 5.0  # seconds a launch may take once the submission has hung
 DEFAULT_OUTPUT_LIMIT = 8_000  # bytes of each rank's output kept, per launch
 DEFAULT_SUBMISSION_BUDGET = 900.0  # seconds a graded run of one submission may take
@@ -113,6 +117,9 @@ def pytest_configure(config):
                                            f"({lab.topic})")
     config.addinivalue_line("markers", "slow: runs nested in a test (pytest, notebooks, decks, "
                                        "documented commands); the fast loop is -m 'not slow'")
+    config.addinivalue_line("markers", f"{HIDDEN}: a graded check that stays with the grader "
+                                       "(tests/labs/hidden/, not in the handout), shown to "
+                                       "students after the due date")
     config.addinivalue_line("markers", f"{ALONE}: compares wall-clock times, so it needs the "
                                        f"cores to itself: skipped in a pytest-xdist worker (-n); "
                                        f"run it with -m {ALONE}")
@@ -169,6 +176,7 @@ class GradedRun:
         self.log = open(log, "a", buffering=1) if log else None
         self.findings = []
         self.lab_of_test = {}  # nodeid -> its lab marker, once collected
+        self.hidden_tests = set()  # the nodeids of the graded tests marked hidden
         if self.implementation.folder is not None:
             for name, labs in syllabus.labs_of_files().items():
                 for finding in reference_imports(self.implementation.folder, [name]):
@@ -319,9 +327,14 @@ def pytest_ignore_collect(collection_path, config):
 
 def pytest_collection_modifyitems(items):
     """A notebook's cells (nbval re-executes the solved notebooks) are slow. A test that times
-    things is skipped where other tests share its cores (a pytest-xdist worker), and says so."""
+    things is skipped where other tests share its cores (a pytest-xdist worker), and says so.
+    The checks in a ``hidden`` folder are marked hidden and run after the others, as the batch
+    grader runs them (one that hangs shortens no public check's time limit)."""
     in_worker = "PYTEST_XDIST_WORKER" in os.environ
+    items.sort(key=lambda item: HIDDEN in item.path.parent.parts[-1:])  # stable: order kept
     for item in items:
+        if HIDDEN in item.path.parent.parts[-1:]:
+            item.add_marker(HIDDEN)
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.slow)
         if in_worker and item.get_closest_marker(ALONE):
@@ -334,8 +347,14 @@ def pytest_collection_finish(session):
     grading.lab_of_test = {item.nodeid: lab for item in session.items
                            for lab in [next((m.name for m in item.iter_markers()
                                              if _LAB_MARKER.match(m.name)), None)] if lab}
-    grading.write(event="collected", tests=[{"nodeid": nodeid, "lab": lab}
-                                            for nodeid, lab in grading.lab_of_test.items()])
+    graded = [item for item in session.items if item.nodeid in grading.lab_of_test]
+    grading.hidden_tests = {item.nodeid for item in graded if item.get_closest_marker(HIDDEN)}
+    # Each test's name in results: its file's name and its name in the file (a file outside
+    # the rootdir has a node id without its path).
+    grading.write(event="collected", tests=[
+        {"nodeid": item.nodeid, "name": f"{item.path.name}::{item.nodeid.split('::', 1)[-1]}",
+         "lab": grading.lab_of_test[item.nodeid], "hidden": item.nodeid in grading.hidden_tests}
+        for item in graded])
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if grading.lab_of_test and reporter is not None:  # said before the first graded test
         reporter.write_line(grading.decide_sandbox())
@@ -372,10 +391,20 @@ def _write_report(report, lab, phase):
         return
     output = "".join(text for _, text in getattr(report, "sections", [])
                      if isinstance(text, str))
-    _config.grading.write(event="report", nodeid=report.nodeid, lab=lab, phase=phase,
-                          outcome=report.outcome, duration=getattr(report, "duration", 0.0),
-                          message=_capped(report.longreprtext if report.failed else ""),
-                          output=_capped(output) if report.failed else "")
+    grading = _config.grading
+    grading.write(event="report", nodeid=report.nodeid, lab=lab, phase=phase,
+                  hidden=_in_hidden_tier(report.nodeid, grading), outcome=report.outcome,
+                  duration=getattr(report, "duration", 0.0),
+                  message=_capped(report.longreprtext if report.failed else ""),
+                  output=_capped(output) if report.failed else "")
+
+
+def _in_hidden_tier(nodeid: str, grading) -> bool:
+    """A test marked ``hidden``, or a module in a ``hidden`` folder that could not be
+    collected (it has no tests to carry the marker)."""
+    if "::" in nodeid:
+        return nodeid in grading.hidden_tests
+    return Path(nodeid).parent.name == HIDDEN
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -479,8 +508,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         missing = sum(name == lab for name in not_run.values())
         progress = (f"not started (0/{len(results)})" if lab in folded else
                     f"{sum(results)}/{len(results)} passed")
-        terminalreporter.write_line(f"{lab}: {progress}"
-                                    + (f" ({missing} not run)" if missing else ""))
+        hidden = [ok for nodeid, (name, ok) in outcomes.items()
+                  if name == lab and _in_hidden_tier(nodeid, config.grading)]
+        terminalreporter.write_line(
+            f"{lab}: {progress}" + (f" ({missing} not run)" if missing else "")
+            + (f" (hidden checks among them: {sum(hidden)}/{len(hidden)} passed)"
+               if hidden and lab not in folded else ""))
     if config.grading.interrupted:
         terminalreporter.write_line(f"interrupted: {config.grading.interrupted}")
     for (lab, other), count in sorted(_stopped_in_other_labs(terminalreporter.stats).items()):

@@ -28,8 +28,8 @@ class Lab:
 
 
 LABS: tuple[Lab, ...] = (
-    Lab(0, "collectives", ("collectives", "alpha_beta"), 75, 4, "lab0_collectives"),
-    Lab(1, "rank groups", ("groups", "process_groups"), 60, 8, "lab1_rank_groups"),
+    Lab(0, "collectives", ("collectives", "alpha_beta"), 90, 4, "lab0_collectives"),
+    Lab(1, "rank groups", ("groups", "process_groups"), 75, 8, "lab1_rank_groups"),
     Lab(2, "tensor-parallel layers", ("tp_collectives", "tp_layers", "sagemaker_linear"), 120, 4,
         "lab2_tp_layers"),
     Lab(3, "tensor-parallel attention", ("tp_attention", "vocab_parallel"), 120, 4,
@@ -37,11 +37,12 @@ LABS: tuple[Lab, ...] = (
     Lab(4, "pipeline parallelism", ("pipeline_schedules", "pipeline_executor"), 120, 4,
         "lab4_pipeline"),
     Lab(5, "hybrid and 3D", ("data_parallel", "ddp_hooks", "zero"), 150, 4, "lab5_hybrid"),
-    Lab(6, "profiling and scaling", ("trace_analysis",), 75, 2, "lab6_profiling"),
+    Lab(6, "profiling and scaling", ("trace_analysis",), 90, 2, "lab6_profiling"),
     Lab(7, "the production slice", ("capacity",), 90, 0, "lab7_production"),
     Lab(8, "context parallelism", ("online_softmax", "ring_attention", "load_balance"), 120, 4,
         "lab8_context_parallel"),
-    Lab(9, "expert parallelism", ("router", "expert_groups", "expert_parallel"), 120, 4,
+    Lab(9, "expert parallelism", ("router", "expert_groups", "token_exchange",
+        "expert_parallel"), 120, 4,
         "lab9_expert_parallel"),
 )
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from reference_impl.comm.process_groups import new_groups
+
 KINDS = ("DP", "EP", "EDP")
 
 
@@ -55,8 +57,8 @@ def expert_parallel_groups(dp_groups: Sequence[Sequence[int]], ep: int) -> Group
     groups, in the order :func:`create_expert_groups` creates them. A DP group's ranks are
     taken in increasing order; its EP groups are runs of ep of them."""
     groups: dict[str, list[tuple[int, ...]]] = {kind: [] for kind in KINDS}
-    for members in dp_groups:
-        members = tuple(sorted(members))  # a torch group numbers its members in rank order
+    # a torch group numbers its members in rank order
+    for members in (tuple(sorted(group)) for group in dp_groups):
         check_expert_parallel(len(members), ep)
         groups["DP"].append(members)
         # BEGIN SOLUTION lab9: add this DP group's EP groups (dp / ep of them, each ep consecutive members: together they hold every expert once) and its EDP groups (ep of them, each the members holding the same experts, one from each EP group), as tuples of global ranks in increasing order
@@ -81,19 +83,14 @@ class ExpertGroups:
 def create_expert_groups(ep: int, dp_groups: Sequence[Sequence[int]] | None = None) -> ExpertGroups:
     """The torch groups of :func:`expert_parallel_groups`; this rank's. ``dp_groups``: every
     data-parallel group of the world (default: one, the world). Collective: every rank creates
-    every group (``dist.new_group``), in the same order, members of it or not."""
+    every group, in the same order, members of it or not (lab 1's ``new_groups``)."""
     world = dist.get_world_size()
     dp_groups = [tuple(range(world))] if dp_groups is None else [tuple(g) for g in dp_groups]
     if sorted(rank for group in dp_groups for rank in group) != list(range(world)):
         raise ValueError(f"the data-parallel groups {dp_groups} must hold each of the {world} "
                          "ranks exactly once")
-    rank, mine = dist.get_rank(), {}
-    for kind, groups in expert_parallel_groups(dp_groups, ep).items():
-        for members in groups:
-            whole = len(members) == world
-            group = dist.group.WORLD if whole else dist.new_group(list(members))
-            if rank in members:
-                mine[kind] = (group, members)
+    mine = new_groups(expert_parallel_groups(dp_groups, ep))
     ep_members = mine["EP"][1]
     return ExpertGroups(dp=mine["DP"][0], ep=mine["EP"][0], edp=mine["EDP"][0],
-                        dp_size=len(mine["DP"][1]), ep_size=ep, ep_rank=ep_members.index(rank))
+                        dp_size=len(mine["DP"][1]), ep_size=ep,
+                        ep_rank=ep_members.index(dist.get_rank()))

@@ -9,12 +9,11 @@ both sides once the counts have been exchanged (``expert_parallel.py``). gloo ru
 CPU with uneven splits (checked in torch 2.13: ``tests/library/moe/test_expert_parallel.py``),
 NCCL on the GPU.
 
-The backward of an all-to-all is the reverse all-to-all (the same exchange with the send and
-receive sizes swapped): the gradient of each received row goes back to the rank it came from.
-That is :class:`_AllToAll`, a small ``torch.autograd.Function``. (torch also has autograd-aware
-all-to-alls, ``torch.distributed.nn.functional.all_to_all_single``, deprecated in torch 2.13
-for the private ``torch.distributed._functional_collectives``; the small class here says
-exactly what runs.)
+Its backward is the lab's exercise :class:`_AllToAll` (a small ``torch.autograd.Function``): the
+notebook's section "The all-to-all's backward" derives it from the forward seen as one
+permutation of the rows of the whole group. (torch also has autograd-aware all-to-alls,
+``torch.distributed.nn.functional.all_to_all_single``, deprecated in torch 2.13 for the private
+``torch.distributed._functional_collectives``; the small class here says exactly what runs.)
 """
 from __future__ import annotations
 
@@ -46,10 +45,14 @@ class AllToAllCall:
 
 def _exchange(rows: torch.Tensor, send_splits: list[int], recv_splits: list[int], group,
               name: str, log: list | None) -> torch.Tensor:
+    """One ``dist.all_to_all_single`` of whole rows with uneven splits (the semantics of the
+    module docstring), recorded in ``log`` as ``name``."""
+    # BEGIN SOLUTION lab9: the rows this rank receives: send_splits[d] consecutive rows of rows to rank d of the group, recv_splits[s] rows from rank s into a new tensor, in rank order (a row keeps its trailing shape and dtype; the collective reads a contiguous tensor)
     rows = rows.contiguous()
     received = rows.new_empty((sum(recv_splits), *rows.shape[1:]))
     dist.all_to_all_single(received, rows, output_split_sizes=recv_splits,
                            input_split_sizes=send_splits, group=group)
+    # END SOLUTION
     if log is not None:
         row_bytes = math.prod(rows.shape[1:]) * rows.element_size()
         log.append(AllToAllCall(name, tuple(send_splits), tuple(recv_splits),
@@ -58,25 +61,33 @@ def _exchange(rows: torch.Tensor, send_splits: list[int], recv_splits: list[int]
 
 
 class _AllToAll(torch.autograd.Function):
+    """The exchange of :func:`_exchange` with its backward; the arguments after ``rows`` are
+    not differentiable. Both directions are logged, as ``"<name> forward"`` and
+    ``"<name> backward"``."""
+
     @staticmethod
     def forward(ctx, rows, send_splits, recv_splits, group, name, log):
-        ctx.send_splits, ctx.recv_splits, ctx.group = send_splits, recv_splits, group
-        ctx.name, ctx.log = name, log
+        # BEGIN SOLUTION lab9: exchange the rows (logged as "<name> forward") and keep on ctx what the backward needs (it gets no other arguments)
+        ctx.send_splits, ctx.recv_splits = send_splits, recv_splits
+        ctx.group, ctx.name, ctx.log = group, name, log
         return _exchange(rows, send_splits, recv_splits, group, f"{name} forward", log)
+        # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
-        # The reverse exchange: what was received goes back, what was sent comes home.
+        # BEGIN SOLUTION lab9: the gradient of the rows this rank sent, from the gradient of the rows it received (logged as "<name> backward"): one gradient per argument of forward. The notebook's section "The all-to-all's backward" derives which exchange that is
+        # What was received goes back to where it came from; what was sent comes home.
         grad_rows = _exchange(grad, ctx.recv_splits, ctx.send_splits, ctx.group,
                               f"{ctx.name} backward", ctx.log)
         return grad_rows, None, None, None, None, None
+        # END SOLUTION
 
 
 def all_to_all_rows(rows: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
                     group=None, name: str = "all-to-all", log: list | None = None) -> torch.Tensor:
     """Send ``send_splits[d]`` consecutive rows of ``rows`` to rank d of ``group``; return the
-    ``recv_splits[s]`` rows from each rank s, in rank order. Differentiable (the backward is
-    the reverse exchange). Each call, forward and backward, is appended to ``log`` as an
+    ``recv_splits[s]`` rows from each rank s, in rank order. Differentiable
+    (:class:`_AllToAll`). Each call, forward and backward, is appended to ``log`` as an
     :class:`AllToAllCall`. Collective over the group."""
     return _AllToAll.apply(rows, [int(n) for n in send_splits], [int(n) for n in recv_splits],
                            group, name, log)

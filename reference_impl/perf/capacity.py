@@ -17,7 +17,15 @@ function is one term of that math, written from the paper that states it; the pl
 * microbatches in flight on the first stage under 1F1B, and interleaved 1F1B's extra factor
   (Korthikanti et al. 2022, section 4.2.3); the pipeline bubble (Narayanan et al. 2021);
 * the TP all-reduces of one layer: 2 in the forward and 2 in the backward (Shoeybi et al.
-  2019, "Megatron-LM"), and their time on a ring (lab 0's alpha-beta cost).
+  2019, "Megatron-LM"), and their time on a ring (lab 0's alpha-beta cost);
+* a step from its parts, as the planner adds them (``time_estimate.py``): the slowest stage
+  (its layers' compute and exposed TP collectives, the LM head on the last stage), the 1F1B
+  pipeline's m + (p-1)/v slots of it (the bubble is the excess), and what the data-parallel
+  gradient reduction (and, with a sharded optimizer, the parameter gather) leaves exposed
+  beyond the backward (forward) it overlaps.
+
+The planner's memory estimate takes its microbatches in flight from
+:func:`in_flight_microbatches` here.
 """
 from __future__ import annotations
 
@@ -26,6 +34,7 @@ import math
 from reference_impl.comm.alpha_beta import ring_all_reduce_seconds
 
 TP_ALL_REDUCES_PER_LAYER = 4  # Megatron's TP layer: after attention and the MLP, forward and backward
+BACKWARD_SHARE = 2 / 3  # of a stage's time per microbatch: the backward (twice the forward's flops)
 
 
 def llama_parameters(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int,
@@ -36,7 +45,7 @@ def llama_parameters(layers: int, hidden: int, heads: int, kv_heads: int, ffn: i
     an output layer of the same size."""
     if hidden % heads:
         raise ValueError(f"hidden {hidden} is not divisible by heads {heads}")
-    # BEGIN SOLUTION lab7: per layer, attention = Q and output (h x h each) + K and V (h x kv_heads * head size each); MLP = (3 if gated else 2) matrices of h x ffn; then the embedding, counted twice unless tied
+    # BEGIN SOLUTION lab7: every weight matrix of one layer with its two dimensions (grouped-query attention narrows two of them; a gated MLP has one matrix more), times the layers, plus what sits outside the layers (notebook section 1)
     head_size = hidden // heads
     attention = 2 * hidden * hidden + 2 * hidden * kv_heads * head_size
     mlp = (3 if gated else 2) * hidden * ffn
@@ -50,7 +59,7 @@ def first_stage_parameters(layer_params: float, layers: int, vocab: int, hidden:
     """Parameters one GPU of the first pipeline stage holds: its stage's layers (``layers`` /
     ``pp``, rounded up) of ``layer_params`` each, and the vocabulary-parallel embedding, all
     split over the ``tp`` GPUs of its TP group."""
-    # BEGIN SOLUTION lab7: ceil(layers / pp) layers, each split tp ways, plus the embedding (vocab x hidden) split tp ways
+    # BEGIN SOLUTION lab7: the first stage's layers (an uneven split gives the first stages the extra) and the embedding, every matrix split over the TP group (notebook Exercise 2)
     return (math.ceil(layers / pp) * layer_params + vocab * hidden) / tp
     # END SOLUTION
 
@@ -67,7 +76,7 @@ def model_state_bytes_per_parameter(stage: int, shards: int, accounting: str = "
                          f"{stages}")
     if shards < 1:
         raise ValueError(f"shards must be at least 1, got {shards}")
-    # BEGIN SOLUTION lab7: the weight, gradient and optimizer bytes of the accounting; the kinds the stage shards count / shards, the others whole
+    # BEGIN SOLUTION lab7: the accounting's bytes of weight, gradient and optimizer state; the ZeRO stage says which of them are divided over the shards, the others stay whole (notebook section 2's table)
     weight, gradient, optimizer = (2, 4, 12) if accounting == "megatron" else (2, 2, 12)
     sharded = (0, optimizer, gradient + optimizer, weight + gradient + optimizer)[stage]
     return weight + gradient + optimizer - sharded + sharded / shards
@@ -83,7 +92,7 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1,
     (softmax and dropout outputs, 2 bytes each, and a 1-byte mask: 4 without dropout); with
     ``flash`` attention no scores are kept but one fp32 log-sum-exp per row and head, 4 asb/t
     bytes."""
-    # BEGIN SOLUTION lab7: the sbh part: 10 + 24/t (of which the 2 mask bytes are replicated), all of it / t with SP; drop the 2 mask bytes without dropout; add the scores (2 + 2 + mask) a s^2 b / t, or flash's 4 a s b / t
+    # BEGIN SOLUTION lab7: Korthikanti et al.'s Table 2 (notebook section 2): of the sbh part, what TP shards and what every rank keeps whole (SP shards that too), without the 1-byte masks when there is no dropout; the scores, or flash's fp32 log-sum-exp per row and head
     mask = 1 if dropout else 0
     replicated = (8 + 2 * mask) * s * b * h
     if sequence_parallel:
@@ -98,7 +107,7 @@ def in_flight_microbatches(pp: int, microbatches: int, v: int = 1) -> float:
     """Microbatches whose activations the first stage holds at once: 1F1B keeps at most ``pp``
     (and never more than there are), interleaved 1F1B with ``v`` chunks per rank a factor
     1 + (pp - 1) / (pp v) more."""
-    # BEGIN SOLUTION lab7: min(pp, microbatches), times 1 + (pp-1)/(pp v) when interleaved (v > 1)
+    # BEGIN SOLUTION lab7: what bounds the microbatches 1F1B's first stage has started but not finished, and the interleaved factor of Korthikanti et al. 2022, section 4.2.3 (notebook Exercise 3)
     held = min(pp, microbatches)
     return held * (1 + (pp - 1) / (pp * v)) if v > 1 else held
     # END SOLUTION
@@ -107,7 +116,7 @@ def in_flight_microbatches(pp: int, microbatches: int, v: int = 1) -> float:
 def bubble_fraction(pp: int, microbatches: int, v: int = 1) -> float:
     """The idle share of a 1F1B pipeline's step, (p-1)/(m+p-1); interleaved with ``v`` chunks
     per rank, (p-1)/(vm+p-1) (Narayanan et al. 2021)."""
-    # BEGIN SOLUTION lab7: p - 1 idle slots of a makespan of v m + p - 1 slots
+    # BEGIN SOLUTION lab7: idle slots over the makespan, in slots (lab 4; notebook Exercise 5)
     return (pp - 1) / (v * microbatches + pp - 1)
     # END SOLUTION
 
@@ -115,7 +124,7 @@ def bubble_fraction(pp: int, microbatches: int, v: int = 1) -> float:
 def tp_all_reduce_bytes_per_layer(b: int, s: int, h: int, bytes_per_element: int = 2) -> int:
     """Bytes all-reduced over a TP group by one layer, forward and backward, for one
     microbatch: 4 all-reduces of the b x s x h activation (or its gradient)."""
-    # BEGIN SOLUTION lab7: 4 all-reduces of a b x s x h tensor of bytes_per_element each
+    # BEGIN SOLUTION lab7: the all-reduces a Megatron layer runs, forward and backward (labs 2 and 3), each of the activation's bytes (notebook Exercise 4)
     return TP_ALL_REDUCES_PER_LAYER * b * s * h * bytes_per_element
     # END SOLUTION
 
@@ -124,7 +133,84 @@ def tp_seconds_per_layer(b: int, s: int, h: int, tp: int, alpha: float, bandwidt
                          bytes_per_element: int = 2) -> float:
     """Time of one layer's TP all-reduces (one microbatch) on a ring of ``tp`` GPUs with
     latency ``alpha`` seconds and ``bandwidth`` bytes/s: lab 0's alpha-beta cost, each."""
-    # BEGIN SOLUTION lab7: 4 ring all-reduces, each of b s h bytes_per_element bytes over tp GPUs
+    # BEGIN SOLUTION lab7: each of those all-reduces on lab 0's ring (notebook Exercise 4)
     one = ring_all_reduce_seconds(b * s * h * bytes_per_element, tp, alpha, bandwidth)
     return TP_ALL_REDUCES_PER_LAYER * one
+    # END SOLUTION
+
+
+def stage_seconds(layers: int, pp: int, layer_s: float, tp_s: float, head_s: float = 0.0) -> float:
+    """One microbatch through the slowest of ``pp`` pipeline stages, forward and backward: its
+    share of the ``layers``, each computing ``layer_s`` and waiting ``tp_s`` for its exposed TP
+    collectives, and the LM head (``head_s``) that the last stage also runs. Layers that do not
+    split evenly over the stages are refused: the slowest stage then depends on how they are
+    balanced (the planner searches that: ``time_estimate.slowest_stage``)."""
+    if layers < 1 or pp < 1:
+        raise ValueError(f"a pipeline needs layers >= 1 and pp >= 1, got {layers} layers, pp {pp}")
+    # BEGIN SOLUTION lab7: an uneven split is a ValueError naming the layers, pp and the remainder; otherwise the slowest stage's work per microbatch (notebook Exercise 5)
+    if layers % pp:
+        raise ValueError(f"{layers} layers do not split evenly over {pp} pipeline stages "
+                         f"({layers} % {pp} = {layers % pp}): balance them first "
+                         "(the planner's slowest_stage)")
+    return layers // pp * (layer_s + tp_s) + head_s
+    # END SOLUTION
+
+
+def pipeline_seconds(stage_s: float, pp: int, microbatches: int, v: int = 1) -> float:
+    """A 1F1B pipeline's time for ``microbatches`` microbatches through stages of ``stage_s``
+    each (forward and backward); interleaved 1F1B with ``v`` model chunks per rank (Narayanan
+    et al. 2021). Its bubble is the excess over ``microbatches`` x ``stage_s``. Megatron-LM's
+    interleaved schedule runs the microbatches in groups of ``pp``: other counts are refused,
+    and so is interleaving without a pipeline (pp = 1)."""
+    if pp < 1 or microbatches < 1 or v < 1:
+        raise ValueError(f"a pipeline needs pp, microbatches and v >= 1, got pp {pp}, "
+                         f"microbatches {microbatches}, v {v}")
+    # BEGIN SOLUTION lab7: interleaving without a pipeline, or with the microbatches not in groups of pp, is a ValueError naming the numbers; otherwise the makespan in stage slots that bubble_fraction's denominator counts (notebook Exercise 5)
+    if v > 1 and pp == 1:
+        raise ValueError(f"interleaving (v = {v}) needs a pipeline: pp = 1 has no stages to "
+                         "interleave")
+    if v > 1 and microbatches % pp:
+        raise ValueError(f"interleaved 1F1B runs microbatches in groups of pp = {pp}: "
+                         f"{microbatches} microbatches leave {microbatches % pp} over")
+    return stage_s * (microbatches + (pp - 1) / v)
+    # END SOLUTION
+
+
+def dp_exposed_seconds(gradient_bytes: float, parameter_bytes: float, dp: int, alpha: float,
+                       bandwidth: float, stage_s: float, sharded: bool) -> float:
+    """What a step waits for of its data-parallel collectives over ``dp`` ranks on one ring
+    (lab 0's cost; latency ``alpha`` s, ``bandwidth`` bytes/s), sent as one bucket each. The
+    gradients (``gradient_bytes``) are all-reduced, or reduce-scattered when the optimizer
+    is ``sharded`` (ZeRO-1, Megatron-LM's distributed optimizer), overlapped with the last
+    microbatch's backward (2/3 of ``stage_s``); a sharded optimizer then all-gathers the
+    updated parameters (``parameter_bytes``), overlapped with the next step's first forward
+    (1/3 of ``stage_s``). Exposed: what outlasts the compute it overlaps, never below 0.
+    A reduce-scatter or an all-gather is half an all-reduce."""
+    # BEGIN SOLUTION lab7: each collective's alpha-beta time (lab 0's ring; a reduce-scatter or an all-gather is half an all-reduce) less the compute it overlaps, each clipped at 0 on its own (notebook Exercise 6)
+    share = 0.5 if sharded else 1.0  # a reduce-scatter is half an all-reduce
+    reduce = share * ring_all_reduce_seconds(gradient_bytes, dp, alpha, bandwidth)
+    gather = 0.5 * ring_all_reduce_seconds(parameter_bytes, dp, alpha, bandwidth) if sharded else 0.0
+    return (max(0.0, reduce - BACKWARD_SHARE * stage_s)
+            + max(0.0, gather - (1 - BACKWARD_SHARE) * stage_s))
+    # END SOLUTION
+
+
+STEP_TERMS = ("layers", "TP", "LM head", "bubble", "DP")
+
+
+def step_breakdown(layers: int, pp: int, microbatches: int, layer_s: float, tp_s: float,
+                   head_s: float, dp_s: float, v: int = 1) -> dict[str, float]:
+    """Seconds per step by cause, as the planner's ``TimeEstimate.breakdown`` counts them
+    (without recomputation, CP, EP, the framework's time, the sends and the optimizer):
+    ``STEP_TERMS`` and ``"step"``, their sum. The slowest stage's layers, their exposed TP
+    collectives and the LM head, each once per microbatch; the bubble, what the pipeline
+    (:func:`pipeline_seconds`) takes beyond those; the exposed DP time ``dp_s``."""
+    # BEGIN SOLUTION lab7: the per-microbatch costs of the slowest stage times m, the bubble as the pipeline's excess over m stages, the step as the sum (notebook Exercise 6)
+    stage = stage_seconds(layers, pp, layer_s, tp_s, head_s)
+    pipeline = pipeline_seconds(stage, pp, microbatches, v)
+    per_stage, m = layers // pp, microbatches
+    terms = {"layers": m * per_stage * layer_s, "TP": m * per_stage * tp_s,
+             "LM head": m * head_s, "bubble": pipeline - m * stage, "DP": dp_s}
+    terms["step"] = sum(terms.values())
+    return terms
     # END SOLUTION

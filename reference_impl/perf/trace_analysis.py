@@ -21,13 +21,26 @@ Overlap" and "Temporal Breakdown"), per rank:
 A step is as slow as its slowest rank. Scaling efficiency compares N ranks with one: strong
 scaling (the same problem) T1 / (N * TN), weak scaling (the problem grown N times) T1 / TN;
 the course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism", lab step 3.
+
+**Per-rank clocks.** Ranks on different nodes trace on different clocks, so their traces
+cannot be laid side by side as they are. A blocking collective gives a shared instant: none
+of its ranks can leave it before the last one has joined, and they all leave together (within
+the last transfer's latency), so the k-th ``all_reduce`` ends at the same moment on every
+rank. :func:`clock_offsets` reads each rank's offset from those ends, :func:`aligned_timeline`
+merges the ranks on the lowest rank's clock, and :func:`arrival_waits` reads, at each
+collective, how long each rank sat in it waiting for the last to arrive: the rank that waits
+least is the straggler the others wait for (:func:`straggler`).
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 from reference_impl.perf.intervals import Intervals, difference, overlap, union, union_length
+from reference_impl.perf.traces import event_interval, range_events
 from reference_impl.perf.traces import ranges_by_rank  # {rank: {thread: {"compute", "comm"}}}
+
+ANCHOR = "all_reduce"  # the collective whose ends line the clocks up: a blocking one
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,7 @@ def rank_time(rank: int, threads: dict[int, dict[str, Intervals]]) -> RankTime:
     """One rank's time, from its ranges by thread (:func:`ranges_by_rank`), as the module
     docstring defines it. Interval helpers: ``union`` (sorted, disjoint), ``union_length``,
     ``overlap`` (length of the intersection of two unions), :func:`difference`."""
-    # BEGIN SOLUTION lab6: compute = each thread's compute ranges less the communication on that same thread (a blocking call is waiting), joined over threads; communication = every thread's comm ranges joined; overlapped = their intersection; exposed = comm - overlapped; idle = the span (first start to last end) in neither
+    # BEGIN SOLUTION lab6: the module docstring's quantities, each a set of time before it is a number: communication = overlapped + exposed, compute + communication - overlapped + idle = span, and a thread inside a collective nested in its own module range is not computing (notebook section 3)
     comm = union([interval for ranges in threads.values() for interval in ranges["comm"]])
     compute = union([interval for ranges in threads.values()
                       for interval in difference(union(ranges["compute"]),
@@ -67,7 +80,7 @@ def breakdown(trace) -> list[RankTime]:
 
 def step_seconds(ranks: list[RankTime], steps: int) -> float:
     """Seconds per step of a trace of ``steps`` steps, from its ranks' :class:`RankTime`."""
-    # BEGIN SOLUTION lab6: a step is as slow as its slowest rank: the longest span, per step
+    # BEGIN SOLUTION lab6: the pace of a run is set by one of its ranks (notebook section 5)
     return max(rank.span_s for rank in ranks) / steps
     # END SOLUTION
 
@@ -78,6 +91,81 @@ def scaling_efficiency(t1: float, tn: float, n: int, weak: bool = False) -> floa
     if n < 1 or t1 <= 0 or tn <= 0:
         raise ValueError(f"scaling efficiency needs n >= 1 and positive times, got n = {n}, "
                          f"T1 = {t1}, TN = {tn}")
-    # BEGIN SOLUTION lab6: strong scaling: ideal TN is T1 / N, so T1 / (N TN); weak: ideal TN is T1, so T1 / TN
+    # BEGIN SOLUTION lab6: efficiency is the ideal time over the measured one; what is ideal differs between strong and weak scaling (notebook section 5)
     return t1 / tn if weak else t1 / (n * tn)
+    # END SOLUTION
+
+
+# ------------------------------------------------------------------------ per-rank clocks
+
+def anchor_intervals(trace, anchor: str = ANCHOR) -> dict[int, Intervals]:
+    """{process: its ranges named exactly ``anchor``, as (start, end) in seconds, in the
+    order the trace lists them} of a trace (a path, dict or list of events)."""
+    found: dict[int, Intervals] = {}
+    for event in range_events(trace):
+        if event["name"] == anchor:
+            found.setdefault(event.get("pid", 0), []).append(event_interval(event))
+    return found
+
+
+def clock_offsets(traces: dict, anchor: str = ANCHOR) -> dict[int, float]:
+    """{rank: seconds to add to its timestamps to put them on the lowest rank's clock}, from
+    ``traces`` = {rank: that rank's own trace (path, dict or events)}, given in any order.
+    The k-th ``anchor`` collective ends at the same instant on every rank (module docstring),
+    so each rank's offset is the median over k of the lowest rank's k-th end less its own (the
+    median: one late or early end does not move it). A rank without the anchor, or with
+    another number of them than the lowest rank, is refused (ValueError naming both)."""
+    if not traces:
+        raise ValueError("clock_offsets needs at least one rank's trace, got none")
+    # BEGIN SOLUTION lab6: after the shift every rank's k-th anchor ends where the lowest rank's does, up to noise, and one bad end must not move it (notebook section 6); a rank that cannot be paired is a ValueError naming it, the anchor and the counts
+    ends = {rank: sorted(end for intervals in anchor_intervals(trace, anchor).values()
+                         for _, end in intervals) for rank, trace in traces.items()}
+    first = min(ends)
+    for rank, found in ends.items():
+        if not found or len(found) != len(ends[first]):
+            raise ValueError(f"rank {rank} has {len(found)} {anchor!r} ranges, rank {first} "
+                             f"has {len(ends[first])}: the clocks line up on the same "
+                             "collectives, every rank's k-th one")
+    return {rank: statistics.median(a - b for a, b in zip(ends[first], ends[rank]))
+            for rank in sorted(ends)}
+    # END SOLUTION
+
+
+def aligned_timeline(traces: dict, anchor: str = ANCHOR) -> dict:
+    """One trace of ``traces`` ({rank: its own trace}): every rank's range events moved to
+    process ``rank`` and shifted onto the lowest rank's clock (:func:`clock_offsets`; ``ts``
+    in microseconds), sorted by start time."""
+    # BEGIN SOLUTION lab6: one trace: every rank's range events in its own process, on the lowest rank's clock (ts is in microseconds), in time order
+    offsets = clock_offsets(traces, anchor)
+    events = [dict(event, pid=rank, ts=float(event["ts"]) + offset * 1e6)
+              for rank, offset in offsets.items() for event in range_events(traces[rank])]
+    return {"traceEvents": sorted(events, key=lambda event: (event["ts"], event["pid"]))}
+    # END SOLUTION
+
+
+def arrival_waits(timeline, anchor: str = ANCHOR) -> dict[int, float]:
+    """{rank: seconds it spent in the ``anchor`` collectives waiting for the last rank to
+    join} of one aligned timeline: at the k-th collective, the latest start over the ranks
+    less this rank's start, summed over k. Ranks with different numbers of them are refused
+    (ValueError naming the counts); a timeline without the anchor gives {}."""
+    # BEGIN SOLUTION lab6: a rank's wait at a collective runs from its own arrival to the last rank's (notebook section 6), summed per rank; unequal counts are a ValueError naming them
+    starts = {rank: sorted(start for start, _ in intervals)
+              for rank, intervals in anchor_intervals(timeline, anchor).items()}
+    counts = {rank: len(found) for rank, found in sorted(starts.items())}
+    if len(set(counts.values())) > 1:
+        raise ValueError(f"{anchor!r} ranges per rank {counts}: every rank joins every "
+                         "collective, so they must be equal")
+    latest = [max(round_) for round_ in zip(*starts.values())]
+    return {rank: sum(last - start for last, start in zip(latest, found))
+            for rank, found in sorted(starts.items())}
+    # END SOLUTION
+
+
+def straggler(waits: dict[int, float]) -> int:
+    """The rank the others wait for, from :func:`arrival_waits`: the one that waits least
+    (the lowest such rank on a tie)."""
+    if not waits:
+        raise ValueError("straggler needs the waits of at least one rank, got none")
+    # BEGIN SOLUTION lab6: the rank the others wait for (notebook section 6); a tie goes to the lowest rank
+    return min(sorted(waits), key=lambda rank: waits[rank])
     # END SOLUTION

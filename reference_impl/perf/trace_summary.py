@@ -4,15 +4,17 @@
 
 :func:`summarize` reads the ranges of :func:`reference_impl.perf.ranges.profiled` from a trace
 (:func:`reference_impl.perf.traces.ranges_by_rank`) and gives, per rank, the time in compute and
-in communication (of which in a ``wait()``), the calls and the communication's share. On a GPU
-it is the host's view; what that means, and the GPU's: ``docs/profiling.md``.
+in communication (lab 6's reading of them: :func:`reference_impl.perf.trace_analysis.rank_time`;
+of which in a ``wait()``), the calls and the communication's share. On a GPU it is the host's
+view; what that means, and the GPU's: ``docs/profiling.md``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from reference_impl.perf.intervals import difference, union, union_length
+from reference_impl.perf.intervals import union_length
 from reference_impl.perf.ranges import WAIT_SUFFIX, range_kind
+from reference_impl.perf.trace_analysis import rank_time  # lab 6: compute and communication
 from reference_impl.perf.traces import event_interval, load_trace, range_events, ranges_by_rank
 
 
@@ -63,11 +65,8 @@ def summarize(trace) -> SummaryTable:
             counter[event["name"]] = counter.get(event["name"], 0) + 1
     table = SummaryTable()
     for index, pid in enumerate(sorted(per_rank, key=lambda p: (not isinstance(p, int), p))):
-        threads = per_rank[pid].values()
-        comm = union([interval for ranges in threads for interval in ranges["comm"]])
-        comm_s = union_length(comm)
-        compute_s = union_length([interval for ranges in threads for interval in difference(
-            union(ranges["compute"]), union(ranges["comm"]))])
+        time = rank_time(pid, per_rank[pid])
+        compute_s, comm_s = time.compute_s, time.comm_s
         rank = pid if isinstance(pid, int) and len(per_rank) > 1 else index
         total = comm_s + compute_s
         wait_s = union_length(waits.get(pid, []))

@@ -309,7 +309,7 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
         planned = exchanges.get(step)
         if planned is None:
             return
-        # BEGIN SOLUTION lab4: the step's exchange: post its planned sends (each message carries the previous action's output, outgoing, to message.dst with message.tag) and receives (each into a fresh buffer of boundary_shape and boundary_dtype on this rank's device, kept in arrived under its message, from message.src) in one post_exchange over group. Before returning, wait for exactly what the next computation reads: the receive requests. Never wait for a send here (the receiver may still be computing): keep each send request with the tensor it reads in sending, waited for at the end of the step (the tensor must stay alive until its send completes)
+        # BEGIN SOLUTION lab4: the step's exchange: post its planned sends (each message carries the previous action's output, outgoing, to message.dst with message.tag) and receives (each into a fresh buffer of boundary_shape and boundary_dtype on this rank's device, kept in arrived under its message, from message.src) all posted together over group (post_exchange). Before returning, wait for exactly what the next computation reads: the receive requests. Never wait for a send here (the receiver may still be computing): keep each send request with the tensor it reads in sending, waited for at the end of the step (the tensor must stay alive until its send completes)
         sends = [(outgoing.contiguous(), message.dst, message.tag) for message in planned.sends]
         for message in planned.receives:
             arrived[message] = torch.empty(tuple(boundary_shape), dtype=boundary_dtype,

@@ -92,8 +92,8 @@ class ReplicatedHeads(nn.Module):
     def __init__(self, linear: nn.Linear, heads: range, head_dim: int, group=None):
         super().__init__()
         self.group, self.rows = group, slice(heads.start * head_dim, heads.stop * head_dim)
-        self.weight = nn.Parameter(linear.weight.detach().clone())
-        self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
+        whole = copy.deepcopy(linear)  # trained on its own, apart from the single-device layer
+        self.weight, self.bias = whole.weight, whole.bias
 
     def forward(self, x):
         weight = copy_to_tp(self.weight, self.group)[self.rows]
@@ -109,20 +109,21 @@ class ParallelGroupedQueryAttention(GroupedQueryAttention):
     def __init__(self, attention: GroupedQueryAttention, group=None,
                  sequence_parallel: bool = False):
         nn.Module.__init__(self)
-        tp, rank = dist.get_world_size(group), dist.get_rank(group)
+        tp = dist.get_world_size(group)
         layout = kv_head_layout(attention.heads, attention.kv_heads, tp)
         self.group, self.sequence_parallel = group, sequence_parallel
         self.rotary, self.attention = attention.rotary, attention.attention
-        self.heads = attention.heads // tp
+        head_dim = attention.q.out_features // attention.heads
         self.q = SharedInputColumnLinear(attention.q, group)
+        self.heads = self.q.weight.shape[0] // head_dim  # the query heads of this rank's shard
         if layout == "split":
             self.kv_heads = attention.kv_heads // tp
             self.k = SharedInputColumnLinear(attention.k, group)
             self.v = SharedInputColumnLinear(attention.v, group)
         else:
             sharing = tp // attention.kv_heads  # ranks per KV head
-            self.kv_heads, mine = 1, range(rank // sharing, rank // sharing + 1)
-            head_dim = attention.q.out_features // attention.heads
+            first = dist.get_rank(group) // sharing
+            self.kv_heads, mine = 1, range(first, first + 1)
             self.k = ReplicatedHeads(attention.k, mine, head_dim, group)
             self.v = ReplicatedHeads(attention.v, mine, head_dim, group)
         self.proj = (SequenceParallelRowLinear(attention.proj, group) if sequence_parallel
@@ -176,7 +177,7 @@ class ParallelLlamaBlock(Block):
 
     def __init__(self, block: Block, group=None, sequence_parallel: bool = False):
         nn.Module.__init__(self)
-        self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
+        self.ln1, self.ln2 = copy.deepcopy((block.ln1, block.ln2))  # whole, trained apart
         self.attn = parallel_attention(block.attn, group, sequence_parallel)
         self.mlp = parallel_mlp(block.mlp, group, sequence_parallel)
         if sequence_parallel:

@@ -68,7 +68,7 @@ class SequenceParallelRowLinear(RowParallelLinear):
 
     def forward(self, x):
         y = reduce_scatter_to_sp(F.linear(x, self.weight), SEQ_DIM, self.group)
-        return y + self.bias if self.bias is not None else y
+        return y if self.bias is None else y + self.bias
 
 
 class SequenceParallelBlock(ParallelBlock):

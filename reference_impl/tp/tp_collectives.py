@@ -71,7 +71,7 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        # BEGIN SOLUTION lab2: backward of copy_to_tp (f): x fed every rank's shard, so its gradient is the sum of every rank's part, and each rank holds only its own part; return one gradient per forward argument, the group's None. Sum on a copy (_all_reduce): autograd may still need the tensor it is given
+        # BEGIN SOLUTION lab2: backward of copy_to_tp (f): x fed every rank's shard, so its gradient is the sum of every rank's part, and each rank holds only its own part; return one gradient per forward argument, the group's None. The tensor handed in must come out as it was: autograd hands one gradient tensor to every input of an add (the notebook's part 2)
         return _all_reduce(grad, ctx.group), None
         # END SOLUTION
 

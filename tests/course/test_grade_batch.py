@@ -1,9 +1,13 @@
 """Batch grading (``python -m reference_impl.course.grade``) on a class of submissions that
 includes every kind of misbehaviour: each is contained within its limits, reported against
 its submission with a clear reason, leaves nothing running, and the others are graded
-normally (correct > realistic mistake > stubs).
+normally (correct > realistic mistake > stubs). The hidden tier is graded with the public one,
+shown on Gradescope after the due date and counted apart.
 
-One batch run (lab 0, three of its tests, short limits) serves every test here."""
+Both batch runs here grade lab 0 on graded checks of their own (``support.batch_checks``), so
+that they do not change as lab 0's tests do: one run of the whole class on two public checks,
+with short limits, serves the tests of misbehaviour; one of a single submission with a hidden
+tier, the tests of the two tiers."""
 import csv
 import json
 import shutil
@@ -15,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from support.batch_checks import GRADE, PUBLIC_CHECKS, tiers
 from support.leftovers import sleepers
 from support import nested
 from reference_impl.course import make_labs
@@ -23,7 +28,6 @@ from support import REPO
 
 pytestmark = pytest.mark.slow
 
-SELECTED = "subgroup or 2-5e-05"  # a test on 4 ranks, then one in a helper process
 LAUNCH_TIMEOUT, AFTER_HANG, BUDGET = 4.0, 1.0, 40.0
 SLEEP_MARK = "1000.25"  # `sleep 1000.25`: what the noisy submission leaves running, if anything
 
@@ -105,8 +109,8 @@ def graded(tmp_path_factory):
     marker = root / "evil_code_ran"
     submissions = build_class(root / "submissions", marker)
     out = root / "results"
-    command = [sys.executable, "-m", "reference_impl.course.grade", str(submissions),
-               "--labs", "0", "--out", str(out), "-k", SELECTED, "--jobs", "2",
+    command = [sys.executable, "-c", GRADE, *map(str, tiers(root / "checks", PUBLIC_CHECKS)),
+               str(submissions), "--labs", "0", "--out", str(out), "--jobs", "2",
                "--launch-timeout", str(LAUNCH_TIMEOUT), "--after-hang", str(AFTER_HANG),
                "--budget", str(BUDGET), "--test-timeout", "30"]
     started = time.monotonic()
@@ -202,3 +206,71 @@ def test_a_hang_costs_one_time_limit_and_is_reported_as_such(graded):
     assert f"did not finish within {LAUNCH_TIMEOUT:g} s" in first
     assert f"did not finish within {AFTER_HANG:g} s" in second and "already hung" in second
     assert result["score"] == 0
+
+
+# ------------------------------------------------------------ the two tiers: public and hidden
+
+HIDDEN_CHECKS = """import pytest
+
+pytestmark = pytest.mark.lab0
+
+
+def test_tier_check_on_another_seed():
+    pass
+
+
+def test_tier_check_on_another_layout():
+    assert False, "lab0: the sum differs on the strided layout"
+"""
+
+
+@pytest.fixture(scope="module")
+def graded_tiers(tmp_path_factory):
+    """A class of one graded on the public ring time (a helper process) and a hidden tier of two
+    checks, one passing and one failing; lab 0 is worth 6 points, 2 a test."""
+    root = tmp_path_factory.mktemp("tiers")
+    (root / "points.json").write_text(json.dumps({"labs": {"lab0": 6}}))
+    submission(root / "submissions" / "correct")
+    out = root / "results"
+    process = subprocess.run(
+        [sys.executable, "-c", GRADE, *map(str, tiers(root / "checks", PUBLIC_CHECKS,
+                                                      HIDDEN_CHECKS)),
+         str(root / "submissions"), "--labs", "0", "--out", str(out), "-k",
+         "ring_time or tier_check", "--points", str(root / "points.json"), "--test-timeout", "30"],
+        cwd=root, capture_output=True, text=True, timeout=nested.LIMIT)
+    assert process.returncode == 0, process.stdout + process.stderr
+    with open(out / "grades.csv") as handle:
+        row, = csv.DictReader(handle)
+    return dict(process=process, row=row, out=out,
+                result=json.loads((out / "correct" / "results.json").read_text()))
+
+
+def test_hidden_checks_are_run_by_the_grader_after_the_public_ones(graded_tiers):
+    names = [test["name"] for test in graded_tiers["result"]["tests"]]
+    assert len(names) == 3 and names[0].startswith("test_lab0_"), names
+    assert names[1:] == ["test_lab0_hidden.py::test_tier_check_on_another_seed",
+                         "test_lab0_hidden.py::test_tier_check_on_another_layout"], names
+    failed = graded_tiers["result"]["tests"][2]
+    assert failed["status"] == "failed" and "differs on the strided layout" in failed["output"]
+    assert "lab0 2/3 (4/6; hidden 1/2)" in graded_tiers["process"].stdout, graded_tiers["process"].stdout
+
+
+def test_hidden_checks_are_shown_on_gradescope_after_the_due_date(graded_tiers):
+    visibility = [test["visibility"] for test in graded_tiers["result"]["tests"]]
+    assert visibility == ["visible", "after_due_date", "after_due_date"], visibility
+    assert graded_tiers["result"]["score"] == 4
+
+
+def test_hidden_checks_are_counted_apart_in_the_sheet_junit_and_report(graded_tiers):
+    row = graded_tiers["row"]
+    points = {column: float(row[column]) for column in (
+        "score", "max_score", "public_score", "public_max", "hidden_score", "hidden_max")}
+    assert points == {"score": 4, "max_score": 6, "public_score": 2, "public_max": 2,
+                      "hidden_score": 2, "hidden_max": 4}, row
+    assert (row["passed"], row["total"], row["hidden_passed"], row["hidden_total"]) == (
+        "2", "3", "1", "2"), row
+    suite = ElementTree.parse(graded_tiers["out"] / "correct" / "junit.xml").getroot()
+    assert [case.get("classname") for case in suite] == [
+        "correct.lab0", "correct.lab0.hidden", "correct.lab0.hidden"]
+    report = (graded_tiers["out"] / "report.md").read_text()
+    assert "| 1 | `test_lab0_hidden.py::test_tier_check_on_another_layout` (hidden) |" in report

@@ -17,14 +17,21 @@ from pathlib import Path
 import pytest
 
 from reference_impl.course.sandboxing import probe
+from support.batch_checks import GRADE, PUBLIC_CHECKS, tiers
 from support.leftovers import sleepers
 from support import REPO, nested
 from support.graded_cases import copy_of
 
-pytestmark = [pytest.mark.slow,
+# The first test's set-up grades two classes, one after the other: more than one test's time.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
               pytest.mark.skipif(probe() is not None, reason=f"no sandbox here: {probe()}")]
 
-SELECTED = "subgroup or 2-5e-05"  # lab 0: the ring on 4 ranks, then alpha-beta in a helper
+# The class is graded on fixed checks of lab 0 (support.batch_checks: the ring on a subgroup of
+# 4 ranks, then the alpha-beta time in a helper); graded alone, the hostile submission is graded
+# on lab 0's own public checks: the ring on 3 ranks, then the alpha-beta fit in a helper (not
+# the hidden tier, tests/labs/hidden/, whose grading tests/course/test_grade_batch.py checks).
+RING, HELPER = "ring_all_reduce_on_3_ranks", "fit_alpha_beta"
+SELECTED = f"({RING} or {HELPER}) and not hidden"
 SLEEP_MARK = "1000.375"  # what the hostile submission leaves running, if anything survives
 ACCUMULATE = "chunks[receive_index] += received"
 KIT_CONFTEST = REPO / "tests" / "labs" / "conftest.py"
@@ -117,8 +124,9 @@ def make_class(root: Path, hostile: bool, results: Path) -> Path:
 
 
 def grade_class(root: Path, out: Path) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "reference_impl.course.grade", str(root), "--labs", "0",
-               "--out", str(out), "-k", SELECTED, "--jobs", "1", "--launch-timeout", "30",
+    checks = tiers(root.parent / f"{root.name}_checks", PUBLIC_CHECKS)
+    command = [sys.executable, "-c", GRADE, *map(str, checks), str(root), "--labs", "0",
+               "--out", str(out), "--jobs", "1", "--launch-timeout", "30",
                "--budget", "120", "--test-timeout", "60", "--memory-limit", "1.5"]
     return subprocess.run(command, cwd=root.parent, capture_output=True, text=True,
                           timeout=nested.LIMIT)

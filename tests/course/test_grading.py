@@ -17,6 +17,9 @@ from support import nested
 from support.graded_cases import assert_every_case_passes, cases_of, copy_of
 from support.handout_runs import student_command
 from reference_impl.course import make_labs, syllabus
+from reference_impl.course.grade import reports, running
+from reference_impl.course.grade.points import Points, score
+from reference_impl.course.grade.results import Graded, RunEnd, read_log, results_of
 
 from support import REPO
 LABS = syllabus.markers()  # every lab marker the kit's plugin registers
@@ -159,6 +162,97 @@ def test_the_summary_survives_a_module_that_cannot_be_imported(tmp_path):
     assert "lab3: 1/2 passed" in process.stdout, process.stdout
     assert "could not be collected, counted as failed" in process.stdout
     assert "test_lab3_broken.py" in process.stdout
+
+
+HIDDEN_MODULE = """import pytest
+
+pytestmark = pytest.mark.lab3
+
+
+def test_on_another_seed():
+    pass
+
+
+def test_on_another_layout():
+    assert False, "lab3: wrong on the strided layout"
+"""
+
+
+@pytest.mark.slow
+def test_hidden_checks_are_logged_as_such_and_counted_in_the_summary(tmp_path):
+    """Checks in a ``hidden`` folder (the kit's is tests/labs/hidden/) are marked hidden and
+    run after the others: the grading log says so for each, a module there that cannot be
+    imported included, and the per-lab summary counts them among the lab's tests and apart."""
+    tests = tmp_path / "graded"
+    (tests / "hidden").mkdir(parents=True)
+    (tests / "test_lab3_working.py").write_text(WORKING_MODULE)
+    (tests / "hidden" / "test_lab3_hidden.py").write_text(HIDDEN_MODULE)
+    (tests / "hidden" / "test_lab3_broken.py").write_text(BROKEN_MODULE)
+    log = tmp_path / "log.jsonl"
+    process, _ = graded_run(f"pytest {tests} --grading-log {log}", tmp_path, cwd=tmp_path)
+    assert "lab3: 2/4 passed (hidden checks among them: 1/3 passed)" in process.stdout, \
+        process.stdout
+    started = [r["nodeid"].split("/")[-1] for r in read_log(log) if r["event"] == "start"]
+    assert started[0] == "test_lab3_working.py::test_one", started
+    graded = results_of("kit", ["lab3"], read_log(log), RunEnd(1, False, 0, 0, ""), 0.0)
+    assert {test.name: test.hidden for test in graded.tests} == {
+        "test_lab3_working.py::test_one": False,
+        "test_lab3_hidden.py::test_on_another_seed": True,
+        "test_lab3_hidden.py::test_on_another_layout": True,
+        "test_lab3_broken.py": True}
+
+
+def test_the_grader_runs_the_hidden_checks_after_the_public_ones(tmp_path, monkeypatch):
+    assert running.HIDDEN_TESTS == REPO / "tests" / "labs" / "hidden"
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    for name in ("test_lab0_hidden.py", "test_lab1_hidden.py"):
+        (hidden / name).write_text("")
+    monkeypatch.setattr(running, "HIDDEN_TESTS", hidden)
+    command = running.graded_run_command(tmp_path, ["lab0"], tmp_path / "log", tmp_path / "ini",
+                                         tmp_path, running.Limits())
+    files = [argument for argument in command if argument.endswith(".py")]
+    public = sorted(str(path) for path in (REPO / "tests" / "labs").glob("test_lab0_*.py"))
+    assert public and files == public + [str(hidden / "test_lab0_hidden.py")], files
+
+
+def a_hang_in_a_hidden_check() -> Graded:
+    """A graded run's log: a public check passed, a hidden one hung."""
+    public, secret = ("tests/labs/test_lab0_a.py::test_public",
+                      "tests/labs/hidden/test_lab0_hidden.py::test_secret_seed")
+    records = [{"event": "collected", "tests": [
+                   {"nodeid": public, "lab": "lab0", "hidden": False},
+                   {"nodeid": secret, "lab": "lab0", "hidden": True}]},
+               {"event": "report", "nodeid": public, "lab": "lab0", "phase": "call",
+                "outcome": "passed", "duration": 1.0},
+               {"event": "hang", "nodeid": secret, "world_size": 4},
+               {"event": "report", "nodeid": secret, "lab": "lab0", "phase": "call",
+                "hidden": True, "outcome": "failed", "duration": 4.0,
+                "message": "E   LaunchTimeout: did not finish within 4 s"},
+               {"event": "finished", "exitstatus": 1}]
+    graded = results_of("student", ["lab0"], records, RunEnd(1, False, 900, 30, ""), 5.0)
+    score(graded, Points())
+    return graded
+
+
+def test_gradescope_shows_a_hidden_check_after_the_due_date_and_never_names_it_before():
+    result = reports.gradescope(a_hang_in_a_hidden_check())
+    assert [(test["name"], test["visibility"]) for test in result["tests"]] == [
+        ("test_lab0_a.py::test_public", "visible"),
+        ("test_lab0_hidden.py::test_secret_seed", "after_due_date")]
+    assert "did not finish within 4 s" in result["tests"][1]["output"]
+    # The submission's output, shown at once, says where it hung without the check's name.
+    assert "a hidden check of lab0" in result["output"] and "secret" not in result["output"]
+
+
+def test_the_sheet_counts_public_and_hidden_points_apart():
+    row, = reports.sheet_rows(a_hang_in_a_hidden_check(), ["lab0"])
+    assert list(row) == reports.SHEET_COLUMNS
+    assert {column: row[column] for column in reports.SHEET_COLUMNS[2:6]} == {
+        "passed": 1, "total": 2, "score": 1, "max_score": 2}
+    assert {column: row[column] for column in reports.SHEET_COLUMNS[8:]} == {
+        "public_score": 1, "public_max": 1, "hidden_score": 0, "hidden_max": 1,
+        "hidden_passed": 0, "hidden_total": 1}
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 
 from support.handout_runs import build_handout, handout_python, in_handout
-from reference_impl.course import handout, make_labs
+from reference_impl.course import handout, make_labs, syllabus
 from support import REPO
 
 pytestmark = pytest.mark.slow
@@ -73,6 +73,21 @@ def probe():
 
 print(library_s is mine, launch(probe, 1)[0])
 """
+
+
+def test_the_hidden_checks_stay_with_the_grader():
+    """tests/labs/hidden/ (the batch grader's hidden tier) is in no handout, all labs released
+    or none; the public graded tests are."""
+    last = max(lab.number for lab in syllabus.LABS) + 1
+    for first_withheld in (0, last):
+        assert handout.left_out("tests/labs/hidden/test_lab0_hidden.py", first_withheld)
+        assert handout.left_out("tests/labs/hidden/conftest.py", first_withheld)
+        assert not handout.left_out("tests/labs/test_lab0_collectives.py", first_withheld)
+
+
+def test_the_handout_has_the_public_graded_tests_only(start_of_term):
+    assert (start_of_term / "tests" / "labs" / "test_lab0_collectives.py").is_file()
+    assert not (start_of_term / "tests" / "labs" / "hidden").exists()
 
 
 def test_in_the_handout_a_notebook_and_its_ranks_use_the_student_s_file(start_of_term, python):

@@ -51,6 +51,7 @@ from reference_impl.checks import assert_close, assert_close_naming
 from reference_impl.comm.comm_contract import check_contract, expected
 from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.device import current_device
+from reference_impl.course.snapshots import snapshot
 from reference_impl.course.sweeps import group_layouts, group_of, label
 from reference_impl.equivalence import (likely_cause, parallel_pairs, parameters_of,
                                         reference_step, source_pairs)
@@ -261,12 +262,12 @@ def test_reduce_from_tp_is_all_reduce_forward_identity_backward(impl, run_on_ran
 
 # ----------------------------------------------------------------- 2. shard alone
 
-def shards_of_numbered_rows(impl):
+def shards_of_numbered_rows(impl, shard_layouts):
     """shard() of a tensor whose entry is its own row number, for several layouts; and the
     shard again after the full tensor was changed (a view would change with it)."""
     shard = impl.module("tp_layers").shard
     results = {}
-    for rows, dim, tp, blocks in SHARD_LAYOUTS:
+    for rows, dim, tp, blocks in shard_layouts:
         full = torch.arange(rows, dtype=torch.float32).repeat(5, 1)  # (5, rows): dim 1
         if dim == 0:
             full = full.T.contiguous()  # (rows, 5)
@@ -280,14 +281,19 @@ SHARD_LAYOUTS = [(12, 0, 2, 3), (12, 1, 2, 3), (24, 0, 4, 3), (8, 0, 4, 1), (12,
 
 
 def rows_of(rank, rows, blocks, tp):
-    """The row numbers rank ``rank`` of ``tp`` holds: piece ``rank`` of every block."""
-    block, piece = rows // blocks, rows // blocks // tp
-    return [b * block + rank * piece + i for b in range(blocks) for i in range(piece)]
+    """The entries rank ``rank`` of ``tp`` holds of a dimension of ``rows`` entries made of
+    ``blocks`` blocks (lab 2's snapshot)."""
+    return snapshot("lab2", "positions")[f"{rows}/{blocks}/{tp}"][rank]
 
 
 def test_shard_keeps_piece_r_of_every_block(impl, run_alone):
-    results = run_alone(shards_of_numbered_rows, impl)
-    for rows, dim, tp, blocks in SHARD_LAYOUTS:
+    check_shard(run_alone, impl, SHARD_LAYOUTS)
+
+
+def check_shard(run_alone, impl, shard_layouts):
+    """shard() of numbered tensors, (rows, dim, tp, blocks) each of ``shard_layouts``."""
+    results = run_alone(shards_of_numbered_rows, impl, shard_layouts)
+    for rows, dim, tp, blocks in shard_layouts:
         *shards, moved = results[f"{(dim, tp, blocks)}"]
         for rank, local in enumerate(shards):
             kept = torch.tensor(rows_of(rank, rows, blocks, tp), dtype=torch.float32)
@@ -377,19 +383,23 @@ def layer_mistakes(config, linear, x, reference, tp_rank):
 
 
 def gathered_state(module, group, grads=False) -> dict[str, torch.Tensor]:
-    """Every parameter (or gradient) of ``module`` at full size, gathered here (not by the
-    submission's unshard): a shard marked ``tp_dim`` holds piece r of each of its ``tp_blocks``
-    blocks, so the gathered parts are put back block by block."""
-    state = {}
+    """Every parameter (or gradient) of ``module`` at full size, put together here (not by the
+    submission's unshard): every rank's shard, marked with its dimension and blocks, is written
+    at the entries lab 2's snapshot says that rank holds."""
+    state, tp = {}, dist.get_world_size(group)
     for name, parameter in module.named_parameters():
         local = (parameter.grad if grads else parameter.detach()).contiguous()
-        dim = getattr(parameter, "tp_dim", None)
-        if dim is not None:
-            parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        split, blocks = getattr(parameter, "tp_dim", None), getattr(parameter, "tp_blocks", 1)
+        if split is not None:
+            parts = [torch.empty_like(local) for _ in range(tp)]
             dist.all_gather(parts, local, group=group)
-            blocks = getattr(parameter, "tp_blocks", 1)
-            pieces = [part.chunk(blocks, dim) for part in parts]
-            local = torch.cat([piece[b] for b in range(blocks) for piece in pieces], dim)
+            count = local.shape[split] * tp
+            whole = torch.empty(local.shape[:split] + (count,) + local.shape[split + 1:],
+                                dtype=local.dtype, device=local.device)
+            for r, part in enumerate(parts):
+                entries = torch.tensor(rows_of(r, count, blocks, tp), device=local.device)
+                whole.index_copy_(split, entries, part)
+            local = whole
         state[name] = local.detach().cpu()
     return state
 
@@ -526,6 +536,10 @@ def check_layer(rank, config, seed, found):
 
 
 def test_layers_honour_their_group_on_every_layout(impl, run_on_ranks, sweep_seed):
+    check_layers_on_every_layout(run_on_ranks, impl, sweep_seed)
+
+
+def check_layers_on_every_layout(run_on_ranks, impl, sweep_seed):
     results = run_on_ranks(layers_alone, WORLD, impl, sweep_seed, timeout=TIMEOUT)
     for rank, found in enumerate(results):
         output, bias = found["bias only"]
@@ -677,6 +691,10 @@ def check_composition(rank, config, seed, found, in_place):
 
 
 def test_compositions_with_shared_gradients_match_single_device(impl, run_on_ranks, sweep_seed):
+    check_compositions(run_on_ranks, impl, sweep_seed)
+
+
+def check_compositions(run_on_ranks, impl, sweep_seed):
     results = run_on_ranks(compositions, WORLD, impl, sweep_seed, timeout=TIMEOUT)
     for config in composition_cases(sweep_seed):
         for rank, found in enumerate(results):

@@ -1,10 +1,15 @@
 """Lab 2, graded: a rank's shard as a parameter (``sharded_parameter``) and its inverse
-(``unshard``), on two TP groups of two at once, [0, 1] and [2, 3], in a world of four.
+(``unshard``), on every group of a layout at once in a world of four.
+
+What is swept (``reference_impl.course.sweeps``; ``--sweep-seed N`` draws another permuted
+layout): TP groups of 2, consecutive ([0, 1] [2, 3]), strided ([0, 2] [1, 3]) and permuted, and
+the world (one group of 4); fused tensors of 1, 2 and 3 blocks split along either dimension;
+fp32 and bf16 (a shard keeps its tensor's dtype).
 
 The tensors are numbered: entry i along the split dimension holds i, so the right answer is a
-list of row numbers and a wrong one shows where its rows came from. Every expected value is
-computed here, from the numbers, not by the submission; unshard is given shards and marks made
-by this file, so that it is graded on its own.
+list of entry numbers and a wrong one shows where its entries came from. The entries each rank
+holds are read from lab 2's snapshot; unshard is given shards and marks made by this file, so
+that it is graded on its own, before sharded_parameter.
 """
 import pytest
 import torch
@@ -13,19 +18,25 @@ from torch import nn
 
 from reference_impl.checks import assert_close, assert_close_naming
 from reference_impl.comm.device import current_device
+from reference_impl.course.snapshots import snapshot
+from reference_impl.course.sweeps import group_layouts, group_of, label
 
 pytestmark = pytest.mark.lab2
 
-PAIRS = [[0, 1], [2, 3]]
-TP = 2
-LAYOUTS = [(12, 0, 3), (6, 1, 1), (8, 0, 2)]  # rows along dim, dim, blocks; 6 is not 4's multiple
+WORLD = 4
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# (entries along dim, dim, blocks, dtype); every count divides by blocks * tp for tp 2 and 4
+SIZES = [(12, 0, 3, "fp32"), (8, 1, 1, "bf16"), (16, 0, 2, "fp32"), (24, 1, 3, "bf16")]
 MOVED = 1000.0  # added to the full tensor after sharding: a view of it would move too
 
-WORLD_RANK = ("the piece was chosen by the rank in the world, not in the group: ranks 2 and 3 "
-              "are ranks 0 and 1 of their group [2, 3] and hold what ranks 0 and 1 hold "
-              "(dist.get_rank(group))")
-WORLD_SIZE = ("the shard has fewer rows than tp = 2 gives: tp was taken as the world's size (4), "
-              "not the group's (dist.get_world_size(group))")
+WORLD_RANK = ("the piece was chosen by the rank in the world, not in the group: a rank's piece is "
+              "its position in its group, which differs from its world rank outside [0, tp) and "
+              "in every non-consecutive layout (dist.get_rank(group))")
+WORLD_MODULO = ("the piece was chosen by the world rank modulo tp: that is a rank's position in its "
+                "group only when groups are consecutive ranks; in a strided or permuted layout it "
+                "is not (the position in the group comes from the group)")
+WORLD_SIZE = ("the shard has fewer entries than tp gives: tp was taken as the world's size, not "
+              "the group's")
 NO_BLOCKS = ("the blocks were not passed on: the fused tensor was cut into tp contiguous pieces, "
              "not each of its blocks on its own")
 A_VIEW = ("the parameter shares memory with the full tensor (it moved when the full tensor was "
@@ -33,22 +44,27 @@ A_VIEW = ("the parameter shares memory with the full tensor (it moved when the f
 RANK_MAJOR = ("the gathered parts were joined rank by rank: each rank's part holds its piece of "
               "every block, so the blocks were not put back in order (block by block, each block "
               "every rank's piece)")
-OVER_THE_WORLD = ("the parts were gathered over the world (4 ranks), not over the group of two it "
-                  "was given")
+OVER_THE_WORLD = ("the parts were gathered over the world, not over the group it was given")
 REPLICATED_GATHERED = ("a parameter without tp_dim was gathered: it is whole on every rank "
                        "already and must come back as it is")
 
 
-def numbered(rows, dim):
+def cases(tp: int, seed: int, sizes=SIZES) -> list[dict]:
+    """Every layout of groups of ``tp`` on WORLD ranks, with every size."""
+    return [{"tp": tp, "layout": name, "entries": count, "dim": dim, "blocks": blocks,
+             "dtype": dtype}
+            for name in group_layouts(WORLD, tp, seed) for count, dim, blocks, dtype in sizes]
+
+
+def numbered(count, dim, dtype="fp32"):
     """Entry i along ``dim`` holds i (5 entries across)."""
-    full = torch.arange(rows, dtype=torch.float32).repeat(5, 1)  # (5, rows)
+    full = torch.arange(count, dtype=DTYPES[dtype]).repeat(5, 1)  # (5, count)
     return full if dim == 1 else full.T.contiguous()
 
 
-def rows_of(rank, rows, blocks, tp):
-    """The row numbers rank ``rank`` of ``tp`` holds: piece ``rank`` of every block."""
-    block, piece = rows // blocks, rows // blocks // tp
-    return [b * block + rank * piece + i for b in range(blocks) for i in range(piece)]
+def rows_of(position, count, blocks, tp):
+    """The entries the rank at ``position`` of its group of ``tp`` holds (lab 2's snapshot)."""
+    return snapshot("lab2", "positions")[f"{count}/{blocks}/{tp}"][position]
 
 
 def rows(full, dim, numbers):
@@ -69,48 +85,65 @@ def described(parameter, full):
             "tp_blocks": getattr(parameter, "tp_blocks", None)}
 
 
-def shards_and_full_tensors(impl):
+def shards_and_full_tensors(impl, tp, seed, sizes=SIZES):
+    """{case label: {"unshard": full or error, "sharded_parameter": description or error}},
+    and {"replicated": unshard of a parameter without marks}."""
     rank, device = dist.get_rank(), current_device()
-    group = [dist.new_group(ranks) for ranks in PAIRS][rank // 2]
-    fulls, marked = [], []
-    for count, dim, blocks in LAYOUTS:  # before the submission: its inputs
-        full = numbered(count, dim).to(device)
-        local = nn.Parameter(rows(full, dim, rows_of(rank % TP, count, blocks, TP)))
-        local.tp_dim, local.tp_blocks = dim, blocks
-        fulls.append(full)
-        marked.append(local)
-    replicated = nn.Parameter(torch.arange(5.0, device=device))
-
     layers = impl.module("tp_layers")
-    found = {"unshard": [attempt(lambda p=p: layers.unshard(p.detach(), p, group).cpu())
-                         for p in marked + [replicated]]}
-    found["sharded_parameter"] = [
-        attempt(lambda: described(layers.sharded_parameter(full, dim, group, blocks), full))
-        for full, (_, dim, blocks) in zip(fulls, LAYOUTS)]
+    found, mine = {}, {}
+    for name, groups in group_layouts(WORLD, tp, seed).items():  # every rank, the same order
+        handles = [dist.new_group(ranks) for ranks in groups]
+        mine[name] = (handles[groups.index(group_of(rank, groups))], group_of(rank, groups))
+    for config in cases(tp, seed, sizes):
+        group, ranks = mine[config["layout"]]
+        count, dim, blocks = config["entries"], config["dim"], config["blocks"]
+        full = numbered(count, dim, config["dtype"]).to(device)
+        local = nn.Parameter(rows(full, dim, rows_of(ranks.index(rank), count, blocks, tp)))
+        local.tp_dim, local.tp_blocks = dim, blocks
+        found[label(config, seed)] = {
+            "unshard": attempt(lambda: layers.unshard(local.detach(), local, group).cpu()),
+            "sharded_parameter": attempt(lambda: described(
+                layers.sharded_parameter(full, dim, group, blocks), full))}
+    replicated = nn.Parameter(torch.arange(5.0, device=device))
+    group = next(iter(mine.values()))[0]
+    found["replicated"] = attempt(lambda: layers.unshard(replicated.detach(), replicated,
+                                                         group).cpu())
     return found
 
 
-def check_sharded_parameter(results):
-    for index, (count, dim, blocks) in enumerate(LAYOUTS):
-        what = f"sharded_parameter(rows={count}, dim={dim}, blocks={blocks}) over [0, 1] and [2, 3]"
-        expected = [rows(numbered(count, dim), dim, rows_of(r % TP, count, blocks, TP))
-                    for r in range(4)]
-        made = [found["sharded_parameter"][index] for found in results]
-        wrong = [r for r in range(4) if isinstance(made[r], str)
+def check_sharded_parameter(results, tp, seed, sizes=SIZES):
+    for config in cases(tp, seed, sizes):
+        groups = group_layouts(WORLD, tp, seed)[config["layout"]]
+        count, dim, blocks = config["entries"], config["dim"], config["blocks"]
+        what = f"sharded_parameter(dim={dim}, blocks={blocks}) over {groups} [{label(config, seed)}]"
+        full = numbered(count, dim, config["dtype"])
+        position = [group_of(r, groups).index(r) for r in range(WORLD)]
+        expected = [rows(full, dim, rows_of(position[r], count, blocks, tp)) for r in range(WORLD)]
+        made = [found[label(config, seed)]["sharded_parameter"] for found in results]
+        wrong = [r for r in range(WORLD) if isinstance(made[r], str)
                  or not torch.equal(made[r]["value"], expected[r])]
-        if wrong == [2, 3]:
-            shown = made[2] if isinstance(made[2], str) else made[2]["value"].tolist()
-            raise AssertionError(f"{what}: ranks 0 and 1 are right, ranks 2 and 3 are not "
-                                 f"(rank 2: {shown}). Likely cause: {WORLD_RANK}")
-        for rank in range(4):
+        moved_off = [r for r in range(WORLD) if position[r] != r]
+        if wrong and wrong == moved_off:
+            shown = made[wrong[0]] if isinstance(made[wrong[0]], str) else "other entries"
+            raise AssertionError(f"{what}: exactly the ranks whose position in their group is not "
+                                 f"their world rank are wrong ({wrong}; rank {wrong[0]}: {shown}). "
+                                 f"Likely cause: {WORLD_RANK}")
+        for rank in range(WORLD):
             if isinstance(made[rank], str):
                 raise AssertionError(f"{what} raised on rank {rank}: {made[rank]}")
             value = made[rank]["value"]
             fewer = value.dim() == 2 and value.shape[dim] < expected[rank].shape[dim]
+            assert value.dtype == expected[rank].dtype, (
+                f"{what} on rank {rank}: the shard is {value.dtype}, the full tensor "
+                f"{expected[rank].dtype}: a shard keeps its tensor's dtype")
             assert_close_naming(value, expected[rank], what, rank=rank, atol=0,
-                                against="piece r of every block, r the rank in the group",
-                                mistakes={A_VIEW: expected[rank] + MOVED, NO_BLOCKS: rows(
-                                    numbered(count, dim), dim, rows_of(rank % TP, count, 1, TP))},
+                                against="piece r of every block, r the position in the group",
+                                mistakes={A_VIEW: expected[rank] + MOVED,
+                                          WORLD_MODULO: rows(full, dim, rows_of(
+                                              rank % tp, count, blocks, tp)),
+                                          **({NO_BLOCKS: rows(full, dim, rows_of(
+                                              position[rank], count, 1, tp))} if blocks > 1
+                                             else {})},
                                 otherwise=WORLD_SIZE if fewer else
                                 "rank r of the group keeps piece r of every block")
             marks = (made[rank]["parameter"], made[rank]["leaf"], made[rank]["tp_dim"],
@@ -121,22 +154,24 @@ def check_sharded_parameter(results):
                 "own, marked with the dimension and the blocks that unshard reads")
 
 
-def check_unshard(results):
-    for index, (count, dim, blocks) in enumerate(LAYOUTS):
-        what = f"unshard(rows={count}, dim={dim}, blocks={blocks}) over [0, 1] and [2, 3]"
-        full = numbered(count, dim)
-        joined = torch.cat([rows(full, dim, rows_of(r, count, blocks, TP)) for r in range(TP)], dim)
+def check_unshard(results, tp, seed, sizes=SIZES):
+    for config in cases(tp, seed, sizes):
+        groups = group_layouts(WORLD, tp, seed)[config["layout"]]
+        count, dim, blocks = config["entries"], config["dim"], config["blocks"]
+        what = f"unshard(dim={dim}, blocks={blocks}) over {groups} [{label(config, seed)}]"
+        full = numbered(count, dim, config["dtype"])
+        joined = torch.cat([rows(full, dim, rows_of(r, count, blocks, tp)) for r in range(tp)], dim)
         for rank, found in enumerate(results):
-            value = found["unshard"][index]
+            value = found[label(config, seed)]["unshard"]
             if isinstance(value, str):
                 raise AssertionError(f"{what} raised on rank {rank}: {value}")
-            doubled = value.dim() == 2 and value.shape[dim] == 2 * count
+            longer = value.dim() == 2 and value.shape[dim] > count
             assert_close_naming(value, full, what, rank=rank, atol=0, against="the full tensor",
                                 mistakes={RANK_MAJOR: joined} if blocks > 1 else {},
-                                otherwise=OVER_THE_WORLD if doubled else
+                                otherwise=OVER_THE_WORLD if longer else
                                 "the full tensor lists block by block, each block every rank's piece")
     for rank, found in enumerate(results):
-        value = found["unshard"][-1]
+        value = found["replicated"]
         if isinstance(value, str):
             raise AssertionError(f"unshard of a replicated parameter raised on rank {rank}: {value}")
         assert_close(value, torch.arange(5.0), "unshard of a replicated parameter (no tp_dim)",
@@ -144,7 +179,12 @@ def check_unshard(results):
                      likely_cause=REPLICATED_GATHERED if value.numel() > 5 else "")
 
 
-def test_sharded_parameter_and_unshard_on_two_groups_at_once(impl, run_on_ranks):
-    results = run_on_ranks(shards_and_full_tensors, 4, impl)
-    check_unshard(results)
-    check_sharded_parameter(results)
+def check_on_every_layout(impl, run_on_ranks, tp, seed, sizes=SIZES):
+    results = run_on_ranks(shards_and_full_tensors, WORLD, impl, tp, seed, sizes)
+    check_unshard(results, tp, seed, sizes)
+    check_sharded_parameter(results, tp, seed, sizes)
+
+
+@pytest.mark.parametrize("tp", [2, 4], ids=["tp2-layouts", "tp4-world"])
+def test_sharded_parameter_and_unshard_on_every_layout(impl, run_on_ranks, sweep_seed, tp):
+    check_on_every_layout(impl, run_on_ranks, tp, sweep_seed)

@@ -1,5 +1,9 @@
 """Lab 3, graded: Megatron tensor-parallel attention and the TP transformer block against the
-single-device ones, on tp = 1, 2, 4 and several shapes; and their communication.
+single-device ones, on tp = 1, 2, 4, then on every layout of TP groups in a world of 4
+(``reference_impl.course.sweeps``: consecutive, strided, permuted, the world; ``--sweep-seed N``
+draws another) in fp32 and bf16 (autocast; atol = rtol = 5e-2), two SGD steps in a row; their
+communication against the contract (kind, the group's ranks, bytes); heads that do not divide
+refused.
 
 The expected values come from a copy of the single-device module made before the submission is
 loaded; the module the submission builds from is checked after its step too, so a parallel
@@ -11,26 +15,31 @@ Tolerance: fp32, atol 1e-5 on outputs, input gradients, every parameter gradient
 weight after an SGD step (observed: at most a few 1e-6); the course notes "Week 15 - Tensor
 Parallelism and Pipeline Parallelism" ask for 1e-3 at most.
 """
+import copy
 import math
+import zlib
 
 import pytest
 import torch
 
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.equivalence import (assert_equivalent, parallel_pairs, parameters_of,
-                                        reference_step, source_pairs)
+from reference_impl.equivalence import (assert_equivalent, one_step, parallel_pairs,
+                                        parameters_of, reference_step, source_pairs)
 from reference_impl.comm.device import current_device
 from reference_impl.model import (Block, CausalSelfAttention, ModelConfig, attention_core,
                                   merge_heads, split_heads)
 
 from reference_impl.checks import assert_close_naming
+from reference_impl.comm.comm_contract import check_contract, expected
+from reference_impl.course.snapshots import snapshot
+from reference_impl.course.sweeps import group_layouts, group_of, label
+from reference_impl.precision import autocast
 
 pytestmark = pytest.mark.lab3
 
 ATOL = 1e-5
 SHAPES = [  # (hidden, heads, seq, batch)
     (16, 4, 8, 2),
-    (32, 8, 5, 3),
 ]
 
 
@@ -79,6 +88,11 @@ def attention_pairs(impl, hidden, heads, seq, batch):
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "h{}-heads{}-seq{}-b{}".format(*s))
 def test_tp_attention_matches_single_device(impl, run_on_ranks, world_size, shape):
+    check_attention(run_on_ranks, impl, world_size, shape)
+
+
+def check_attention(run_on_ranks, impl, world_size, shape):
+    """The attention on the world of ``world_size`` ranks against the single-device one."""
     results = run_on_ranks(attention_pairs, world_size, impl, *shape)
     assert_equivalent([pairs for pairs, _, _ in results], atol=ATOL, mistakes=results[0][1])
     assert results[0][2], FORWARD_INHERITED
@@ -97,6 +111,11 @@ def block_pairs(impl, hidden, heads, seq, batch):
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "h{}-heads{}-seq{}-b{}".format(*s))
 def test_tp_block_matches_single_device(impl, run_on_ranks, world_size, shape):
+    check_block(run_on_ranks, impl, world_size, shape)
+
+
+def check_block(run_on_ranks, impl, world_size, shape):
+    """The block on the world of ``world_size`` ranks against the single-device one."""
     assert_equivalent(run_on_ranks(block_pairs, world_size, impl, *shape), atol=ATOL)
 
 
@@ -140,6 +159,12 @@ PROJECTION_BIAS_BEFORE_THE_REDUCE = (
 PAIRS = [[0, 1], [2, 3]]  # two TP groups of 2 at once, in a world of 4
 
 
+def qkv_rows(hidden, tp, tp_rank):
+    """The rows of the fused [q; k; v] weight (3 blocks of ``hidden``) that TP rank ``tp_rank``
+    of ``tp`` holds: lab 2's snapshot of ``shard``."""
+    return snapshot("lab2", "positions")[f"{3 * hidden}/3/{tp}"][tp_rank]
+
+
 def attention_on_two_groups(impl, hidden, heads, seq, batch):
     """World of 4, two TP groups of 2 at once: this rank's heads and qkv rows, and the
     attention and the block against their single-device originals, over this rank's group."""
@@ -181,12 +206,12 @@ def test_each_rank_computes_its_heads_with_two_groups_at_once(impl, run_on_ranks
     results = run_on_ranks(attention_on_two_groups, 4, impl, hidden, heads, 8, 2)
     assert results[0]["own forward"], FORWARD_INHERITED
     for rank, checks in enumerate(results):
-        tp_rank, width = rank % 2, hidden // tp
+        tp_rank = rank % 2
         assert checks["heads"] == heads // tp, (
             f"rank {rank}: ParallelSelfAttention.heads is {checks['heads']}, this rank computes "
             f"heads/tp = {heads}/{tp} = {heads // tp} heads. Likely cause: {EVERY_HEAD}")
         local, full = checks["qkv"]
-        mine = [part * hidden + tp_rank * width + i for part in range(3) for i in range(width)]
+        mine = qkv_rows(hidden, tp, tp_rank)
         assert_close_naming(
             local, full[mine], "the local qkv.weight", rank=rank, atol=0,
             against="the q, k and v rows of this rank's heads",
@@ -204,3 +229,176 @@ def test_each_rank_computes_its_heads_with_two_groups_at_once(impl, run_on_ranks
                               mistakes=results[0]["mistakes"] if kind == "attention" else None)
         except AssertionError as failure:
             raise AssertionError(f"{kind}, TP groups [0, 1] and [2, 3] at once: {failure}") from None
+
+
+# ---------------------------------------------------------------- every layout, fp32 and bf16
+
+WORLD = 4
+TOLERANCES = {"fp32": dict(atol=1e-5, rtol=1e-5), "bf16": dict(atol=5e-2, rtol=5e-2)}
+ITEMSIZE = {"fp32": 4, "bf16": 2}
+STEPS = 2  # SGD steps in a row, every output, gradient and parameter read after each
+ATTENTION_CONTRACT = ("attention: forward one all-reduce of the output (after the row-parallel "
+                      "projection), backward one all-reduce of the input gradient (f before the "
+                      "QKV projection), over the TP group; nothing on a group of one")
+BLOCK_CONTRACT = ("block: forward two all-reduces of the output's size (attention and MLP), "
+                  "backward two all-reduces of the input gradient's size, over the TP group")
+HEADS_OVER_THE_WORLD = ("the heads were divided by the world's size, not the TP group's: tp is the "
+                        "size of the group the attention was given")
+REFUSED = "heads {heads} is not divisible by the tensor-parallel size tp = {tp}"
+
+
+def layout_cases(tp, seed, dtypes=("fp32", "bf16")):
+    return [{"tp": tp, "layout": name, "dtype": dtype}
+            for name in group_layouts(WORLD, tp, seed) for dtype in dtypes]
+
+
+def traced(module, x, precision):
+    """The collectives of one forward and one backward of ``module`` (CommCall data)."""
+    x = x.detach().clone().requires_grad_()
+    with CommTracer() as forward, autocast(precision, x.device):
+        y = module(x)
+    with CommTracer() as backward:
+        y.float().sum().backward()
+    return [[call.as_data() for call in trace.calls] for trace in (forward, backward)]
+
+
+def attention_on_layouts(impl, tp, seed, shape, dtypes=("fp32", "bf16")):
+    """Every layout of TP groups of ``tp`` on 4 ranks, every group at once with numbers of its
+    own, in each dtype: the attention's and the block's pairs, their collectives, this rank's
+    heads and qkv rows, and the refusal of heads that do not divide."""
+    hidden, heads, seq, batch = shape
+    device, rank = current_device(), torch.distributed.get_rank()
+    module = impl.module("tp_attention")
+    mine = {}
+    for name, groups in group_layouts(WORLD, tp, seed).items():  # every rank, the same order
+        handles = [torch.distributed.new_group(ranks) for ranks in groups]
+        mine[name] = handles[groups.index(group_of(rank, groups))], groups.index(group_of(rank, groups))
+    found = {}
+    for config in layout_cases(tp, seed, dtypes):
+        group, index = mine[config["layout"]]
+        torch.manual_seed(zlib.crc32(f"{label(config, seed)}/{index}".encode()) % 2**31)
+        attention = CausalSelfAttention(hidden, heads).to(device)
+        block = Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq)).to(device)
+        x = torch.randn(batch, seq, hidden).to(device)
+        precision = config["dtype"]
+
+        def case():
+            expected = {"attention": [stepped(single, x, None, precision, step)
+                                      for single in [copy.deepcopy(attention)]
+                                      for step in range(STEPS)],
+                        "block": [stepped(single, x, None, precision, step)
+                                  for single in [copy.deepcopy(block)] for step in range(STEPS)]}
+            before = {"attention": parameters_of(attention), "block": parameters_of(block)}
+            with torch.no_grad():
+                biased = {PROJECTION_BIAS_BEFORE_THE_REDUCE: expected["attention"][0]["output"]
+                          + (tp - 1) * attention.proj.bias.cpu()}
+            parallel = module.ParallelSelfAttention(copy.deepcopy(attention), group)
+            qkv = dict(parallel.named_parameters())["qkv.weight"].detach().cpu().clone()
+            calls = {"attention": traced(parallel, x, precision),
+                     "block": traced(module.ParallelBlock(copy.deepcopy(block), group), x,
+                                     precision)}
+            parallel = module.ParallelSelfAttention(attention, group)
+            return {"heads": parallel.heads, "qkv": (qkv, attention.qkv.weight.detach().cpu()),
+                    "attention": steps_pairs(parallel, x, expected["attention"], group, precision)
+                    + source_pairs(attention, before["attention"]),
+                    "block": steps_pairs(module.ParallelBlock(block, group), x, expected["block"],
+                                         group, precision)
+                    + source_pairs(block, before["block"]),
+                    "calls": calls, "ranks": torch.distributed.get_process_group_ranks(group),
+                    "mistakes": {"output": biased}, "tp rank": torch.distributed.get_rank(group)}
+        found[label(config, seed)] = attempt(case)
+    found["refused"] = None
+    if tp > 1:
+        try:
+            module.ParallelSelfAttention(CausalSelfAttention(2 * (tp + 1), tp + 1).to(device),
+                                         next(iter(mine.values()))[0])
+        except ValueError as error:
+            found["refused"] = str(error)
+    return found
+
+
+def stepped(module, x, group, precision, step):
+    """``one_step`` of ``module`` (upstream gradient seeded by ``step``), its values copied and
+    its gradients cleared, so that the next step starts from the updated parameters alone."""
+    found = one_step(module, x, group, precision=precision, seed=step)
+    for parameter in module.parameters():
+        parameter.grad = None
+    return {what: None if value is None else value.clone() for what, value in found.items()}
+
+
+def steps_pairs(parallel, x, expected, group, precision):
+    """(what, parallel, single-device) of every step of ``expected`` (the single-device one's
+    ``one_step`` results, step after step): step 1's under their names, later steps' named
+    with their step, so that a wrong update shows as the step it breaks."""
+    pairs = []
+    for step, wanted in enumerate(expected):
+        found = stepped(parallel, x, group, precision, step)
+        pairs += [(what if step == 0 else f"{what}, step {step + 1}", found[what], wanted[what])
+                  for what in wanted]
+    return pairs
+
+
+def attempt(call):
+    try:
+        return call()
+    except Exception as error:  # reported by the test, with the rank and the case
+        return f"{type(error).__name__}: {error}"
+
+
+def check_on_layouts(results, tp, seed, shape, dtypes=("fp32", "bf16")):
+    """Per case and rank: the heads, the qkv rows, the collectives (units), then the attention's
+    and the block's step against the single-device ones (compositions)."""
+    hidden, heads, seq, batch = shape
+    for config in layout_cases(tp, seed, dtypes):
+        where = f"[{label(config, seed)}]"
+        for rank, found in enumerate(results):
+            got = found[label(config, seed)]
+            assert not isinstance(got, str), f"TP attention {where} raised on rank {rank}: {got}"
+            cause = HEADS_OVER_THE_WORLD if got["heads"] == heads // WORLD else EVERY_HEAD
+            assert got["heads"] == heads // tp, (
+                f"ParallelSelfAttention {where} on rank {rank}: heads is {got['heads']}, this rank "
+                f"computes heads/tp = {heads}/{tp} = {heads // tp} heads. Likely cause: {cause}")
+            local, full = got["qkv"]
+            assert_close_naming(
+                local, full[qkv_rows(hidden, tp, got["tp rank"])], f"the local qkv.weight {where}",
+                rank=rank, atol=0, against="the q, k and v rows of this rank's heads",
+                otherwise="rank r of the group holds its heads' rows of each of q, k and v",
+                mistakes={CONTIGUOUS_QKV: full.chunk(tp)[got["tp rank"]], EVERY_HEAD: full}
+                if tp > 1 else {})
+            size = batch * seq * hidden
+            out, grad = size * ITEMSIZE[config["dtype"]], size * 4
+            wanted = {"attention": ([expected("all_reduce", got["ranks"], out)],
+                                    [expected("all_reduce", got["ranks"], grad)]),
+                      "block": ([expected("all_reduce", got["ranks"], out)] * 2,
+                                [expected("all_reduce", got["ranks"], grad)] * 2)}
+            for kind, formula in (("attention", ATTENTION_CONTRACT), ("block", BLOCK_CONTRACT)):
+                for phase, calls, operations in zip(("forward", "backward"), got["calls"][kind],
+                                                    wanted[kind]):
+                    check_contract(calls, operations if tp > 1 else [],
+                                   f"the TP {kind} {where}: the {phase}", rank=rank,
+                                   formula=formula)
+        for kind in ("attention", "block"):
+            try:
+                assert_equivalent([found[label(config, seed)][kind] for found in results],
+                                  **TOLERANCES[config["dtype"]],
+                                  mistakes=results[0][label(config, seed)]["mistakes"]
+                                  if kind == "attention" else None)
+            except AssertionError as failure:
+                raise AssertionError(f"the TP {kind} {where}: {failure}") from None
+    if tp > 1:
+        for rank, found in enumerate(results):
+            wanted = REFUSED.format(heads=tp + 1, tp=tp)
+            assert found["refused"] and wanted in found["refused"], (
+                f"rank {rank}: a ParallelSelfAttention whose heads do not divide by tp = {tp} "
+                f"gave {found['refused']!r}; it must refuse with a ValueError saying {wanted!r}")
+
+
+def check_attention_on_layouts(run_on_ranks, impl, tp, seed, shape, dtypes=("fp32", "bf16")):
+    results = run_on_ranks(attention_on_layouts, WORLD, impl, tp, seed, shape, dtypes,
+                           timeout=120)
+    check_on_layouts(results, tp, seed, shape, dtypes)
+
+
+@pytest.mark.parametrize("tp", [2, 4], ids=["tp2-layouts", "tp4-world"])
+def test_attention_and_block_on_every_layout(impl, run_on_ranks, sweep_seed, tp):
+    check_attention_on_layouts(run_on_ranks, impl, tp, sweep_seed, (16, 4, 5, 2))

@@ -1,6 +1,7 @@
 """Lab 3, graded: the vocabulary-parallel cross-entropy (``vocab_parallel_cross_entropy``) against
-``F.cross_entropy`` on the whole logits, on two TP groups of 2 at once in a world of 4 (ranks
-[0, 2] and [1, 3], each group with its own logits), three cases per group:
+``F.cross_entropy`` on the whole logits, on TP groups of 2 in a world of 4, every layout swept
+(``reference_impl.course.sweeps``: consecutive, strided and permuted; ``--sweep-seed N`` draws
+another), every group at once with logits of its own, three cases per group:
 
 * ``padded``: a vocabulary of 13 on tp = 2, padded to 14; the padded logit holds a large value,
   which a loss that reads the unmasked logits would count;
@@ -25,12 +26,14 @@ import torch.nn.functional as F
 
 from reference_impl.checks import assert_close_naming
 from reference_impl.comm.comm_trace import CommTracer
+from reference_impl.comm.comm_contract import check_contract
+from reference_impl.comm.comm_contract import expected as expected_call
 from reference_impl.comm.device import current_device
+from reference_impl.course.sweeps import group_layouts, group_of
 
 pytestmark = pytest.mark.lab3
 
-GROUPS = [[0, 2], [1, 3]]  # two TP groups of 2 at once, neither the world, nor ranks in order
-TP, BATCH, SEQ = 2, 2, 6
+WORLD, TP, BATCH, SEQ = 4, 2, 2, 6
 PAD_VALUE = 30.0  # the padded logit: large enough to change the loss if it is counted
 CASES = {  # name: (vocab, scale of the logits, dtype, vocab_size argument)
     "padded": (13, 3.0, torch.float32, 13),
@@ -76,37 +79,57 @@ BACKWARD_REDUCED = (
     "own slice of the logits, and needs no communication")
 
 
-def case_tensors(case, group_index):
+def layouts(seed, tp=TP):
+    """{layout name: groups} of TP groups of ``tp`` on WORLD ranks (``sweeps.group_layouts``)."""
+    return group_layouts(WORLD, tp, seed)
+
+
+def case_tensors(case, group_index, tp=TP, cases=CASES):
     """The whole (padded) logits of one TP group, in the case's dtype, its targets (the first
     and last token of the vocabulary among them) and the weights of the losses."""
-    vocab, scale, dtype, _ = CASES[case]
-    generator = torch.Generator().manual_seed(10 * list(CASES).index(case) + group_index)
-    padded = -(-vocab // TP) * TP
+    vocab, scale, dtype, _ = cases[case]
+    generator = torch.Generator().manual_seed(10 * list(cases).index(case) + group_index)
+    padded = -(-vocab // tp) * tp
     logits = torch.full((BATCH, SEQ, padded), PAD_VALUE)
     logits[..., :vocab] = torch.randn(BATCH, SEQ, vocab, generator=generator) * scale
     targets = torch.randint(vocab, (BATCH, SEQ), generator=generator)
-    targets[0, :3] = torch.tensor([0, vocab - 1, padded // TP])  # the ends of the slices
+    targets[0, :3] = torch.tensor([0, vocab - 1, padded // tp])  # the ends of the slices
     weights = torch.randn(BATCH, SEQ, generator=generator)
     return logits.to(dtype), targets, weights
 
 
-def vocab_parallel_losses(impl, backward):
+def on_layouts(impl, function, layouts, *args):
+    """``function(impl, groups, handles, *args)`` on every layout ({name: groups}), all ranks
+    creating every group in the same order; {layout name: its result}."""
+    found = {}
+    for name, groups in layouts.items():
+        handles = [dist.new_group(ranks) for ranks in groups]
+        found[name] = function(impl, groups, handles, *args)
+    return found
+
+
+def index_of(rank, groups):
+    """(the index of ``rank``'s group, its position in it)."""
+    group = group_of(rank, groups)
+    return groups.index(group), group.index(rank)
+
+
+def vocab_parallel_losses(impl, groups, handles, backward, cases=CASES):
     """Every case on this rank's TP group: the losses, (if backward) the gradient of this rank's
     slice of the logits, and the collectives of the forward and of the backward."""
-    device, rank = current_device(), dist.get_rank()
-    groups = [dist.new_group(ranks) for ranks in GROUPS]
-    group_index = rank % 2
-    tp_rank = GROUPS[group_index].index(rank)
+    device, rank, tp = current_device(), dist.get_rank(), len(groups[0])
+    group_index, tp_rank = index_of(rank, groups)
     cross_entropy = impl.module("vocab_parallel").vocab_parallel_cross_entropy
     results = {}
-    for case, (_, _, _, vocab_size) in CASES.items():
-        logits, targets, weights = case_tensors(case, group_index)
-        local = logits.chunk(TP, dim=-1)[tp_rank].to(device).requires_grad_()
+    for case, (_, _, _, vocab_size) in cases.items():
+        logits, targets, weights = case_tensors(case, group_index, tp, cases)
+        local = logits.chunk(tp, dim=-1)[tp_rank].to(device).requires_grad_()
         with CommTracer() as forward:
-            losses = cross_entropy(local, targets.to(device), groups[group_index],
+            losses = cross_entropy(local, targets.to(device), handles[group_index],
                                    vocab_size=vocab_size)
         result = {"losses": losses.detach().float().cpu(),
-                  "forward": (forward.summary(), forward.total_bytes())}
+                  "forward": (forward.summary(), forward.total_bytes(),
+                              [call.as_data() for call in forward.calls])}
         if backward:
             with CommTracer() as traced:
                 (losses * weights.to(device)).sum().backward()
@@ -115,13 +138,13 @@ def vocab_parallel_losses(impl, backward):
     return results
 
 
-def expected(case, group_index, tp_rank):
+def expected(case, group_index, tp_rank, tp=TP, cases=CASES):
     """This group's losses and this rank's gradient, from F.cross_entropy on the whole logits,
     and what the headline mistakes compute instead (each a dict {mistake: its result})."""
-    vocab = CASES[case][0]
-    logits, targets, weights = case_tensors(case, group_index)
+    vocab = cases[case][0]
+    logits, targets, weights = case_tensors(case, group_index, tp, cases)
     logits = logits.float()
-    width = logits.shape[-1] // TP
+    width = logits.shape[-1] // tp
     mine = slice(tp_rank * width, (tp_rank + 1) * width)
 
     def losses_and_grad(of, weights=weights):
@@ -154,7 +177,7 @@ def expected(case, group_index, tp_rank):
                        for r, piece in enumerate(slices)).log() - (target - holder_top),
         SUM_NOT_REDUCED: (slices[tp_rank] - top.unsqueeze(-1)).exp().sum(-1).log()
         - (target - top),
-        TARGET_EVERY_RANK: (whole - top.unsqueeze(-1)).exp().sum(-1).log() - (read - TP * top),
+        TARGET_EVERY_RANK: (whole - top.unsqueeze(-1)).exp().sum(-1).log() - (read - tp * top),
         PADDING_COUNTED: padding_losses,
     }
 
@@ -168,57 +191,85 @@ def expected(case, group_index, tp_rank):
         PADDING_COUNTED: padding_grad[..., mine],
     }
     where = {"tokens whose target is the first logit of a rank's slice": first_of_slice}
-    where.update((f"tokens whose target TP rank {r} holds", holder == r) for r in range(TP))
+    where.update((f"tokens whose target TP rank {r} holds", holder == r) for r in range(tp))
     return losses, loss_mistakes, grad[..., mine], grad_mistakes, where
 
 
-def where(rank, case):
-    vocab, scale, dtype, vocab_size = CASES[case]
-    return (f"rank {rank} (TP group {GROUPS[rank % 2]}), case {case!r}: vocabulary {vocab} on "
-            f"tp = {TP}, logits of scale {scale:g} in {str(dtype).split('.')[-1]}, "
-            f"vocab_size={vocab_size}")
+def where(rank, case, groups, layout, cases=CASES):
+    vocab, scale, dtype, vocab_size = cases[case]
+    return (f"rank {rank} (TP group {group_of(rank, groups)}, layout {layout}), case {case!r}: "
+            f"vocabulary {vocab} on tp = {len(groups[0])}, logits of scale {scale:g} in "
+            f"{str(dtype).split('.')[-1]}, vocab_size={vocab_size}")
 
 
-def test_vocab_parallel_losses_with_three_all_reduces_on_two_groups(impl, run_on_ranks):
-    results = run_on_ranks(vocab_parallel_losses, 4, impl, False)
-    for rank, cases in enumerate(results):
-        for case, got in cases.items():
-            losses, mistakes, _, _, tokens = expected(case, rank % 2, GROUPS[rank % 2].index(rank))
+def test_vocab_parallel_losses_with_three_all_reduces_on_every_layout(impl, run_on_ranks,
+                                                                      sweep_seed):
+    check_losses(run_on_ranks, impl, layouts(sweep_seed))
+
+
+def check_losses(run_on_ranks, impl, layouts, cases=CASES):
+    found = run_on_ranks(on_layouts, WORLD, impl, vocab_parallel_losses, layouts, False, cases)
+    for layout, groups in layouts.items():
+        check_losses_on(groups, layout, [f[layout] for f in found], cases)
+
+
+def check_losses_on(groups, layout, results, cases):
+    tp = len(groups[0])
+    for rank, by_case in enumerate(results):
+        for case, got in by_case.items():
+            losses, mistakes, _, _, tokens = expected(case, *index_of(rank, groups), tp, cases)
+            where_ = where(rank, case, groups, layout, cases)
             finite = torch.isfinite(got["losses"])
-            assert finite.all(), f"{where(rank, case)}: " + (
+            assert finite.all(), f"{where_}: " + (
                 NO_MAX if case == "large" else "the losses are not finite (inf or nan)")
             atol = 1e-3 if case == "large" else 1e-5
             assert_close_naming(
-                got["losses"], losses, f"{where(rank, case)}: the losses", atol=atol, rtol=1e-6,
+                got["losses"], losses, f"{where_}: the losses", atol=atol, rtol=1e-6,
                 against="F.cross_entropy on the whole logits", mistakes=mistakes, where=tokens,
                 otherwise="loss = log(sum of exp(l - max) over every rank's slice) - (l_target - "
                           "max): the global max (MAX), the sum (SUM) and the target's term (SUM, "
                           "from the one rank whose slice holds it), each reduced over `group`")
-            summary, nbytes = got["forward"]
+            summary, nbytes, calls = got["forward"]
             per_token = BATCH * SEQ * 4  # one fp32 number per token
             assert summary == {"all_reduce": 3} and nbytes == 3 * per_token, (
-                f"{where(rank, case)}: the forward ran {summary}, {nbytes} bytes in all; it needs "
+                f"{where_}: the forward ran {summary}, {nbytes} bytes in all; it needs "
                 f"exactly three all-reduces of one fp32 number per token (global max, sum of exp, "
                 f"target logit): 3 x b*s*4 = {3 * per_token} bytes, never the logits")
+            check_contract(calls, [expected_call("all_reduce", group_of(rank, groups), per_token)]
+                           * 3, f"{where_}: the forward", rank=rank,
+                           formula="three all-reduces of one fp32 number per token over the TP "
+                                   "group (max, sum of exp, target logit)")
 
 
-def test_vocab_parallel_gradient_without_communication_on_two_groups(impl, run_on_ranks):
-    results = run_on_ranks(vocab_parallel_losses, 4, impl, True)
-    for rank, cases in enumerate(results):
-        for case, got in cases.items():
-            _, _, grad, mistakes, _ = expected(case, rank % 2, GROUPS[rank % 2].index(rank))
+def test_vocab_parallel_gradient_without_communication_on_every_layout(impl, run_on_ranks,
+                                                                      sweep_seed):
+    check_gradients(run_on_ranks, impl, layouts(sweep_seed))
+
+
+def check_gradients(run_on_ranks, impl, layouts, cases=CASES):
+    found = run_on_ranks(on_layouts, WORLD, impl, vocab_parallel_losses, layouts, True, cases)
+    for layout, groups in layouts.items():
+        check_gradients_on(groups, layout, [f[layout] for f in found], cases)
+
+
+def check_gradients_on(groups, layout, results, cases):
+    tp = len(groups[0])
+    for rank, by_case in enumerate(results):
+        for case, got in by_case.items():
+            _, _, grad, mistakes, _ = expected(case, *index_of(rank, groups), tp, cases)
+            where_ = where(rank, case, groups, layout, cases)
             assert not got["backward"], (
-                f"{where(rank, case)}: the backward ran {got['backward']}; it needs no "
+                f"{where_}: the backward ran {got['backward']}; it needs no "
                 f"communication (softmax - one_hot on this rank's own slice). Likely cause: "
                 f"{BACKWARD_REDUCED}")
-            assert torch.isfinite(got["grad"]).all(), f"{where(rank, case)}: " + (
+            assert torch.isfinite(got["grad"]).all(), f"{where_}: " + (
                 NO_MAX if case == "large" else "the gradient is not finite (inf or nan)")
-            dtype = CASES[case][2]
+            dtype = cases[case][2]
             assert got["grad"].dtype == dtype, (
-                f"{where(rank, case)}: the gradient is {got['grad'].dtype}, the logits {dtype}")
+                f"{where_}: the gradient is {got['grad'].dtype}, the logits {dtype}")
             tolerance = 1e-2 if dtype == torch.bfloat16 else 1e-6
             assert_close_naming(
-                got["grad"].float(), grad, f"{where(rank, case)}: the gradient of the logits",
+                got["grad"].float(), grad, f"{where_}: the gradient of the logits",
                 atol=tolerance, rtol=tolerance, against="F.cross_entropy's on the whole logits",
                 mistakes=mistakes,
                 otherwise="d loss / d logits = (softmax - one_hot(target)) * grad_loss on this "
@@ -237,6 +288,14 @@ ROWS_OF_NO_RANK = (
     "exactly the tokens TP rank {rank} holds (rows {first} to {last}) are zeros after the "
     "all-reduce: no rank contributed their rows. A rank's [start, end) comes from its rank in "
     "`group` (dist.get_rank(group)), not its global rank")
+WORLD_MODULO = (
+    "each rank took the rows of its world rank modulo tp: that is its position in its group only "
+    "when groups are consecutive ranks; in this layout two ranks claimed the same rows and some "
+    "rows none (a rank's [start, end) comes from its rank in `group`)")
+WORLD_RANK_RANGE = (
+    "each rank took the rows of its rank in the world, not its rank in `group`: a rank whose "
+    "world rank is not its position in the group looked its tokens up in another slice, or in "
+    "none (a rank's [start, end) comes from dist.get_rank(group))")
 EMBEDDING_NOT_REDUCED = (
     "the rows were not summed over the group: each rank returned only the rows it holds (zeros "
     "for the others); one all-reduce (reduce_from_tp) over `group` completes every token's row")
@@ -261,12 +320,11 @@ def head_tensors(group_index):
             torch.randn(BATCH, SEQ, EMBED_HIDDEN, generator=generator))
 
 
-def embedding_lookups(impl):
+def embedding_lookups(impl, groups, handles):
     """This rank's TP group: the embedding's output, the gradient of this rank's rows, and the
     forward's collectives; the LM head's slice of the logits and its vocabulary."""
     device, rank = current_device(), dist.get_rank()
-    groups = [dist.new_group(ranks) for ranks in GROUPS]
-    group_index = rank % 2
+    group_index, _ = index_of(rank, groups)
     table, tokens, upstream = embedding_tensors(group_index)
     embedding = torch.nn.Embedding(EMBED_VOCAB, EMBED_HIDDEN).to(device)
     with torch.no_grad():
@@ -277,21 +335,30 @@ def embedding_lookups(impl):
         linear.weight.copy_(weight)
         linear.bias.copy_(bias)
     module = impl.module("vocab_parallel")
-    parallel = module.VocabParallelEmbedding(embedding, groups[group_index])
+    parallel = module.VocabParallelEmbedding(embedding, handles[group_index])
     with CommTracer() as forward:
         output = parallel(tokens.to(device))
     output.backward(upstream.to(device))
-    head = module.ParallelLMHead(linear, groups[group_index])
+    head = module.ParallelLMHead(linear, handles[group_index])
     return {"output": output.detach().cpu(), "grad": parallel.weight.grad.cpu(),
             "forward": forward.summary(), "logits": head(hidden.to(device)).detach().cpu(),
             "head vocabulary": int(head.vocab_size)}
 
 
-def test_vocab_parallel_embedding_on_two_groups(impl, run_on_ranks):
-    results = run_on_ranks(embedding_lookups, 4, impl)
+def test_vocab_parallel_embedding_on_every_layout(impl, run_on_ranks, sweep_seed):
+    check_embedding(run_on_ranks, impl, layouts(sweep_seed))
+
+
+def check_embedding(run_on_ranks, impl, layouts):
+    found = run_on_ranks(on_layouts, WORLD, impl, embedding_lookups, layouts)
+    for layout, groups in layouts.items():
+        check_embedding_on(groups, layout, [f[layout] for f in found])
+
+
+def check_embedding_on(groups, layout, results):
+    TP = len(groups[0])  # noqa: N806 (the formulas below read as the module's)
     for rank, got in enumerate(results):
-        group_index = rank % 2
-        tp_rank = GROUPS[group_index].index(rank)
+        group_index, tp_rank = index_of(rank, groups)
         table, tokens, upstream = embedding_tensors(group_index)
         width = -(-EMBED_VOCAB // TP)  # rows per rank
         padded = torch.cat([table, torch.zeros(width * TP - EMBED_VOCAB, EMBED_HIDDEN)])
@@ -301,10 +368,24 @@ def test_vocab_parallel_embedding_on_two_groups(impl, run_on_ranks):
         firsts = padded[torch.arange(TP) * width]  # each rank's row 0
         read_elsewhere = expected + sum(torch.where((holder != r).unsqueeze(-1), firsts[r], 0.0)
                                         for r in range(TP))
-        where = f"rank {rank} (TP group {GROUPS[group_index]}): the embedding of a vocabulary " \
-                f"of {EMBED_VOCAB} on tp = {TP} (padded to {width * TP})"
+        where = f"rank {rank} (TP group {group_of(rank, groups)}, layout {layout}): the " \
+                f"embedding of a vocabulary of {EMBED_VOCAB} on tp = {TP} (padded to {width * TP})"
         first_rows = (tokens % width == 0).unsqueeze(-1).expand_as(expected)
+        members = group_of(rank, groups)
+
+        def claimed(believed):
+            """The output when each member looks its tokens up as if it held the slice
+            ``believed(member)`` (its table still its own slice)."""
+            return sum(torch.where((holder == believed(m)).unsqueeze(-1),
+                                   padded[(tokens + (members.index(m) - believed(m)) * width)
+                                          .clamp(0, width * TP - 1)], 0.0)
+                       for m in members)
+
         mistakes = {ROWS_ELSEWHERE_READ: read_elsewhere}
+        if members != list(range(members[0], members[0] + TP)) or members[0] % TP:
+            mistakes[WORLD_MODULO] = claimed(lambda m: m % TP)
+        if members != list(range(TP)):
+            mistakes[WORLD_RANK_RANGE] = claimed(lambda m: m)
         if got["forward"].get("all_reduce"):  # reduced: a rank's rows missing from the sum
             mistakes.update((ROWS_OF_NO_RANK.format(rank=r, first=r * width,
                                                     last=(r + 1) * width - 1),

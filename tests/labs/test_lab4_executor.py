@@ -5,8 +5,10 @@
   returns (the last stage sends nothing), the loss it records (scaled by 1/m), the entry the
   backward frees, the gradients it passes back and accumulates.
 * One pipelined training step of a small GPT with the student's executor: GPipe and 1F1B on 4
-  ranks, and 1F1B on two pipelines of 2 ranks at once ([0, 2] and [1, 3]: a pipeline group
-  that is not the world, so a pipeline rank is not a global rank). The loss and every
+  ranks, and 1F1B on two pipelines of 2 ranks at once, every layout swept
+  (``reference_impl.course.sweeps``: consecutive, strided, permuted; ``--sweep-seed N`` draws
+  another): a pipeline group that is not the world, so a pipeline rank is not a global rank.
+  Every message posted once, to its peer, with its tag and one microbatch's boundary bytes. The loss and every
   parameter's gradient must be the single-device GPT's (fp32, atol = rtol = 1e-5; observed
   within 3e-7), each rank must hold at most the activations the schedule promises (GPipe: m,
   1F1B: min(p - r, m)), and the messages each rank posted, recorded as it posted them, must
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 
 from reference_impl.checks import assert_close
 from reference_impl.comm.device import current_device
+from reference_impl.course.sweeps import group_layouts
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline.pipeline_messages import Exchange, exchange_plan, messages, normalized
 from reference_impl.pipeline.pipeline_validator import ScheduleError, check_rendezvous
@@ -206,7 +209,7 @@ def test_run_action_splits_the_backward_for_zero_bubble(impl, run_alone):
 def record_point_to_point(members):
     """Patch torch.distributed's point-to-point calls to record what this rank posts together:
     one entry per posting call (a batch, or a lone isend/irecv/send/recv), each a list of
-    ("send" or "recv", global peer, tag). A peer outside ``members`` (the pipeline's global
+    ("send" or "recv", global peer, tag, bytes). A peer outside ``members`` (the pipeline's global
     ranks) is refused at once, before it could hang. Returns (the record, undo)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
@@ -215,7 +218,7 @@ def record_point_to_point(members):
     originals = {name: getattr(c10d, name) for name in names}
     calls, inside = [], []
 
-    def entry(kind, peer, group_peer, group, tag):
+    def entry(kind, peer, group_peer, group, tag, tensor):
         if peer is None and group_peer is not None:
             peer = group_peer if group is None else dist.get_global_rank(group, group_peer)
         if peer not in members:
@@ -223,7 +226,7 @@ def record_point_to_point(members):
                 f"rank {dist.get_rank()} posted a {kind} to global rank {peer}, which is not in "
                 f"its pipeline (global ranks {members}): a peer is given as a rank in the "
                 f"pipeline's group; translate it (dist.get_global_rank(group, peer))")
-        return (kind, int(peer), int(tag or 0))
+        return (kind, int(peer), int(tag or 0), tensor.numel() * tensor.element_size())
 
     def lone(name):
         kind = "send" if "send" in name else "recv"
@@ -232,14 +235,14 @@ def record_point_to_point(members):
         def wrapper(tensor, peer=None, group=None, tag=0, **kwargs):
             if not inside:
                 group_peer = kwargs.get("group_dst", kwargs.get("group_src"))
-                calls.append([entry(kind, peer, group_peer, group, tag)])
+                calls.append([entry(kind, peer, group_peer, group, tag, tensor)])
             return originals[name](tensor, peer, group, tag, **kwargs)
         return wrapper
 
     @functools.wraps(originals["batch_isend_irecv"])
     def batch(operations):
         calls.append([entry("send" if "send" in op.op.__name__ else "recv", op.peer, None,
-                            None, op.tag) for op in operations])
+                            None, op.tag, op.tensor) for op in operations])
         inside.append(True)
         try:
             return originals["batch_isend_irecv"](operations)
@@ -370,8 +373,9 @@ def pipelined_and_single_device(impl, data, pipelines, coalesced=False):
             computed_before_waiting(log))
 
 
-def postings_as_exchanges(schedule, calls, members, rank):
-    """A pipeline rank's recorded postings as the plan's exchanges (steps: the kit's plan's)."""
+def postings_as_exchanges(schedule, calls, members, rank, nbytes=None):
+    """A pipeline rank's recorded postings as the plan's exchanges (steps: the kit's plan's);
+    every message must carry ``nbytes`` (one microbatch's boundary tensor), if given."""
     by_tag = {transfer.message.tag: transfer.message
               for transfers in messages(schedule) for transfer in transfers}
     step_of = {message: exchange.step for exchange in exchange_plan(schedule)[rank]
@@ -379,7 +383,7 @@ def postings_as_exchanges(schedule, calls, members, rank):
     exchanges, posted = [], []
     for call in calls:
         sends, receives = [], []
-        for kind, peer, tag in call:
+        for kind, peer, tag, size in call:
             message = by_tag.get(tag)
             mine = message is not None and (message.src if kind == "send" else message.dst) == rank
             other = None if message is None else (message.dst if kind == "send" else message.src)
@@ -387,6 +391,10 @@ def postings_as_exchanges(schedule, calls, members, rank):
                 f"pipeline rank {rank} posted a {kind} with tag {tag} to global rank {peer}, "
                 f"which is not a message of its schedule with that peer: post each message "
                 f"with its own tag, to the rank in the pipeline's group that it goes to")
+            assert nbytes is None or size == nbytes, (
+                f"pipeline rank {rank} posted a {kind} of {size} bytes with tag {tag}; every "
+                f"message carries one microbatch's boundary tensor, {nbytes} bytes (micro-batch "
+                f"x sequence x hidden x 4 bytes in fp32)")
             (sends if kind == "send" else receives).append(message)
             posted.append(message)
         exchanges.append(Exchange(min(step_of[m] for m in sends + receives),
@@ -398,12 +406,17 @@ def postings_as_exchanges(schedule, calls, members, rank):
     return tuple(exchanges)
 
 
-CASES = {  # name: (schedule rows key, pipelines as global ranks, one request per batch)
-    "gpipe, p=4, m=8": (("gpipe", 4, 8), [[0, 1, 2, 3]], False),
-    "1f1b, p=4, m=6": (("1f1b", 4, 6), [[0, 1, 2, 3]], False),
-    "1f1b, pipelines [0, 2] and [1, 3], m=4, one request per batch (NCCL)": (
-        ("1f1b", 2, 4), [[0, 2], [1, 3]], True),
+CASES = {  # name: (schedule rows key, the layout of the pipelines, one request per batch)
+    "gpipe, p=4, m=8": (("gpipe", 4, 8), "world", False),
+    "1f1b, p=4, m=6": (("1f1b", 4, 6), "world", False),
+    "1f1b, pipelines consecutive, p=2, m=4, one request per batch (NCCL)": (
+        ("1f1b", 2, 4), "consecutive", True),
+    "1f1b, pipelines strided, p=2, m=4, one request per batch (NCCL)": (
+        ("1f1b", 2, 4), "strided", True),
+    "1f1b, pipelines permuted, p=2, m=4": (("1f1b", 2, 4), "permuted", False),
 }
+WORLD = 4
+BOUNDARY_BYTES = MICRO_BATCH * CONFIG.seq_len * CONFIG.hidden * 4  # one fp32 activation
 COMPUTED_BEFORE_WAITING = (
     "the executor computed {action} before waiting for the request of the batch that brought its "
     "input. On NCCL batch_isend_irecv returns one request for the whole batch (modelled here on "
@@ -412,16 +425,25 @@ COMPUTED_BEFORE_WAITING = (
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_pipelined_step_trains_like_one_device(impl, run_on_ranks, case):
-    (name, p, m), pipelines, coalesced = CASES[case]
-    data = as_data(ROWS[name, p, m], m, name)
+def test_pipelined_step_trains_like_one_device(impl, run_on_ranks, sweep_seed, case):
+    (name, p, m), layout, coalesced = CASES[case]
+    pipelines = group_layouts(WORLD, p, sweep_seed)[layout]
+    check_pipelined_step(run_on_ranks, impl, f"{case} {pipelines} (seed {sweep_seed})", name,
+                         ROWS[name, p, m], m, pipelines, coalesced)
+
+
+def check_pipelined_step(run_on_ranks, impl, case, name, rows, m, pipelines, coalesced):
+    """One step of the student's executor on every pipeline of ``pipelines`` at once (each
+    ``rows``, a schedule written as text): the postings, the loss, the gradients, the peak."""
+    p = len(rows)
+    data = as_data(rows, m, name)
     schedule = as_schedule(data)
-    results = run_on_ranks(pipelined_and_single_device, 4, impl, data, pipelines, coalesced)
+    results = run_on_ranks(pipelined_and_single_device, WORLD, impl, data, pipelines, coalesced)
     for world_rank, (index, loss, expected_loss, peak, grads, calls, early) in enumerate(results):
         rank = pipelines[index].index(world_rank)
         where = f"{case}, pipeline rank {rank} (global {world_rank})"
         assert early is None, f"{where}: " + COMPUTED_BEFORE_WAITING.format(action=early)
-        plan = postings_as_exchanges(schedule, calls, pipelines[index], rank)
+        plan = postings_as_exchanges(schedule, calls, pipelines[index], rank, BOUNDARY_BYTES)
         if rank == 0:  # the whole pipeline's postings, jammed or not with rendezvous sends
             plans = {r: postings_as_exchanges(schedule, results[g][5], pipelines[index], r)
                      for r, g in enumerate(pipelines[index])}

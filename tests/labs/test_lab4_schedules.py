@@ -139,8 +139,12 @@ def first_difference(expected, got):
 
 @pytest.mark.parametrize("generator", ["gpipe", "one_f_one_b"])
 def test_valid_for_every_size(impl, run_alone, generator):
-    schedules = student_schedules(impl, run_alone, generator, SIZES)
-    for p, m in SIZES:
+    check_valid(impl, run_alone, generator, SIZES)
+
+
+def check_valid(impl, run_alone, generator, sizes):
+    schedules = student_schedules(impl, run_alone, generator, sizes)
+    for p, m in sizes:
         schedule = checked(schedules, generator, p, m)
         assert (schedule.ranks, schedule.microbatches, schedule.chunks) == (p, m, 1), (
             f"{generator}(p={p}, m={m}) says it is for p={schedule.ranks}, "
@@ -149,8 +153,12 @@ def test_valid_for_every_size(impl, run_alone, generator):
 
 @pytest.mark.parametrize("generator, p, m", sorted(GOLDEN))
 def test_golden_order_on_every_rank(impl, run_alone, generator, p, m):
+    check_golden(impl, run_alone, generator, p, m, GOLDEN[generator, p, m])
+
+
+def check_golden(impl, run_alone, generator, p, m, rows):
     schedule = checked(student_schedules(impl, run_alone, generator, [(p, m)]), generator, p, m)
-    for rank, expected in enumerate(GOLDEN[generator, p, m]):
+    for rank, expected in enumerate(rows):
         got = row(schedule, rank)
         assert got == expected, (
             f"{generator}(p={p}, m={m}) is valid, but rank {rank} runs its passes in another "
@@ -166,7 +174,11 @@ def test_golden_order_on_every_rank(impl, run_alone, generator, p, m):
 
 @pytest.mark.parametrize("generator", ["gpipe", "one_f_one_b"])
 def test_simulated_bubble_is_p_minus_1_over_m_plus_p_minus_1(impl, run_alone, generator):
-    sizes = [(1, 4), (2, 1), (2, 5), (3, 3), (4, 2), (4, 8), (5, 9)]
+    check_bubble(impl, run_alone, generator, [(1, 4), (2, 1), (2, 5), (3, 3), (4, 2), (4, 8),
+                                              (5, 9)])
+
+
+def check_bubble(impl, run_alone, generator, sizes):
     schedules = student_schedules(impl, run_alone, generator, sizes)
     for p, m in sizes:
         timeline = simulate(checked(schedules, generator, p, m), cost_f=1.0, cost_b=2.0)
@@ -180,7 +192,10 @@ def test_simulated_bubble_is_p_minus_1_over_m_plus_p_minus_1(impl, run_alone, ge
 
 @pytest.mark.parametrize("generator", ["gpipe", "one_f_one_b"])
 def test_peak_activations_in_flight(impl, run_alone, generator):
-    sizes = [(1, 3), (2, 5), (3, 2), (4, 4), (4, 8), (5, 9)]
+    check_peaks(impl, run_alone, generator, [(1, 3), (2, 5), (3, 2), (4, 4), (4, 8), (5, 9)])
+
+
+def check_peaks(impl, run_alone, generator, sizes):
     schedules = student_schedules(impl, run_alone, generator, sizes)
     for p, m in sizes:
         schedule = checked(schedules, generator, p, m)

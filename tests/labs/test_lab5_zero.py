@@ -40,8 +40,10 @@ Before the submission is loaded, each rank starts recording every collective (it
 ranks, the sizes of its pieces, the phase of the run it came in), and the run catches an
 exception rather than dying, so that a failure is named from what the ranks did. Where the
 parameters are wrong, the test compares them with the results of the usual mistakes (averaged
-over the world size, summed over the world, not averaged, not reduced, micro-batches
-overwritten), each trained here too, and otherwise says which shards are wrong.
+over the world size, summed over the world, not averaged, averaged twice, not reduced,
+micro-batches overwritten), each trained here too, and otherwise says which shards are wrong.
+The world layout is checked first: on groups of 2 in a world of 4, "averaged over the world
+size" and "averaged twice" both halve the mean, while on the world only the second is wrong.
 
 Adam's update g / (sqrt(v) + eps) ignores the gradient's scale when eps is tiny: a gradient
 summed instead of averaged would pass. With eps = 1 the scale shows. Tolerance (fp32): 1e-6
@@ -122,11 +124,11 @@ def case_of(stage: int, dp: int, layout: str) -> dict:
 SHARD_CASES = [((5,), 2), ((7, 5), 2), ((2, 5), 4), ((12,), 4), ((5,), 3)]
 
 
-def slices_alone(impl):
+def slices_alone(impl, cases):
     """Every rank's ``my_slice`` of a parameter 1, 2, ..., numel, for every case."""
     zero = impl.module("zero")
     found = {}
-    for shape, n in SHARD_CASES:
+    for shape, n in cases:
         param = nn.Parameter(torch.arange(1.0, math.prod(shape) + 1).reshape(shape))
         pieces = []
         for rank in range(n):
@@ -138,9 +140,10 @@ def slices_alone(impl):
     return found
 
 
-def test_zero_shards_are_padded_to_equal_pieces(impl, run_alone):
-    found = run_alone(slices_alone, impl)
-    for shape, n in SHARD_CASES:
+def check_shards(impl, run_alone, cases):
+    """Every rank's shard of every (shape, N) case against the padded flat parameter."""
+    found = run_alone(slices_alone, impl, cases)
+    for shape, n in cases:
         numel = math.prod(shape)
         size = -(-numel // n)
         flat = torch.cat([torch.arange(1.0, numel + 1), torch.zeros(size * n - numel)])
@@ -164,6 +167,10 @@ def test_zero_shards_are_padded_to_equal_pieces(impl, run_alone):
                                  "padded flat parameter",
                          likely_cause=f"rank r owns the r-th of N equal pieces, from element "
                                       f"r x {size}", **TOLERANCE)
+
+
+def test_zero_shards_are_padded_to_equal_pieces(impl, run_alone):
+    check_shards(impl, run_alone, SHARD_CASES)
 
 
 # ----------------------------------------------------------------- on every rank
@@ -363,6 +370,9 @@ def usual_mistakes(group, member, members, stage) -> dict:
         "mean): divide by the group's size": (own, float(members)),
         "the gradient not reduced at all: each rank stepped on its own samples' gradient":
             (((group, member),), 1.0),
+        f"averaged twice: the group's mean divided by the group's size {members} once more (an "
+        "all-reduce with ReduceOp.AVG already averages; divide the sum once)":
+            (own, 1.0 / members),
     }
     found = {description: unsharded_adamw(replicas, scale)
              for description, (replicas, scale) in mistakes.items() if replicas != own
@@ -583,7 +593,9 @@ def launched(run_on_ranks, impl, stage, seed):
 @pytest.mark.parametrize("stage", [1, 2, 3], ids=["zero1", "zero2", "zero3"])
 def test_zero_on_two_groups_matches_unsharded_adam(impl, run_on_ranks, sweep_seed, stage):
     results = launched(run_on_ranks, impl, stage, sweep_seed)
-    for dp, name, _ in layouts(sweep_seed):
+    # the world first: where the group is the world, dividing by the world's size is right and
+    # averaging twice is not, while on groups of 2 of 4 ranks both halve the mean
+    for dp, name, _ in sorted(layouts(sweep_seed), key=lambda layout: -layout[0]):
         where = label(case_of(stage, dp, name), sweep_seed)
         for rank, found in enumerate(results):
             check_run(rank, found[where], stage, where)

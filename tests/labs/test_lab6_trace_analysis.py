@@ -1,22 +1,28 @@
-"""Lab 6, graded: the student's reading of a merged trace (``trace_analysis``): per rank the
-compute, the communication, the overlapped and the exposed communication and the idle time;
-the step time; strong and weak scaling efficiency.
+"""Lab 6, graded: the student's reading of traces (``trace_analysis``): per rank the compute,
+the communication, the overlapped and the exposed communication and the idle time; the step
+time; strong and weak scaling efficiency; per-rank clocks lined up on a shared collective, one
+timeline, and the time each rank waits for the last to arrive (the straggler).
 
-Traces built here have known answers (worked out by hand in the comments, times in
-microseconds as the profiler writes them); a real trace of a TP block on 2 ranks is checked
-against the kit's own summary (``perf/trace_summary.summarize``); a real trace of lab 5's DDP
-(``OverlappingDataParallel``, small buckets: all-reduces in flight during the backward, on the
-"collectives in flight" row) against numbers this file works out from the trace's ranges by
-rank and thread (``perf/traces.ranges_by_rank``) with the interval helpers of
-``perf/intervals``. The student's functions run in a helper process
-and return numbers; tolerance 1e-9 s (sums of a few floats).
+Traces built here have known answers: worked out by hand in the comments (times in
+microseconds as the profiler writes them), or made from a known truth (each rank's clock
+skew, its arrival at every collective) so that the answer is the truth they were made from.
+A real trace of a TP block on 2 ranks, recorded now, is checked for what must hold whatever
+the timings (TP's blocking collectives overlap nothing; a skew added to one rank's clock is
+found again). Two recorded real traces (``tests/labs/data/lab6_traces.json``: lab 5's DDP with
+its all-reduces in flight during the backward, a TP block's per-rank traces) are checked
+against lab 6's snapshot. The student's functions run in a helper process and return numbers;
+tolerance 1e-9 s (sums of a few floats).
 """
+import json
+import random
+from pathlib import Path
+
 import pytest
 
-from reference_impl.perf.intervals import difference, overlap, union, union_length
-from reference_impl.perf.profiling import profile_ddp_on_rank, profile_tp_block_on_rank
-from reference_impl.perf.trace_summary import summarize
-from reference_impl.perf.traces import merge_traces, range_events, ranges_by_rank
+from reference_impl.course.snapshots import snapshot
+from reference_impl.course.sweeps import draw, label
+from reference_impl.perf.profiling import profile_tp_block_on_rank
+from reference_impl.perf.traces import load_trace
 
 pytestmark = pytest.mark.lab6
 
@@ -112,16 +118,17 @@ def student_step_and_efficiency(impl, trace, steps, cases):
     return float(step), [float(analysis.scaling_efficiency(*case)) for case in cases]
 
 
-def test_step_time_and_scaling_efficiency(impl, run_alone):
-    # Rank 0 spans 2500 us, rank 1 1200 us: over 2 steps, 1250 us per step (the slowest rank).
-    cases = [(8.0, 2.0, 4), (8.0, 4.0, 4), (3.0, 4.0, 4, True), (3.0, 3.0, 1), (5.0, 2.0, 2, False),
-             (6.0, 8.0, 8, True)]
-    expected = [1.0, 0.5, 0.75, 1.0, 1.25, 0.75]
-    step, efficiencies = run_alone(student_step_and_efficiency, impl,
-                                   ONE_THREAD_AND_A_COMM_THREAD, 2, cases)
-    assert step == pytest.approx(1250e-6, abs=ABS), (
-        f"step_seconds = {step:.6g} s, expected 1.25e-3 s: a step is as slow as its slowest "
-        "rank (the longest span, not the mean over ranks), divided by the number of steps")
+STEP_CASES = [(8.0, 2.0, 4), (8.0, 4.0, 4), (3.0, 4.0, 4, True), (3.0, 3.0, 1),
+              (5.0, 2.0, 2, False), (6.0, 8.0, 8, True)]
+STEP_EFFICIENCIES = [1.0, 0.5, 0.75, 1.0, 1.25, 0.75]
+
+
+def check_step(impl, run_alone, trace, steps, expected_step, cases, expected):
+    step, efficiencies = run_alone(student_step_and_efficiency, impl, trace, steps, cases)
+    assert step == pytest.approx(expected_step, abs=ABS), (
+        f"step_seconds over {steps} steps = {step:.6g} s, expected {expected_step:.6g} s: a "
+        "step is as slow as its slowest rank (the longest span, not the mean over ranks), "
+        "divided by the number of steps")
     for case, value, want in zip(cases, efficiencies, expected):
         weak = len(case) > 3 and case[3]
         rule = "weak scaling: T1 / TN" if weak else "strong scaling: T1 / (N TN)"
@@ -129,62 +136,153 @@ def test_step_time_and_scaling_efficiency(impl, run_alone):
             f"scaling_efficiency{case} = {value}, expected {want} ({rule})")
 
 
-def test_a_real_trace_of_a_tp_block(impl, run_on_ranks, run_alone, tmp_path):
+def test_step_time_and_scaling_efficiency(impl, run_alone):
+    # Rank 0 spans 2500 us, rank 1 1200 us: over 2 steps, 1250 us per step (the slowest rank).
+    check_step(impl, run_alone, ONE_THREAD_AND_A_COMM_THREAD, 2, 1250e-6, STEP_CASES,
+               STEP_EFFICIENCIES)
+
+
+# ------------------------------------------------ traces made from a known truth
+
+def made_trace(seed, ranks):
+    """A trace of ``ranks`` ranks (process ids shuffled, events shuffled), each a run of
+    segments whose contribution is known by construction: compute alone; a blocking collective
+    nested in a module's range; a collective on another thread under compute (overlapped); a
+    launch and its time in flight on two threads, nothing computing (exposed, counted once);
+    nested module ranges (counted once); zero-length ranges; idle gaps. Returns the events and
+    {rank (in process order): expected quantities}."""
+    rng = random.Random(seed)
+    pids = rng.sample(range(100, 100 + 50 * ranks), ranks)
+    events, expected = [], {}
+    for pid in pids:
+        t, total = rng.randrange(0, 5000), dict.fromkeys(QUANTITIES, 0.0)
+        start = t
+        kinds = ["compute", "blocked", "overlapped", "in flight", "nested", "idle", "zero"]
+        segments = ["compute"] + rng.sample(kinds, len(kinds)) + ["blocked"]
+        for kind in segments:
+            d = rng.randrange(100, 900)
+            a, c = rng.randrange(1, d // 3), rng.randrange(1, d // 3)  # a + c < d
+            if kind == "compute":
+                events.append(event("mlp forward", t, d, pid))
+                total["compute_s"] += d
+            elif kind == "blocked":  # the thread waits in the collective
+                events += [event("attn backward", t, d, pid), event("all_reduce", t + a, c, pid)]
+                total["compute_s"] += d - c
+                total["comm_s"] += c
+                total["exposed_comm_s"] += c
+            elif kind == "overlapped":  # another thread's collective under the compute
+                events += [event("mlp backward", t, d, pid),
+                           event("all_reduce in flight", t + a, c, pid, tid=1_000_000_000)]
+                total["compute_s"] += d
+                total["comm_s"] += c
+                total["overlapped_s"] += c
+            elif kind == "in flight":  # a launch and its time in flight, nothing computing
+                events += [event("all_reduce", t, c, pid),
+                           event("all_reduce in flight", t, d, pid, tid=1_000_000_001)]
+                total["comm_s"] += d
+                total["exposed_comm_s"] += d
+            elif kind == "nested":  # a stage's range and its modules' ranges inside it
+                events += [event("stage 0 mb 1 block0 forward", t, d, pid),
+                           event("attn forward", t + a, c, pid),
+                           event("mlp forward", t + a + c // 2, c, pid)]
+                total["compute_s"] += d
+            elif kind == "idle":
+                total["idle_s"] += d
+            elif kind == "zero":  # zero-length ranges add nothing
+                events += [event("ln1 forward", t, 0, pid), event("all_reduce wait", t, 0, pid)]
+                d = 0
+            t += d
+            if kind != "idle":
+                events.append(event("aten::mm", t - d // 2, 5, pid))  # a profiler op, no range
+        total["span_s"] = t - start
+        expected[pid] = {name: value * 1e-6 for name, value in total.items()}
+    rng.shuffle(events)
+    return events, [expected[pid] for pid in sorted(pids)]
+
+
+def check_made_traces(impl, run_alone, seed, worlds=(1, 2, 5)):
+    """rank_time on traces made from a known truth, several ranks each (module docstring)."""
+    made = [made_trace(seed + index, ranks) for index, ranks in enumerate(worlds)]
+    found = run_alone(student_many_breakdowns, impl, [events for events, _ in made])
+    for (events, expected), ranks, world in zip(made, found, worlds):
+        assert len(ranks) == world, (
+            f"breakdown returned {len(ranks)} ranks for a trace of {world} processes: one "
+            "RankTime per process (pid), in process order")
+        for index, (mine, truth) in enumerate(zip(ranks, expected)):
+            assert_rank(mine, truth, f"rank {index} of a made-up trace of {world} ranks "
+                                     f"(seed {seed}, events shuffled)")
+
+
+def student_many_breakdowns(impl, traces):
+    return [student_breakdown(impl, {"traceEvents": events}) for events in traces]
+
+
+def test_traces_made_from_a_known_truth(impl, run_alone, sweep_seed):
+    check_made_traces(impl, run_alone, sweep_seed)
+
+
+# ------------------------------------------------ a real TP block, recorded now
+
+def shifted(path, seconds):
+    """A rank's own trace with every timestamp moved by ``seconds`` (its clock skewed)."""
+    trace = load_trace(path)
+    return {"traceEvents": [dict(e, ts=e["ts"] + seconds * 1e6) if "ts" in e else e
+                            for e in trace.get("traceEvents", [])]}
+
+
+def student_tp_block(impl, paths, skews):
+    analysis = impl.module("trace_analysis")
+    per_rank = {rank: shifted(paths[rank], skews[rank]) for rank in sorted(skews, reverse=True)}
+    ranks = student_breakdown(impl, analysis.aligned_timeline(per_rank))
+    return ranks, {int(r): float(o) for r, o in analysis.clock_offsets(per_rank).items()}
+
+
+SKEW_SLACK = 0.05  # s: on one machine the ranks share a clock, but leave a collective up to
+#                    milliseconds apart under load
+
+
+def check_live_tp_block(impl, run_on_ranks, run_alone, tmp_path, skews):
     paths = [result["path"] for result in
              run_on_ranks(profile_tp_block_on_rank, 2, str(tmp_path), 2, 32, 4, 16, 2)]
-    merged = str(tmp_path / "merged.json")
-    merge_traces(paths, merged)
-    found = run_alone(student_breakdown, impl, merged)
-    expected = summarize(merged)
-    assert len(found) == len(expected) == 2, found
-    for rank, (mine, kit) in enumerate(zip(found, expected)):
+    ranks, offsets = run_alone(student_tp_block, impl, paths, skews)
+    for rank in sorted(skews):
+        truth = skews[min(skews)] - skews[rank]
+        assert abs(offsets[rank] - truth) < SKEW_SLACK, (
+            f"clock_offsets on a real TP block's traces with rank {rank}'s clock skewed by "
+            f"{skews[rank]:+g} s (the lowest rank's by {skews[min(skews)]:+g} s): "
+            f"{offsets[rank]:+.4f} s, expected about {truth:+g} s. Likely mistake: "
+            f"{offset_diagnosis(offsets[rank], truth, SKEW_SLACK)}")
+    assert [rank["rank"] for rank in ranks] == sorted(skews), (
+        f"aligned_timeline's processes are {[rank['rank'] for rank in ranks]}: each rank's "
+        "events move to process `rank`")
+    for mine in ranks:
+        where = f"rank {mine['rank']} of a TP block's aligned timeline"
         # every collective here is called on the thread that computes: nothing overlaps
-        assert_rank(mine, dict(compute_s=kit.compute_s, comm_s=kit.comm_s, overlapped_s=0.0,
-                               exposed_comm_s=kit.comm_s), f"rank {rank} of a TP block's trace")
-        assert mine["span_s"] >= mine["compute_s"] + mine["comm_s"] - ABS, mine
+        assert mine["comm_s"] > 0 and mine["compute_s"] > 0, (where, mine)
+        assert_rank(mine, dict(overlapped_s=0.0, exposed_comm_s=mine["comm_s"]), where)
+        assert mine["span_s"] >= mine["compute_s"] + mine["comm_s"] - ABS, (
+            f"{where}: compute + communication exceed the span. Likely mistake: "
+            f"{MISTAKES['compute_s']}")
         assert mine["idle_s"] == pytest.approx(
             mine["span_s"] - mine["compute_s"] - mine["comm_s"], abs=ABS), (
-            f"rank {rank}: {MISTAKES['idle_s']}")
+            f"{where}: {MISTAKES['idle_s']}")
+        assert mine["span_s"] < 60, (
+            f"{where} spans {mine['span_s']:.1f} s: the ranks' timestamps were not moved onto "
+            "one clock (ts is in microseconds: an offset in seconds is 1e6 of them)")
 
 
-# ------------------------------------------------ lab 5's DDP: overlapped and exposed
+def test_a_real_trace_of_a_tp_block(impl, run_on_ranks, run_alone, tmp_path):
+    # rank 1's clock 2.5 s ahead: its offset is about -2.5 s
+    check_live_tp_block(impl, run_on_ranks, run_alone, tmp_path, {0: 0.0, 1: 2.5})
 
-DDP_WIDTH, DDP_LAYERS, DDP_BATCH, DDP_STEPS = 256, 4, 64, 2
-ONE_LAYER_PER_BUCKET = (DDP_WIDTH + 1) * DDP_WIDTH * 4  # a layer's weight and bias, fp32
+
+# ------------------------------------------------ lab 5's DDP, recorded: overlapped and exposed
+
+RECORDED = Path(__file__).resolve().parent / "data" / "lab6_traces.json"
 
 
-def ddp_expected(events):
-    """Per rank, from the events: the quantities as HTA defines them, and what the headline
-    mistakes would give instead (to name the one a wrong number matches)."""
-    expected = {}
-    for pid, by_thread in sorted(ranges_by_rank(events).items()):
-        comm = union([i for t in by_thread.values() for i in t["comm"]])
-        compute = union([i for t in by_thread.values()
-                         for i in difference(union(t["compute"]), union(t["comm"]))])
-        every_compute = union([i for t in by_thread.values() for i in t["compute"]])
-        in_flight = union([i for t in by_thread.values() for i in t["comm"]
-                           if not t["compute"]])  # the rows with communication only
-        on_compute_threads = union([i for t in by_thread.values() if t["compute"]
-                                    for i in t["comm"]])
-        comm_s, overlapped_s = union_length(comm), overlap(compute, comm)
-        expected[pid] = {
-            "right": dict(compute_s=union_length(compute), comm_s=comm_s,
-                          overlapped_s=overlapped_s, exposed_comm_s=comm_s - overlapped_s),
-            # the in-flight rows read as compute: communication only the calls and waits
-            "in flight as compute": dict(comm_s=union_length(on_compute_threads),
-                                         compute_s=union_length(union(compute + in_flight))),
-            # every thread's communication taken from the compute
-            "other threads subtracted": dict(
-                compute_s=union_length(every_compute) - overlap(every_compute, comm),
-                overlapped_s=0.0),
-            "overlapped as exposed": dict(overlapped_s=0.0, exposed_comm_s=comm_s),
-            # each thread's communication summed: the call and its time in flight twice
-            "comm summed over threads": dict(
-                comm_s=sum(union_length(t["comm"]) for t in by_thread.values()),
-                exposed_comm_s=sum(union_length(t["comm"]) for t in by_thread.values())
-                - overlapped_s),
-        }
-    return expected
+def recorded(name):
+    return json.loads(RECORDED.read_text())[name]
 
 
 DDP_MISTAKES = {
@@ -204,31 +302,241 @@ DDP_MISTAKES = {
 }
 
 
-def ddp_diagnosis(name, value, candidates):
-    for mistake, wrong in candidates.items():
-        if mistake != "right" and name in wrong and value == pytest.approx(wrong[name], abs=ABS) \
-                and wrong[name] != pytest.approx(candidates["right"][name], abs=ABS):
+def ddp_diagnosis(name, value, right, wrong_answers):
+    for mistake, wrong in wrong_answers.items():
+        if name in wrong and value == pytest.approx(wrong[name], abs=ABS) \
+                and wrong[name] != pytest.approx(right, abs=ABS):
             return DDP_MISTAKES[mistake]
     return MISTAKES[name]
 
 
-def test_the_exposed_communication_of_lab5s_ddp(impl, run_on_ranks, run_alone, tmp_path):
-    # the reference DDP of lab 5 (not this lab's module) writes the trace; the student's
-    # breakdown reads it in a helper process
-    results = run_on_ranks(profile_ddp_on_rank, 2, str(tmp_path), ONE_LAYER_PER_BUCKET,
-                           DDP_STEPS, DDP_WIDTH, DDP_LAYERS, DDP_BATCH)
-    events = range_events(merge_traces([result["path"] for result in results]))
-    assert any(e["name"] == "all_reduce in flight" for e in events), "no time in flight traced"
-    found = run_alone(student_breakdown, impl, {"traceEvents": events})
-    expected = ddp_expected(events)
+def check_recorded_ddp(impl, run_alone):
+    expected, wrong = snapshot("lab6", "ddp"), snapshot("lab6", "ddp_mistakes")
+    found = run_alone(student_breakdown, impl, recorded("ddp_small_buckets"))
     assert [rank["rank"] for rank in found] == sorted(expected), found
     for rank in found:
-        candidates = expected[rank["rank"]]
-        for name, value in candidates["right"].items():
+        for name, value in expected[rank["rank"]].items():
             assert rank[name] == pytest.approx(value, abs=ABS), (
-                f"rank {rank['rank']} of lab 5's DDP (small buckets, all-reduces launched "
-                f"during the backward): {name} = {rank[name]:.6g} s, expected {value:.6g} s. "
-                f"Likely mistake: {ddp_diagnosis(name, rank[name], candidates)}")
-        assert rank["overlapped_s"] > 0, (
-            f"rank {rank['rank']}: no overlapped communication in a DDP whose all-reduces are "
-            f"in flight during the backward. Likely mistake: {DDP_MISTAKES['overlapped as exposed']}")
+                f"rank {rank['rank']} of lab 5's DDP (recorded; small buckets, all-reduces "
+                f"launched during the backward): {name} = {rank[name]:.6g} s, expected "
+                f"{value:.6g} s. Likely mistake: "
+                f"{ddp_diagnosis(name, rank[name], value, wrong[rank['rank']])}")
+
+
+def test_the_exposed_communication_of_lab5s_ddp(impl, run_alone):
+    check_recorded_ddp(impl, run_alone)
+
+
+# ------------------------------------------------ per-rank clocks, one timeline, the straggler
+
+ANCHOR_LATENCY_US = 40  # a collective ends this long after the last rank joins it
+JITTER_US = 900  # one rank's one collective ends this much late in its trace (a noisy sample)
+
+
+def skewed_ranks(world, rounds, seed, straggler):
+    """Per-rank traces of ``rounds`` steps on ``world`` ranks, each rank's clock skewed: every
+    step each rank computes (random times; ``straggler`` longest), then joins an all_reduce
+    that ends ANCHOR_LATENCY_US after the last rank joins. One rank's one all_reduce is
+    recorded JITTER_US late. Events shuffled, process ids arbitrary, compute ranges nested,
+    a DDP-style in-flight range and a profiler op beside them. Returns the traces {rank:
+    trace}, in a shuffled rank order that does not start with rank 0, and the truth: the
+    offsets to rank 0's clock, the waits (true time), the jittered rank and the events' true
+    times."""
+    rng = random.Random(seed)
+    skews = {rank: rng.choice([1.0, -1.0]) * rng.uniform(0.5, 5.0) for rank in range(world)}
+    jittered = rng.randrange(1, world)
+    late_round = rng.randrange(rounds)
+    events = {rank: [] for rank in range(world)}
+    waits = dict.fromkeys(range(world), 0.0)
+    t = 0.0
+    for k in range(rounds):
+        compute = {rank: rng.randrange(200, 800) + (900 if rank == straggler else 0)
+                   for rank in range(world)}
+        joins = {rank: t + compute[rank] for rank in range(world)}
+        end = max(joins.values()) + ANCHOR_LATENCY_US
+        for rank in range(world):
+            late = JITTER_US if (rank, k) == (jittered, late_round) else 0
+            pid = 7000 + 13 * rank
+            events[rank] += [
+                event("mlp forward", t, compute[rank], pid),
+                event("attn forward", t + 10, compute[rank] // 2, pid),  # nested
+                event("all_reduce", joins[rank], end - joins[rank] + late, pid),
+                event("all_reduce in flight", t + 5, 50, pid, tid=1_000_000_000),
+                event("aten::mm", t + 20, 30, pid),
+            ]
+            waits[rank] += (max(joins.values()) - joins[rank]) * 1e-6
+        t = end + rng.randrange(0, 300)
+    traces, order = {}, rng.sample(range(world), world)
+    for rank in order[::-1] if order[0] == 0 else order:  # never the lowest rank first
+        shuffled = [dict(e, ts=e["ts"] + skews[rank] * 1e6) for e in events[rank]]
+        rng.shuffle(shuffled)
+        traces[rank] = {"traceEvents": shuffled}
+    truth = {"offsets": {rank: skews[0] - skews[rank] for rank in range(world)},
+             "waits": waits, "jittered": jittered, "rounds": rounds, "skews": skews,
+             "events": events}
+    return traces, truth
+
+
+def offset_diagnosis(found, truth, slack=1e-9, mean=None, other_reference=None):
+    if truth and abs(found + truth) < slack:
+        return ("the sign is reversed: the offset is what to add to this rank's timestamps to "
+                "read them on the lowest rank's clock, the lowest rank's end less this rank's")
+    if mean is not None and abs(found - mean) < slack:
+        return ("one of this rank's all_reduce ends was recorded late, and the offset moved "
+                "with it: take the median of the per-collective differences, which one late end "
+                "does not move, not their mean")
+    if other_reference is not None and abs(found - other_reference) < slack:
+        return ("the offsets are to the lowest rank's clock, whatever order the traces come "
+                "in, not to the first rank given")
+    return ("the k-th all_reduce ends together on every rank: pair each rank's ends in time "
+            "order with the lowest rank's, and take the median of the differences")
+
+
+def student_clocks(impl, traces, anchor="all_reduce"):
+    analysis = impl.module("trace_analysis")
+    offsets = analysis.clock_offsets(traces, anchor)
+    timeline = analysis.aligned_timeline(traces, anchor)
+    waits = analysis.arrival_waits(timeline, anchor)
+    return ({int(r): float(o) for r, o in offsets.items()},
+            [{key: e[key] for key in ("name", "pid", "ts", "dur")}
+             for e in timeline["traceEvents"]],
+            {int(r): float(w) for r, w in waits.items()}, int(analysis.straggler(waits)))
+
+
+def check_clocks(impl, run_alone, seed, worlds=(2, 3, 4, 8)):
+    configs = draw({"world": list(worlds), "rounds": [3, 5, 8]}, seed)
+    made = []
+    for index, config in enumerate(configs):
+        straggler = (seed + index) % config["world"]
+        traces, truth = skewed_ranks(config["world"], config["rounds"], seed * 100 + index,
+                                     straggler)
+        made.append((config, straggler, traces, truth))
+    found = run_alone(student_many_clocks, impl, [traces for _, _, traces, _ in made])
+    for (config, straggler, traces, truth), result in zip(made, found):
+        check_one_clock(config, straggler, traces, truth, result, seed)
+
+
+def student_many_clocks(impl, many):
+    return [student_clocks(impl, traces) for traces in many]
+
+
+def check_one_clock(config, straggler, traces, truth, result, seed):
+    offsets, timeline, waits, chosen = result
+    where = (f"{config['world']} ranks, {config['rounds']} all_reduces, traces given in rank "
+             f"order {list(traces)} [{label(config, seed)}]")
+    assert sorted(offsets) == list(range(config["world"])), (
+        f"clock_offsets ({where}) returned ranks {sorted(offsets)}: one offset per rank")
+    first_given = next(iter(traces))
+    for rank, value in offsets.items():
+        right = truth["offsets"][rank]
+        late = JITTER_US * 1e-6 / truth["rounds"] if rank == truth["jittered"] else 0.0
+        to_first_given = truth["skews"][first_given] - truth["skews"][rank]
+        assert value == pytest.approx(right, abs=1e-9), (
+            f"clock_offsets ({where}): rank {rank} {value:+.9f} s, expected {right:+.9f} s "
+            f"(its clock is {truth['skews'][rank]:+.6f} s off, rank 0's "
+            f"{truth['skews'][0]:+.6f} s). Likely mistake: "
+            f"{offset_diagnosis(value, right, 1e-9, right - late, to_first_given)}")
+    events = {}
+    for e in timeline:
+        events.setdefault(e["pid"], []).append(e)
+    assert sorted(events) == list(range(config["world"])), (
+        f"aligned_timeline ({where}) has processes {sorted(events)}: every rank's events move "
+        "to process `rank`")
+    assert [e["ts"] for e in timeline] == sorted(e["ts"] for e in timeline), (
+        f"aligned_timeline ({where}): the events are not sorted by their start")
+    for rank, mine in events.items():
+        truth_events = sorted((e["name"], e["ts"] + truth["skews"][0] * 1e6)
+                              for e in truth["events"][rank] if e["name"] != "aten::mm")
+        got = sorted((e["name"], e["ts"]) for e in mine)
+        assert len(got) == len(truth_events), (
+            f"aligned_timeline ({where}): rank {rank} has {len(got)} events, its trace "
+            f"{len(truth_events)} ranges: keep every range event of every rank")
+        for (name, ts), (_, want) in zip(got, truth_events):
+            assert ts == pytest.approx(want, abs=1e-3), (
+                f"aligned_timeline ({where}): rank {rank}'s {name!r} starts at {ts:.3f} us, on "
+                f"rank 0's clock at {want:.3f} us. Likely mistake: ts is in microseconds, the "
+                "offsets in seconds (x 1e6), and each rank moves by its own offset")
+    for rank, value in waits.items():
+        right = truth["waits"][rank]
+        assert value == pytest.approx(right, abs=1e-9), (
+            f"arrival_waits ({where}): rank {rank} waited {value * 1e6:.3f} us, expected "
+            f"{right * 1e6:.3f} us. Likely mistake: a rank waits from its own arrival (its "
+            "all_reduce's start) to the last rank's arrival at the same collective, summed "
+            "over the collectives; the ends are the same on every rank and tell nothing")
+    assert chosen == straggler, (
+        f"straggler ({where}) = rank {chosen}, expected rank {straggler} (it computes longest; "
+        f"waits {waits}). Likely mistake: the straggler is the rank the others wait for, the "
+        "one that waits least")
+
+
+def test_clocks_timeline_and_straggler(impl, run_alone, sweep_seed):
+    check_clocks(impl, run_alone, sweep_seed)
+
+
+def student_refusals(impl, cases):
+    analysis = impl.module("trace_analysis")
+    found = []
+    for function, argument in cases:
+        try:
+            getattr(analysis, function)(argument)
+        except ValueError as error:
+            found.append(str(error))
+        else:
+            found.append(None)
+    return found
+
+
+def check_refusals(impl, run_alone, seed, world=3):
+    """A rank without the anchor, or with another number of them, is refused by name."""
+    traces, _ = skewed_ranks(world, 4, seed, 0)
+    lacking = {**traces, world - 1: {"traceEvents": []}}
+    last = max((e for e in traces[1]["traceEvents"] if e["name"] == "all_reduce"),
+               key=lambda e: e["ts"])
+    fewer = {**traces, 1: {"traceEvents": [e for e in traces[1]["traceEvents"] if e is not last]}}
+    merged = [dict(e, pid=rank) for rank, trace in fewer.items() for e in trace["traceEvents"]]
+    cases = [("clock_offsets", lacking), ("clock_offsets", fewer),
+             ("arrival_waits", {"traceEvents": merged})]
+    found = run_alone(student_refusals, impl, cases)
+    what = [f"clock_offsets with rank {world - 1}'s trace empty",
+            "clock_offsets with rank 1 missing its last all_reduce",
+            "arrival_waits on a timeline where rank 1 has one all_reduce fewer"]
+    names = [(str(world - 1), "0"), ("1", "3", "4"), ("3", "4")]
+    for case, message, numbers in zip(what, found, names):
+        assert message is not None, (
+            f"{case}: no ValueError. The clocks line up on the same collectives on every rank "
+            "(every rank's k-th), so a rank without them, or with another number of them, "
+            "must be refused")
+        for number in numbers:
+            assert number in message, (
+                f"{case}: the error {message!r} does not name {number}: name the rank and the "
+                "counts")
+
+
+def test_ranks_without_matching_collectives_are_refused(impl, run_alone, sweep_seed):
+    check_refusals(impl, run_alone, sweep_seed)
+
+
+def check_recorded_alignment(impl, run_alone, cases="public"):
+    """The recorded TP block's per-rank traces, skewed: against the reference's reading."""
+    skews = snapshot("lab6", f"tp_skews/{cases}")
+    per_rank = recorded("tp_block_per_rank")
+    traces = {rank: {"traceEvents": [dict(e, ts=e["ts"] + skews[rank] * 1e6)
+                                     for e in per_rank[str(rank)]["traceEvents"]]}
+              for rank in sorted(skews, reverse=True)}
+    offsets, _, waits, chosen = run_alone(student_clocks, impl, traces)
+    for rank, value in snapshot("lab6", f"tp_offsets/{cases}").items():
+        assert offsets[rank] == pytest.approx(value, abs=1e-9), (
+            f"clock_offsets on the recorded TP block (rank {rank}'s clock {skews[rank]:+g} s "
+            f"off): {offsets[rank]:+.9f} s, expected {value:+.9f} s. Likely mistake: "
+            f"{offset_diagnosis(offsets[rank], value)}")
+    for rank, value in snapshot("lab6", f"tp_waits/{cases}").items():
+        assert waits[rank] == pytest.approx(value, abs=1e-9), (
+            f"arrival_waits on the recorded TP block: rank {rank} {waits[rank] * 1e6:.3f} us, "
+            f"expected {value * 1e6:.3f} us: from its all_reduce's start to the last rank's, "
+            "summed over the all_reduces")
+    assert chosen == snapshot("lab6", f"tp_straggler/{cases}"), (
+        f"straggler on the recorded TP block = {chosen}: the rank that waits least")
+
+
+def test_a_recorded_tp_block_on_skewed_clocks(impl, run_alone):
+    check_recorded_alignment(impl, run_alone)

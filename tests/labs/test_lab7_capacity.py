@@ -1,168 +1,284 @@
-"""Lab 7, graded: the 70B calculation (``capacity``), number by number, against the kit's
-planner and formulas, which are computed here: the planner's model shapes
-(``perf/planner/model_spec``) and memory estimate, ZeRO's bytes (``hybrid/zero``), Korthikanti
-et al.'s activation bytes (``memory/activation_memory``), the pipeline's closed-form bubble
-(``pipeline/pipeline_simulator``) and the planner's time estimate of the TP collectives.
+"""Lab 7, graded: the 70B calculation (``capacity``), number by number, and a step from its
+parts.
+
+The expected values are lab 7's snapshot (``tests/labs/snapshots/lab7.pt``): what the
+reference gives on each case, and, for the step's composition, the planner's own terms on
+layouts it evaluates (the layer's time, the exposed TP collectives, the LM head, the exposed
+DP time; the slowest stage, the pipeline and the step by cause it makes of them). Hand-checked
+cases (worked out in the comments) pin the step's rules down on round numbers, and sweeps of
+layouts whose sizes do not divide check that the refusals name the numbers.
 
 Every argument is exercised where ignoring it gives another number: GQA (kv_heads < heads)
 and MHA, gated and plain MLPs, tied embeddings; TP and PP degrees that do not divide the
 layers; each ZeRO stage under both accountings; TP with and without SP, flash attention,
-dropout; 1F1B and interleaved pipelines with fewer microbatches than stages. Integers are
-compared exactly, byte counts to a relative 1e-12.
+dropout; 1F1B and interleaved pipelines with fewer microbatches than stages; sharded and
+unsharded optimizers, collectives longer and shorter than the compute they overlap. Integers
+are compared exactly, byte counts and seconds to a relative 1e-12 (1e-9 against the planner).
 """
-import math
-
 import pytest
 
-from reference_impl.memory.activation_memory import activation_memory_formula
-from reference_impl.memory.model_states import zero_memory_formula
-from reference_impl.perf.planner import Layout, cluster_of, evaluate, get_model
-from reference_impl.perf.planner.framework_memory import model_state_bytes
-from reference_impl.perf.planner.memory_estimate import in_flight_microbatches
-from reference_impl.pipeline.pipeline_simulator import bubble_formula
+from reference_impl.course.snapshots import snapshot
+from reference_impl.course.sweeps import draw, label
 
 pytestmark = pytest.mark.lab7
 
 REL = 1e-12
-PRESETS = ("70b", "7b", "405b", "gpt3-175b")
+STEP_TERMS = ("layers", "TP", "LM head", "bubble", "DP")
+MISTAKES = {
+    "llama_parameters": "K and V have kv_heads x head size columns each (grouped-query "
+                        "attention), not h; a gated (SwiGLU) MLP has 3 matrices of h x ffn, a "
+                        "plain one 2; the output layer counts again unless tied",
+    "first_stage_parameters": "ceil(layers / pp) layers on the stage (80 / 3 leaves 27 on the "
+                              "first), every layer and the embedding split over the tp GPUs",
+    "model_state_bytes_per_parameter": "ZeRO-1 shards the 12 optimizer bytes, ZeRO-2 also the "
+                                       "gradient, ZeRO-3 the weight too (the rest stay whole); "
+                                       "Megatron-LM keeps a 4-byte fp32 gradient (18 bytes "
+                                       "unsharded, 6 + 12/d with its distributed optimizer)",
+    "activation_bytes_per_layer": "without SP the 10 sbh of layernorm inputs and dropout masks "
+                                  "are not split by t (with SP they are); no dropout removes "
+                                  "2 sbh of masks and the a s^2 b mask; flash attention keeps "
+                                  "4 a s b / t bytes, no scores",
+    "in_flight_microbatches": "1F1B's first stage holds min(pp, m), interleaved 1F1B a factor "
+                              "1 + (pp-1)/(pp v) more",
+    "bubble_fraction": "(p-1)/(m+p-1), and (p-1)/(vm+p-1) with v chunks per rank",
+    "tp_all_reduce_bytes_per_layer": "4 all-reduces per layer (2 forward, 2 backward) of the "
+                                     "b x s x h activation, bytes_per_element each",
+    "tp_seconds_per_layer": "4 ring all-reduces of b s h x bytes_per_element bytes over the tp "
+                            "GPUs, each 2(n-1) alpha + 2(n-1)/n S / B (none on one GPU)",
+    "dp_exposed_seconds": "a reduce-scatter (sharded optimizer) or an all-gather is half an "
+                          "all-reduce; the gradients hide behind the last backward (2/3 of a "
+                          "stage), the parameters' gather behind the first forward (1/3), and "
+                          "each part's exposed time is clipped at 0 on its own",
+    "stage_seconds": "each of the stage's layers / pp layers pays its compute and its exposed "
+                     "TP time, and the LM head counts once, on the last stage",
+    "pipeline_seconds": "1F1B takes m + p - 1 slots of the slowest stage, interleaved 1F1B "
+                        "m + (p-1)/v",
+}
+STEP_MISTAKES = {
+    "layers": "the layers' compute is the stage's share of the layers (layers / pp) times the "
+              "layer's time, once per microbatch",
+    "TP": "the exposed TP time is paid by each of the stage's layers, once per microbatch",
+    "LM head": "the LM head runs once per microbatch, on the last stage only",
+    "bubble": "the bubble is what the pipeline takes beyond m slots of the slowest stage "
+              "(the pipeline less m x stage), not a fraction of the layers alone",
+    "DP": "the exposed DP time is added once per step, as given",
+    "step": "the step is the sum of the terms",
+}
 
 
-def student_values(impl, calls):
-    """``calls``: (function name, args, kwargs) of the student's ``capacity``; every result,
-    as a float."""
+def student_calls(impl, calls):
+    """``calls``: (function name, args, kwargs) of the student's ``capacity``; each result as
+    ("value", a float or a dict of floats) or ("ValueError", its message)."""
     capacity = impl.module("capacity")
-    return [float(getattr(capacity, name)(*args, **kwargs)) for name, args, kwargs in calls]
+    results = []
+    for name, args, kwargs in calls:
+        try:
+            value = getattr(capacity, name)(*args, **kwargs)
+        except ValueError as error:
+            results.append(("ValueError", str(error)))
+            continue
+        results.append(("value", {key: float(term) for key, term in value.items()}
+                        if isinstance(value, dict) else float(value)))
+    return results
 
 
 def run(run_alone, impl, calls):
-    return run_alone(student_values, impl, calls)
+    return run_alone(student_calls, impl, calls)
 
 
-def spec_arguments(model):
-    return ((model.layers, model.hidden, model.heads, model.kv_heads or model.heads, model.ffn,
-             model.vocab), {"gated": model.gated_mlp, "tied": model.tied_embeddings})
+def call_text(name, args, kwargs):
+    return f"{name}({', '.join([*map(repr, args), *(f'{k}={v!r}' for k, v in kwargs.items())])})"
+
+
+def check_value(name, args, kwargs, result, expected, rel=REL, source="the reference gives"):
+    where = call_text(name, args, kwargs)
+    kind, value = result
+    assert kind == "value", f"{where} raised ValueError: {value}; these arguments are valid"
+    if isinstance(expected, int) and not isinstance(expected, bool):
+        assert value == expected, (f"{where} = {value:,.0f}, {source} {expected:,}. Likely "
+                                   f"mistake: {MISTAKES[name]}")
+    else:
+        assert value == pytest.approx(expected, rel=rel, abs=1e-15), (
+            f"{where} = {value:.10g}, {source} {expected:.10g}. Likely mistake: "
+            f"{MISTAKES[name]}")
+
+
+def check_function(impl, run_alone, names, cases="public"):
+    """The student's functions ``names`` (one, or several) on the snapshot's cases, in one
+    helper process."""
+    names = (names,) if isinstance(names, str) else names
+    expected = [(name, case) for name in names for case in snapshot("lab7", f"{name}/{cases}")]
+    found = run(run_alone, impl, [(name, args, kwargs) for name, (args, kwargs, _) in expected])
+    for (name, (args, kwargs, value)), result in zip(expected, found):
+        check_value(name, args, kwargs, result, value)
+
+
+def check_planner_tp_time(impl, run_alone, cases="public"):
+    expected = snapshot("lab7", f"tp_comm/{cases}")
+    found = run(run_alone, impl, [("tp_seconds_per_layer", args, kwargs)
+                                  for args, kwargs, _ in expected])
+    for (args, kwargs, value), result in zip(expected, found):
+        check_value("tp_seconds_per_layer", args, kwargs, result, value, 1e-9,
+                    "the planner's time of one layer's TP collectives is")
 
 
 def test_parameters_of_llama_and_gpt_shapes(impl, run_alone):
-    models = [get_model(name) for name in PRESETS]
-    found = run(run_alone, impl, [("llama_parameters", *spec_arguments(m)) for m in models])
-    for model, value in zip(models, found):
-        assert value == model.num_params, (
-            f"llama_parameters for {model.name} = {value:,.0f}, the planner counts "
-            f"{model.num_params:,}. Likely mistake: K and V have kv_heads x head size columns "
-            "each (grouped-query attention), not h; a gated (SwiGLU) MLP has 3 matrices of "
-            "h x ffn, a plain one 2; the output layer counts again unless tied")
+    check_function(impl, run_alone, "llama_parameters")
 
 
 def test_first_stage_parameters(impl, run_alone):
-    model = get_model("70b")
-    layouts = [(8, 4), (2, 8), (1, 16), (4, 3), (8, 1)]
-    found = run(run_alone, impl, [("first_stage_parameters", (model.params_per_layer,
-                                    model.layers, model.vocab, model.hidden, tp, pp), {})
-                                   for tp, pp in layouts])
-    for (tp, pp), value in zip(layouts, found):
-        expected = (math.ceil(model.layers / pp) * model.params_per_layer / tp
-                    + model.vocab * model.hidden / tp)
-        # The planner's own number, where the first stage is the one it reports:
-        if pp > 1 and 128 % (tp * pp) == 0:
-            memory = evaluate(model, cluster_of("h100", nodes=16, gpus_per_node=8),
-                              Layout(tp, pp, 128 // (tp * pp)), 1024).memory
-            if memory.stage == "first":
-                assert expected == pytest.approx(memory.params_per_gpu, rel=REL)
-        assert value == pytest.approx(expected, rel=REL), (
-            f"first_stage_parameters at TP {tp} x PP {pp} = {value:,.0f}, expected "
-            f"{expected:,.0f}: ceil(layers / pp) layers on the stage (80 / 3 leaves 27 on the "
-            "first), every layer and the embedding split over the tp GPUs")
+    check_function(impl, run_alone, "first_stage_parameters")
 
 
 def test_model_state_bytes_per_parameter(impl, run_alone):
-    cases = [(stage, shards, "zero") for stage in (0, 1, 2, 3) for shards in (1, 4, 6)]
-    cases += [(stage, shards, "megatron") for stage in (0, 1) for shards in (1, 4, 6)]
-    found = run(run_alone, impl, [("model_state_bytes_per_parameter", case, {})
-                                   for case in cases])
-    params = 10 ** 9
-    for (stage, shards, accounting), value in zip(cases, found):
-        if accounting == "zero":
-            expected = zero_memory_formula(params, shards, stage) / params
-        else:
-            expected = model_state_bytes(params, shards, stage, "megatron") / params
-        assert value == pytest.approx(expected, rel=REL), (
-            f"model_state_bytes_per_parameter(stage {stage}, shards {shards}, {accounting}) = "
-            f"{value}, expected {expected}. Likely mistake: ZeRO-1 shards the 12 optimizer "
-            "bytes, ZeRO-2 also the gradient, ZeRO-3 the weight too (the rest stay whole); "
-            "Megatron-LM keeps a 4-byte fp32 gradient (18 bytes unsharded, 6 + 12/d with its "
-            "distributed optimizer)")
-
-
-ACTIVATION_CASES = [  # (s, b, h, a, t, sequence_parallel, flash, dropout)
-    (4096, 1, 8192, 64, 8, True, True, False),     # the lab's 70B layout
-    (2048, 2, 4096, 32, 4, False, False, True),    # GPT-style, TP only
-    (2048, 2, 4096, 32, 4, True, False, True),     # TP + SP
-    (1024, 4, 2048, 16, 1, False, False, True),    # no parallelism: sbh (34 + 5as/h)
-    (1024, 4, 2048, 16, 2, False, True, False),    # flash, no dropout, TP without SP
-    (4096, 1, 8192, 64, 8, True, False, False),    # scores kept, no dropout
-]
+    check_function(impl, run_alone, "model_state_bytes_per_parameter")
 
 
 def test_activation_bytes_per_layer(impl, run_alone):
-    found = run(run_alone, impl, [
-        ("activation_bytes_per_layer", (s, b, h, a, t),
-         {"sequence_parallel": sp, "flash": flash, "dropout": dropout})
-        for s, b, h, a, t, sp, flash, dropout in ACTIVATION_CASES])
-    for (s, b, h, a, t, sp, flash, dropout), value in zip(ACTIVATION_CASES, found):
-        expected = activation_memory_formula(s, b, h, a, t, sequence_parallel=sp,
-                                             mask_bytes=1 if dropout else 0,
-                                             attention="sdpa" if flash else "explicit")
-        assert value == pytest.approx(expected, rel=REL), (
-            f"activation_bytes_per_layer(s={s}, b={b}, h={h}, a={a}, t={t}, sp={sp}, "
-            f"flash={flash}, dropout={dropout}) = {value:,.0f}, Korthikanti et al. give "
-            f"{expected:,.0f}. Likely mistake: without SP the 10 sbh of layernorm inputs and "
-            "dropout masks are not split by t (with SP they are); no dropout removes 2 sbh of "
-            "masks and the a s^2 b mask; flash attention keeps 4 a s b / t bytes, no scores")
+    check_function(impl, run_alone, "activation_bytes_per_layer")
 
 
 def test_microbatches_in_flight_and_the_bubble(impl, run_alone):
-    cases = [(4, 256, 1), (8, 32, 5), (8, 4, 1), (4, 2, 2), (1, 8, 1), (16, 64, 4)]
-    found = run(run_alone, impl, [(name, case, {}) for case in cases
-                                  for name in ("in_flight_microbatches", "bubble_fraction")])
-    for index, (pp, m, v) in enumerate(cases):
-        held, bubble = found[2 * index], found[2 * index + 1]
-        expected_held = in_flight_microbatches(pp, m, v)
-        assert held == pytest.approx(expected_held, rel=REL), (
-            f"in_flight_microbatches(pp={pp}, m={m}, v={v}) = {held}, the planner holds "
-            f"{expected_held}: 1F1B's first stage holds min(pp, m), interleaved 1F1B a factor "
-            "1 + (pp-1)/(pp v) more")
-        expected_bubble = bubble_formula("interleaved" if v > 1 else "1f1b", pp, m, v)
-        assert bubble == pytest.approx(expected_bubble, rel=1e-9, abs=1e-15), (
-            f"bubble_fraction(pp={pp}, m={m}, v={v}) = {bubble}, expected "
-            f"{expected_bubble}: (p-1)/(m+p-1), and (p-1)/(vm+p-1) with v chunks per rank")
+    check_function(impl, run_alone, ("in_flight_microbatches", "bubble_fraction"))
 
 
 def test_tp_all_reduce_volume_and_time_per_layer(impl, run_alone):
-    model = get_model("70b")
-    cluster = cluster_of("h100", nodes=16, gpus_per_node=8)
-    s, h = model.seq_len, model.hidden
-    bandwidth = cluster.intra_bw_gbs * 1e9
-    calls = [("tp_all_reduce_bytes_per_layer", (1, s, h), {}),
-             ("tp_all_reduce_bytes_per_layer", (2, 1024, 512), {"bytes_per_element": 4})]
-    calls += [("tp_seconds_per_layer", (1, s, h, tp, cluster.intra_alpha, bandwidth), {})
-              for tp in (8, 2)]
-    calls += [("tp_seconds_per_layer", (2, 1024, 512, 4, 1e-5, 1e10), {"bytes_per_element": 4})]
-    volume, volume_fp32, seconds_tp8, seconds_tp2, seconds_fp32 = run(run_alone, impl, calls)
-    assert volume == 4 * 2 * s * h, (
-        f"tp_all_reduce_bytes_per_layer = {volume:,.0f}, expected {4 * 2 * s * h:,}: 4 "
-        "all-reduces per layer (2 forward, 2 backward) of the b x s x h activation, 2 bytes each")
-    assert volume_fp32 == 4 * 2 * 1024 * 512 * 4, (
-        f"tp_all_reduce_bytes_per_layer with bytes_per_element=4 = {volume_fp32:,.0f}: honour "
-        "bytes_per_element")
-    for tp, value in ((8, seconds_tp8), (2, seconds_tp2)):
-        recipe = evaluate(model, cluster, Layout(tp, 128 // (tp * 4), 4), 1024)
-        assert value == pytest.approx(recipe.time.tp_comm_s, rel=1e-9), (
-            f"tp_seconds_per_layer at TP {tp} = {value * 1e3:.4f} ms, the planner's "
-            f"{recipe.time.tp_comm_s * 1e3:.4f} ms: 4 ring all-reduces of b s h x 2 bytes over "
-            "the tp GPUs, each 2(n-1) alpha + 2(n-1)/n S / B")
-    # The ring all-reduce's cost written out: in a handout, lab 0's alpha_beta is a stub here.
-    n, nbytes, alpha, bandwidth = 4, 2 * 1024 * 512 * 4, 1e-5, 1e10
-    expected = 4 * (2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / bandwidth)
-    assert seconds_fp32 == pytest.approx(expected, rel=1e-12), (
-        f"tp_seconds_per_layer with 4-byte elements = {seconds_fp32}, expected {expected}")
+    check_function(impl, run_alone, ("tp_all_reduce_bytes_per_layer", "tp_seconds_per_layer"))
+    check_planner_tp_time(impl, run_alone)
+
+
+# ------------------------------------------------------------ a step from its parts
+
+# By hand, round numbers (seconds):
+# * 8 layers on 4 stages, layer 3, TP 1, head 2: a stage is 2 x (3 + 1) + 2 = 10.
+# * that stage, 1F1B over 4 stages, 6 microbatches: (6 + 3) x 10 = 90, the bubble 30;
+#   interleaved with v = 3 and 8 microbatches: (8 + 3/3) x 10 = 90, the bubble 10.
+# * the step of the first: layers 6 x 2 x 3 = 36, TP 6 x 2 x 1 = 12, head 6 x 2 = 12,
+#   bubble 30, DP 5: 95.
+# * DP over 4 ranks, alpha 0, 1 byte/s: an all-reduce of 8 bytes is 2 x 3/4 x 8 = 12, a
+#   reduce-scatter 6; stage 3 (backward 2, forward 1). Unsharded: 12 - 2 = 10. Sharded, the
+#   gather of 4 bytes is 3: (6 - 2) + (3 - 1) = 6. With a stage of 12 (backward 8, forward
+#   4) both hide: 0 + 0 = 0, not a negative time.
+HAND_STAGES = [((8, 4, 3.0, 1.0, 2.0), 10.0), ((8, 1, 3.0, 1.0, 0.0), 32.0),
+               ((6, 6, 0.5, 0.25, 1.0), 1.75)]
+HAND_PIPELINES = [((10.0, 4, 6, 1), 90.0), ((10.0, 4, 8, 3), 90.0), ((2.0, 1, 5, 1), 10.0),
+                  ((1.0, 2, 1, 1), 2.0)]
+HAND_DP = [((8.0, 4.0, 4, 0.0, 1.0, 3.0, False), 10.0), ((8.0, 4.0, 4, 0.0, 1.0, 3.0, True), 6.0),
+           ((8.0, 4.0, 4, 0.0, 1.0, 12.0, True), 0.0), ((8.0, 4.0, 1, 1.0, 1.0, 0.0, True), 0.0)]
+HAND_STEP = ((8, 4, 6, 3.0, 1.0, 2.0, 5.0, 1),
+             {"layers": 36.0, "TP": 12.0, "LM head": 12.0, "bubble": 30.0, "DP": 5.0,
+              "step": 95.0})
+
+
+def check_hand_cases(impl, run_alone):
+    calls = ([("stage_seconds", args, {}) for args, _ in HAND_STAGES]
+             + [("pipeline_seconds", args, {}) for args, _ in HAND_PIPELINES]
+             + [("dp_exposed_seconds", args, {}) for args, _ in HAND_DP]
+             + [("step_breakdown", HAND_STEP[0], {})])
+    found = iter(run(run_alone, impl, calls))
+    for name, cases in (("stage_seconds", HAND_STAGES), ("pipeline_seconds", HAND_PIPELINES),
+                        ("dp_exposed_seconds", HAND_DP)):
+        for args, value in cases:
+            check_value(name, args, {}, next(found), value, source="by hand,")
+    kind, terms = next(found)
+    check_breakdown(call_text("step_breakdown", HAND_STEP[0], {}), kind, terms, HAND_STEP[1],
+                    "by hand,")
+
+
+def check_breakdown(where, kind, terms, expected, source, rel=REL):
+    assert kind == "value", f"{where} raised ValueError: {terms}; these arguments are valid"
+    assert isinstance(terms, dict) and set(terms) == set(expected), (
+        f"{where} returned the terms {sorted(terms) if isinstance(terms, dict) else terms}, "
+        f"expected {sorted(expected)}")
+    for name, value in expected.items():
+        assert terms[name] == pytest.approx(value, rel=rel, abs=1e-12), (
+            f"{where}: {name} = {terms[name]:.10g} s, {source} {value:.10g} s. Likely mistake: "
+            f"{STEP_MISTAKES[name]}")
+
+
+def check_planner_step(impl, run_alone, cases="public"):
+    """The stage, the pipeline and the step by cause, from the planner's parts, against what
+    the planner makes of them."""
+    layouts = snapshot("lab7", f"planner/{cases}")
+    calls = []
+    for case in layouts:
+        parts = (case["model_layers"], case["pp"])
+        calls += [("stage_seconds", (*parts, case["layer_s"], case["tp_s"], case["head_s"]), {}),
+                  ("pipeline_seconds", (case["stage_s"], case["pp"], case["microbatches"],
+                                        case["v"]), {}),
+                  ("step_breakdown", (*parts, case["microbatches"], case["layer_s"],
+                                      case["tp_s"], case["head_s"], case["dp_s"], case["v"]), {})]
+    found = iter(run(run_alone, impl, calls))
+    for case in layouts:
+        for name, value in (("stage_seconds", case["stage_s"]),
+                            ("pipeline_seconds", case["pipeline_s"])):
+            kind, result = next(found)
+            assert kind == "value", f"{name} on the planner's {case['layout']} raised: {result}"
+            assert result == pytest.approx(value, rel=1e-9), (
+                f"{name} on the planner's {case['layout']} ({case['microbatches']} "
+                f"microbatches) = {result:.10g} s, the planner's {value:.10g} s. Likely "
+                f"mistake: {MISTAKES[name]}")
+        kind, terms = next(found)
+        expected = {name: case[name] for name in STEP_TERMS}
+        expected["step"] = sum(expected.values())
+        check_breakdown(f"step_breakdown on the planner's {case['layout']}", kind, terms,
+                        expected, "the planner's", 1e-9)
+
+
+def check_refusals(impl, run_alone, seed):
+    """Layouts whose sizes do not divide are refused, naming the numbers; those that divide
+    are not. With a layer of 1 s and nothing else, a stage is its number of layers."""
+    configs = draw({"layers": [80, 30, 7, 126, 1], "pp": [1, 3, 4, 16, 5],
+                    "microbatches": [1, 6, 64, 10], "v": [1, 2, 5]}, seed, extra=12)
+    calls = [("stage_seconds", (c["layers"], c["pp"], 1.0, 0.0, 0.0), {}) for c in configs]
+    calls += [("pipeline_seconds", (1.0, c["pp"], c["microbatches"], c["v"]), {})
+              for c in configs]
+    found = run(run_alone, impl, calls)
+    stages, pipelines = found[:len(configs)], found[len(configs):]
+    for config, (kind, result) in zip(configs, stages):
+        where = (f"stage_seconds({config['layers']} layers, pp {config['pp']}) "
+                 f"[{label(config, seed)}]")
+        if config["layers"] % config["pp"]:
+            assert kind == "ValueError", (
+                f"{where} = {result}: {config['layers']} layers do not split evenly over "
+                f"{config['pp']} stages, so it must raise ValueError (the slowest stage "
+                "depends on how they are balanced)")
+            for number in (config["layers"], config["pp"]):
+                assert str(number) in result, (
+                    f"{where}'s error {result!r} does not name {number}: name the layers and "
+                    "the stages")
+        else:
+            assert kind == "value" and result == config["layers"] // config["pp"], (
+                f"{where} = {result}, expected {config['layers'] // config['pp']} (layers of "
+                "1 s each, no TP, no head): an even split must not be refused")
+    for config, (kind, result) in zip(configs, pipelines):
+        pp, m, v = config["pp"], config["microbatches"], config["v"]
+        where = f"pipeline_seconds(pp {pp}, {m} microbatches, v {v}) [{label(config, seed)}]"
+        if v > 1 and (pp == 1 or m % pp):
+            reason = ("interleaving needs a pipeline (pp > 1)" if pp == 1 else
+                      f"interleaved 1F1B runs microbatches in groups of pp: {m} % {pp} = "
+                      f"{m % pp}")
+            assert kind == "ValueError", f"{where} = {result}: {reason}, so it must raise ValueError"
+            numbers = (v,) if pp == 1 else (m, pp)
+            for number in numbers:
+                assert str(number) in result, (
+                    f"{where}'s error {result!r} does not name {number}: {reason}")
+        else:
+            assert kind == "value", (f"{where} raised ValueError ({result}): this pipeline is "
+                                     "valid")
+
+
+def test_dp_exposed_seconds(impl, run_alone):
+    check_function(impl, run_alone, "dp_exposed_seconds")
+
+
+def test_step_by_hand(impl, run_alone):
+    check_hand_cases(impl, run_alone)
+
+
+def test_step_against_the_planner(impl, run_alone):
+    check_planner_step(impl, run_alone)
+
+
+def test_layouts_that_do_not_divide_are_refused(impl, run_alone, sweep_seed):
+    check_refusals(impl, run_alone, sweep_seed)

@@ -5,13 +5,14 @@ chunk (odd chunks included), and two more (cp, tokens per chunk) drawn from cp 9
 5 tokens by the sweep's seed (``--sweep-seed N`` draws others; a failure prints its seed and case):
 
 * **Chunks and positions.** Every rank's two chunks and the global positions of its tokens,
-  against the layout written out here: the sequence cut into 2cp equal chunks, rank i holding
-  chunks i and 2cp-1-i, in that order. A sequence that does not split into 2cp chunks is
-  refused with a ValueError naming seq and 2cp.
+  against the layout's snapshot (``tests/labs/snapshots/lab8.pt``): the sequence cut into 2cp
+  equal chunks, rank i holding chunks i and 2cp-1-i, in that order. A sequence that does not
+  split into 2cp chunks is refused with a ValueError naming seq and 2cp.
 * **What a rank's queries see of another rank's keys.** Every (rank, owner) pair: the (query
   slice, key slice, masked) that ``visible_part`` returns must hold exactly the (query, key)
   pairs with key position <= query position, computed here from the global positions: inside
-  the slices every pair, unless ``masked``, and nothing outside them. ``masked`` is for the
+  the slices every pair, unless ``masked``, and nothing outside them (the positions from the
+  snapshot, the causal rule key <= query). ``masked`` is for the
   rank's own block only: ring attention masks with this rank's positions for both queries and
   keys, which is right on its own block alone (of another rank's block, the visible part is
   visible whole).
@@ -23,8 +24,8 @@ import random
 import pytest
 import torch
 
+from reference_impl.course.snapshots import snapshot
 from reference_impl.course.sweeps import label
-from reference_impl.toys import head_tail_positions
 
 pytestmark = pytest.mark.lab8
 
@@ -33,29 +34,28 @@ DRAWN = 2  # more (cp, chunk) drawn by the seed from cp 9..16, chunk 1..5
 REFUSED = [(2, 10), (4, 20), (3, 9), (8, 24)]  # (cp, seq): seq not divisible by 2cp
 
 
-def layouts(seed: int) -> list[tuple[int, int]]:
-    rng = random.Random(seed)
-    return FIXED + [(rng.randint(9, 16), rng.randint(1, 5)) for _ in range(DRAWN)]
-
-
 def case(cp: int, chunk: int, seed: int, **more) -> str:
     return label({"cp": cp, "seq": 2 * cp * chunk, **more}, seed)
 
 
-def chunks_written_out(cp: int, rank: int) -> tuple[int, int]:
-    return rank, 2 * cp - 1 - rank
+def layouts(seed: int, fixed=FIXED, drawn: int = DRAWN) -> list[tuple[int, int]]:
+    rng = random.Random(seed)
+    return list(fixed) + [(rng.randint(9, 16), rng.randint(1, 5)) for _ in range(drawn)]
 
 
-def positions_of_chunks(seq: int, cp: int, chunks) -> list[int]:
-    size = seq // (2 * cp)
-    return [chunk * size + offset for chunk in chunks for offset in range(size)]
+def chunks_of(cp: int, rank: int) -> list[int]:
+    """Rank ``rank``'s two chunks, from the snapshot."""
+    return snapshot("lab8", "chunks")[str(cp)][rank]
 
 
-positions_written_out = head_tail_positions
+def positions_of(seq: int, cp: int, rank: int) -> list[int]:
+    """The global positions of rank ``rank``'s tokens, from the snapshot."""
+    return snapshot("lab8", "layouts")[f"{cp}/{seq // (2 * cp)}"][rank].tolist()
 
 
-def layout_alone(impl, part: str, seed: int):
-    """``part`` ("chunks", "positions" or "visible") of every case, errors as text."""
+def layout_alone(impl, part: str, cases: list[tuple[int, int]]):
+    """``part`` ("chunks", "positions" or "visible") of every (cp, chunk) case, errors as
+    text."""
     balance = impl.module("load_balance")
 
     def attempt(function, *args):
@@ -68,7 +68,6 @@ def layout_alone(impl, part: str, seed: int):
         return [[each.start, each.stop, each.step] if isinstance(each, slice) else each
                 for each in value]
 
-    cases = layouts(seed)
     if part == "chunks":
         return {f"{cp}/{rank}": attempt(balance.chunks_of_rank, cp, rank)
                 for cp in sorted({cp for cp, _ in cases}) for rank in range(cp)}
@@ -85,11 +84,11 @@ def raised(value) -> bool:
     return isinstance(value, str)
 
 
-def test_each_rank_holds_chunks_i_and_2cp_minus_1_minus_i(impl, run_alone, sweep_seed):
-    found = run_alone(layout_alone, impl, "chunks", sweep_seed)
-    for cp in sorted({cp for cp, _ in layouts(sweep_seed)}):
+def check_chunks(impl, run_alone, cases, sweep_seed) -> None:
+    found = run_alone(layout_alone, impl, "chunks", cases)
+    for cp in sorted({cp for cp, _ in cases}):
         for rank in range(cp):
-            actual, expected = found[f"{cp}/{rank}"], list(chunks_written_out(cp, rank))
+            actual, expected = found[f"{cp}/{rank}"], list(chunks_of(cp, rank))
             where = f"chunks_of_rank(cp={cp}, rank={rank}) [{label({'cp': cp}, sweep_seed)}]"
             if raised(actual):
                 pytest.fail(f"{where} raised {actual}", pytrace=False)
@@ -112,10 +111,12 @@ def positions_cause(actual, expected, seq: int, cp: int, rank: int) -> str:
         return "a contiguous piece of the sequence, not the load-balanced chunks i and 2cp-1-i"
     if isinstance(actual, list) and sorted(actual) == sorted(expected):
         return "the right tokens in the wrong order: chunk i first, then chunk 2cp-1-i"
-    if cp > 1 and actual == positions_of_chunks(seq, cp, (rank, cp - 1 - rank)):
+    size = seq // (2 * cp)
+    held = [actual[0] // size, actual[size] // size] if len(actual) == 2 * size else None  # chunks
+    if cp > 1 and held == [rank, cp - 1 - rank]:
         return "the rank holds chunks i and cp-1-i instead of i and 2cp-1-i"
     return (f"the sequence is cut into 2cp = {2 * cp} chunks of {seq // (2 * cp)} tokens; rank "
-            f"{rank} holds chunks {chunks_written_out(cp, rank)}")
+            f"{rank} holds chunks {chunks_of(cp, rank)}")
 
 
 def shown(values) -> str:
@@ -123,13 +124,13 @@ def shown(values) -> str:
     return str(values) if len(values) <= 24 else f"{values[:12]} ... ({len(values)} positions)"
 
 
-def test_token_positions_are_the_places_in_the_whole_sequence(impl, run_alone, sweep_seed):
-    found = run_alone(layout_alone, impl, "positions", sweep_seed)
-    for cp, chunk in layouts(sweep_seed):
+def check_positions(impl, run_alone, cases, sweep_seed) -> None:
+    found = run_alone(layout_alone, impl, "positions", cases)
+    for cp, chunk in cases:
         seq = 2 * cp * chunk
         for rank in range(cp):
             actual = found[f"{cp}/{seq}/{rank}"]
-            expected = positions_written_out(seq, cp, rank)
+            expected = positions_of(seq, cp, rank)
             where = f"token_positions(seq={seq}, cp={cp}, rank={rank}) [{case(cp, chunk, sweep_seed)}]"
             if raised(actual):
                 pytest.fail(f"{where} raised {actual}", pytrace=False)
@@ -148,8 +149,8 @@ def test_token_positions_are_the_places_in_the_whole_sequence(impl, run_alone, s
 def visible_pairs(cp: int, local: int, rank: int, owner: int) -> torch.Tensor:
     """(local, local) booleans: rank's query i sees owner's key j (by global positions)."""
     seq = cp * local
-    queries = torch.tensor(positions_written_out(seq, cp, rank))
-    keys = torch.tensor(positions_written_out(seq, cp, owner))
+    queries = torch.tensor(positions_of(seq, cp, rank))
+    keys = torch.tensor(positions_of(seq, cp, owner))
     return keys[None, :] <= queries[:, None]
 
 
@@ -185,9 +186,9 @@ def visible_part_cause(cp, rank, owner, local, covered, computed, expected, mask
     return "pairs that are hidden (key after query) are inside the unmasked slices"
 
 
-def test_visible_part_covers_exactly_the_causal_pairs(impl, run_alone, sweep_seed):
-    found = run_alone(layout_alone, impl, "visible", sweep_seed)
-    for cp, chunk in layouts(sweep_seed):
+def check_visible(impl, run_alone, cases, sweep_seed) -> None:
+    found = run_alone(layout_alone, impl, "visible", cases)
+    for cp, chunk in cases:
         local = 2 * chunk
         for rank in range(cp):
             for owner in range(cp):
@@ -205,3 +206,15 @@ def test_visible_part_covers_exactly_the_causal_pairs(impl, run_alone, sweep_see
                 cause = visible_part_cause(cp, rank, owner, local, covered, computed, expected, masked)
                 pytest.fail(f"{where} = (rows {rows[:2]}, keys {keys[:2]}, masked {masked}): "
                             f"{pairs_summary(computed, expected)}. {cause}", pytrace=False)
+
+
+def test_each_rank_holds_chunks_i_and_2cp_minus_1_minus_i(impl, run_alone, sweep_seed):
+    check_chunks(impl, run_alone, layouts(sweep_seed), sweep_seed)
+
+
+def test_token_positions_are_the_places_in_the_whole_sequence(impl, run_alone, sweep_seed):
+    check_positions(impl, run_alone, layouts(sweep_seed), sweep_seed)
+
+
+def test_visible_part_covers_exactly_the_causal_pairs(impl, run_alone, sweep_seed):
+    check_visible(impl, run_alone, layouts(sweep_seed), sweep_seed)

@@ -19,7 +19,8 @@ In every case some rows see no key of one block (lse = -inf, out = 0 there) and 
 key at all: it must come out as (0, -inf), not NaN. The merge must not write into its inputs
 (in ring attention they are views of the running output). Tolerances, against float64: lse
 within atol 1e-6 + rtol 1e-6 (observed 2e-7 at lse ~2, 4e-6 at ~95: fp32's spacing there is
-7.6e-6), out within atol 1e-5, rtol 1e-6 (observed 3e-6).
+7.6e-6), out within atol 3e-5, rtol 1e-6 (observed up to 1.2e-5 at lse ~95, over
+seeds 0 to 39).
 """
 import zlib
 
@@ -37,7 +38,7 @@ MAGNITUDES = {"lse ~2": (0.0, 0.0), "lse ~95": (95.0, 95.0), "lse ~95 and ~5": (
               "lse ~-100": (-100.0, -100.0)}  # the score offsets of the odd and even blocks
 SPACE = {"blocks": list(BLOCKS), "queries": [6, 7], "magnitude": list(MAGNITUDES)}
 LSE_TOLERANCE = dict(atol=1e-6, rtol=1e-6)
-OUT_TOLERANCE = dict(atol=1e-5, rtol=1e-6)
+OUT_TOLERANCE = dict(atol=3e-5, rtol=1e-6)
 ORDERS = ("left to right", "right to left")
 INPUTS = ("out1", "lse1", "out2", "lse2")
 
@@ -85,11 +86,14 @@ def attention_over(scores, values, visible, keys):
 
 
 def partials(config: dict, seed: int):
-    """Every block's (out, lse), fp32 (what the submission merges), and the whole problem's."""
+    """Every block's (out, lse), fp32 (what the submission merges), the whole problem's and the
+    first two blocks' together (float64)."""
     scores, values, visible = problem(config, seed)
+    blocks = key_blocks(config)
     parts = [tuple(t.float() for t in attention_over(scores, values, visible, block))
-             for block in key_blocks(config)]
-    return parts, attention_over(scores, values, visible, range(scores.shape[-1]))
+             for block in blocks]
+    first_two = attention_over(scores, values, visible, [*blocks[0], *blocks[1]])
+    return parts, attention_over(scores, values, visible, range(scores.shape[-1])), first_two
 
 
 def merged_alone(impl, configs, seed: int):
@@ -98,7 +102,7 @@ def merged_alone(impl, configs, seed: int):
     merge = impl.module("online_softmax").merge_partials
     found = {}
     for config in configs:
-        parts, _ = partials(config, seed)
+        parts, _, _ = partials(config, seed)
         try:
             found[label(config, seed)] = merged_in_orders(merge, parts)
         except Exception as error:  # named in the test, with the case
@@ -155,15 +159,14 @@ def wrong_merge(parts, out, lse):
     return None
 
 
-def pair_is_right(parts, out, lse) -> bool:
-    """Whether two blocks' merge is right (float64, from the same fp32 partials): where it is,
-    no mistake is named, though one may give the same values (the larger lse, at lse 95 and 5)."""
-    (out1, lse1), (out2, lse2) = ((o.double(), x.double()) for o, x in parts)
-    right_lse = torch.logaddexp(lse1, lse2)
-    shift = right_lse.masked_fill(right_lse == float("-inf"), 0.0)
-    right_out = (lse1 - shift).exp()[..., None] * out1 + (lse2 - shift).exp()[..., None] * out2
-    return torch.allclose(out.double(), right_out, **OUT_TOLERANCE) and \
-        torch.allclose(lse.double(), right_lse, **LSE_TOLERANCE)
+def pair_is_right(first_two, out, lse) -> bool:
+    """Whether two blocks' merge is attention over both blocks' keys (``first_two``, float64):
+    where it is, no mistake is named, though one may give the same values (the larger lse, at
+    lse 95 and 5)."""
+    right_out, right_lse = first_two
+    seen = right_lse > float("-inf")
+    return torch.allclose(out.double()[seen], right_out[seen], **OUT_TOLERANCE) and \
+        torch.allclose(lse.double()[seen], right_lse[seen], **LSE_TOLERANCE)
 
 
 def rows_of(mask: torch.Tensor) -> list[int]:
@@ -193,7 +196,7 @@ def not_finite_cause(what, config, out, lse, expected_lse) -> str | None:
             "lse2) and the weights exp(lse_i - lse), which are at most 1")
 
 
-def check_case(config, seed, found, parts, expected) -> None:
+def check_case(config, seed, found, parts, expected, first_two) -> None:
     """One case's merges, in both orders: raised, inputs written, shapes, NaN, the empty row,
     the usual mistakes, then the values."""
     case = label(config, seed)
@@ -206,7 +209,7 @@ def check_case(config, seed, found, parts, expected) -> None:
     expected_out, expected_lse = expected
     out, lse = found["first two"]
     known = wrong_merge(parts[:2], out, lse) if out.shape == expected_out.shape \
-        and not pair_is_right(parts[:2], out, lse) else None
+        and not pair_is_right(first_two, out, lse) else None
     assert known is None, f"merge_partials(block 1, block 2) [{case}]: {known}"
     for order in ORDERS:
         out, lse = found[order]
@@ -230,16 +233,20 @@ def check_case(config, seed, found, parts, expected) -> None:
                                 against="attention over all the keys (float64)", **tolerance)
 
 
-def test_merge_of_partial_attention_is_attention_over_all_keys(impl, run_alone, sweep_seed):
-    configs = cases(sweep_seed)
-    found = run_alone(merged_alone, impl, configs, sweep_seed)
+def check_merges(impl, run_alone, configs: list[dict], seed: int) -> None:
+    """The submission's merges of every case against attention over all the keys."""
+    found = run_alone(merged_alone, impl, configs, seed)
     failure = ""
     for config in configs:
-        parts, expected = partials(config, sweep_seed)
+        parts, expected, first_two = partials(config, seed)
         try:
-            check_case(config, sweep_seed, found[label(config, sweep_seed)], parts, expected)
+            check_case(config, seed, found[label(config, seed)], parts, expected, first_two)
         except AssertionError as error:  # the message says it all
             failure = str(error).split("\nassert ")[0]  # without pytest's rewritten operands
             break
     if failure:
         pytest.fail(failure, pytrace=False)
+
+
+def test_merge_of_partial_attention_is_attention_over_all_keys(impl, run_alone, sweep_seed):
+    check_merges(impl, run_alone, cases(sweep_seed), sweep_seed)

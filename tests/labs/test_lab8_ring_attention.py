@@ -14,11 +14,13 @@ failure prints its seed and case):
   with scores near 95 (lse 95 to 130: exp overflows fp32 above 88.7, so only a stable merge
   survives).
 
-Each case runs twice on the same ranks: **the ring step alone**, with stand-ins written here
-for ``token_positions``, ``visible_part`` and ``merge_partials`` (so only ``start_ring_exchange``
-and the forward's steps are graded), then **composed** with the submission's own. Each rank also
-hands back what its own ``visible_part``, ``token_positions`` and ``merge_partials`` give on
-the case's arguments, so that a composed run that differs blames the unit that is wrong.
+Each case runs twice on the same ranks: **the ring alone**, with stand-ins written here for
+``token_positions``, ``visible_part``, ``merge_partials`` and ``backward_step`` (the positions
+from the layout's snapshot, ``tests/labs/snapshots/lab8.pt``; so only ``start_ring_exchange``,
+the forward's steps and the backward's ring are graded), then **composed** with the
+submission's own. Each rank also hands back what its own ``visible_part``, ``token_positions``
+and ``merge_partials`` give on the case's arguments, so that a composed run that differs
+blames the unit that is wrong (``backward_step`` alone: ``test_lab8_ring_backward.py``).
 
 Checks, in this order, each failure naming the function, the rank, the case (with its seed)
 and the likely cause:
@@ -31,12 +33,15 @@ and the likely cause:
 2. **The communication contract** (``comm_contract.check_contract``), forward and backward on
    every rank: forward, cp - 1 exchanges of the K/V block (an isend to the next rank, an irecv
    from the previous, 2 x batch x kv_heads x seq/cp x head_dim elements in the inputs' dtype);
-   backward, cp - 1 such K/V exchanges and cp - 1 of the fp32 dK/dV blocks. An extra exchange
-   (one at the last step), a missing one, or one over another group fails.
+   backward, cp - 1 such K/V exchanges and cp - 1 of the fp32 dK/dV blocks (each block's dK/dV
+   gathering the ranks' shares on its way home), and dQ never sent. An extra exchange (one at
+   the last step), a missing one, or one over another group fails.
 3. **The ring's order** in the forward: (post, compute, wait) x (cp - 1), then compute, with
    ``block_attention`` called once per step.
-4. **Values** of the ring step alone, then composed: the output and dq, dk, dv of every rank
-   against its tokens' share of float64 causal attention on the whole sequence. Tolerances
+4. **Values** of the ring alone, then composed: the output and dq, dk, dv of every rank
+   against its tokens' share of float64 causal attention on the whole sequence (autograd of
+   the single-device attention), naming the usual mistakes: dK/dV that never travel home (the
+   rank's own share only), dQ of the last block only. Tolerances
    (atol = rtol, the smallest that passes observed on the reference at seed 0 in brackets): fp32
    1e-5 (9e-7), bf16 0.08 (0.024, in dq), fp32 with scores near 95: 1e-3 (1.6e-4, in the
    gradients: the lifted q and k make them large). The units' merge on a sample: atol 1e-4,
@@ -44,7 +49,6 @@ and the likely cause:
 """
 import math
 import zlib
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -57,7 +61,9 @@ from reference_impl.comm.device import current_device
 from reference_impl.comm.rank_failures import LaunchTimeout, RankFailure
 from reference_impl.course.sweeps import draw, group_layouts, group_of, label
 from reference_impl.model import repeat_kv_heads
-from reference_impl.toys import head_tail_positions
+from test_lab8_online_softmax import attention_over
+from test_lab8_ring_backward import (positions_of, replaced, share_through, stand_in_visible_part,
+                                     visible_pairs)
 
 pytestmark = pytest.mark.lab8
 
@@ -77,19 +83,21 @@ FORMULA = ("forward: cp-1 exchanges of the K/V block, an isend to the next rank 
            "cp-1 such K/V exchanges and cp-1 of the fp32 dK/dV blocks")
 UNIT_TESTS = {"visible_part": "test_visible_part_covers_exactly_the_causal_pairs",
               "token_positions": "test_token_positions_are_the_places_in_the_whole_sequence",
-              "merge_partials": "the tests of test_lab8_online_softmax.py"}
+              "merge_partials": "the tests of test_lab8_online_softmax.py",
+              "backward_step": "test_backward_step_alone_matches_autograd"}
+ALONE = "the ring alone"
 
 
 # ----------------------------------------------------------------- the plan (both sides)
 
-def ring_plan(world: int, seed: int) -> list[dict]:
+def ring_plan(world: int, seed: int, space: dict = CASE_SPACE) -> list[dict]:
     """Every case of a launch on ``world`` ranks: {config, groups}; the same in the ranks and in
-    the test."""
+    the test. ``space``: the (shape, chunk, numbers) drawn for each CP layout."""
     plan = []
     for cp in CP_SIZES[world]:
         for layout, groups in group_layouts(world, cp, seed).items():
             draw_seed = zlib.crc32(f"{seed}/{world}/{cp}/{layout}".encode())
-            for case in draw(CASE_SPACE, draw_seed, extra=1):
+            for case in draw(space, draw_seed, extra=1):
                 config = {"world": world, "cp": cp, "layout": layout, **case}
                 plan.append({"config": config, "groups": groups, "key": label(config, seed),
                              "seed": seed})
@@ -130,45 +138,30 @@ def message_sizes(config: dict, phase: str) -> dict[int, str]:
 # ----------------------------------------------------------------- stand-ins for the units
 
 def stand_in_positions(seq: int, cp: int, rank: int, device=None) -> torch.Tensor:
-    return torch.tensor(head_tail_positions(seq, cp, rank), device=device)
-
-
-def stand_in_visible_part(cp: int, rank: int, owner: int, seq_local: int):
-    """The smallest slices holding every pair with key position <= query position, and whether
-    a mask is needed inside them, derived from the positions."""
-    seq = cp * seq_local
-    queries = torch.tensor(head_tail_positions(seq, cp, rank))
-    keys = torch.tensor(head_tail_positions(seq, cp, owner))
-    seen = keys[None, :] <= queries[:, None]
-    rows, columns = seen.any(dim=1).nonzero()[:, 0], seen.any(dim=0).nonzero()[:, 0]
-    rows = slice(int(rows.min()), int(rows.max()) + 1)
-    columns = slice(int(columns.min()), int(columns.max()) + 1)
-    return rows, columns, not bool(seen[rows, columns].all())
+    return torch.tensor(positions_of(seq, cp, rank), device=device)
 
 
 def stand_in_merge(out1, lse1, out2, lse2):
-    """Two blocks' (out, lse) merged stably; rows that see nothing stay (0, -inf)."""
-    lse = torch.logaddexp(lse1, lse2)
-    shift = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
-    return (lse1 - shift).exp()[..., None] * out1 + (lse2 - shift).exp()[..., None] * out2, lse
+    """Two blocks' (out, lse) merged: the blocks' shares of the row's softmax mass are the
+    softmax of their lse over the two blocks; rows that see nothing stay (0, -inf)."""
+    lses = torch.stack((lse1, lse2))
+    shares = lses.softmax(dim=0).nan_to_num(0.0)
+    return (shares[..., None] * torch.stack((out1, out2))).sum(dim=0), lses.logsumexp(dim=0)
+
+
+def stand_in_backward_step(softmax):
+    """One backward step on the whole block, masked by the global positions (no slices), with
+    ``softmax``'s given ``block_attention_backward`` (the submission's online_softmax module)."""
+    def backward_step(q, kv, grad_out, lse, out_dot_grad, positions, cp, rank, owner):
+        keys = torch.tensor(positions_of(cp * q.shape[2], cp, owner), device=q.device)
+        grad_q, grad_k, grad_v = softmax.block_attention_backward(
+            q, kv[0], kv[1], grad_out, lse, out_dot_grad, positions, keys)
+        return grad_q, torch.stack((grad_k, grad_v))
+    return backward_step
 
 
 STAND_INS = {"token_positions": stand_in_positions, "visible_part": stand_in_visible_part,
              "merge_partials": stand_in_merge}
-
-
-@contextmanager
-def replaced(modules, functions: dict):
-    """``functions`` in place of the modules' own, where they have them; restored after."""
-    saved = [(module, name, getattr(module, name)) for module in modules for name in functions
-             if hasattr(module, name)]
-    for module, name, _ in saved:
-        setattr(module, name, functions[name])
-    try:
-        yield
-    finally:
-        for module, name, original in reversed(saved):
-            setattr(module, name, original)
 
 
 # ----------------------------------------------------------------- on every rank
@@ -314,24 +307,28 @@ def attempt(function, *args):
 
 
 def merge_sample(config: dict, seed: int):
-    """Two blocks' partial (out, lse) of one rank's queries, fp32, lse at the case's magnitude;
-    the rows of query 0 see nothing of either."""
+    """Two blocks of keys' partial (out, lse) for one rank's queries, fp32, lse at the case's
+    magnitude (query 0 sees no key of either), and attention over both blocks' keys (float64),
+    what their merge must give."""
     batch, heads, _ = (int(n) for n in config["shape"].split("x"))
     rows = 2 * config["chunk"]
     generator = torch.Generator().manual_seed(zlib.crc32(f"merge {label(config, seed)}".encode()))
     shift = 95.0 if config["numbers"] == LARGE else 0.0
-    out1, out2 = (torch.randn(batch, heads, rows, HEAD_DIM, generator=generator) for _ in range(2))
-    lse1, lse2 = (torch.randn(batch, heads, rows, generator=generator) * 3 + shift for _ in range(2))
-    for out, lse in ((out1, lse1), (out2, lse2)):
-        out[:, :, 0], lse[:, :, 0] = 0.0, float("-inf")
-    return out1, lse1, out2, lse2
+    scores = torch.randn(batch, heads, rows, 2 * rows, generator=generator, dtype=torch.float64) * 3
+    values = torch.randn(batch, heads, 2 * rows, HEAD_DIM, generator=generator, dtype=torch.float64)
+    visible = torch.rand(rows, 2 * rows, generator=generator) < 0.7
+    visible[0] = False
+    first, second = range(rows), range(rows, 2 * rows)
+    parts = [t.float() for block in (first, second)
+             for t in attention_over(scores + shift, values, visible, block)]
+    return parts, attention_over(scores + shift, values, visible, range(2 * rows))
 
 
 def units_on_rank(modules: dict, config: dict, member: int, seed: int) -> dict:
     """What the submission's own units give on this rank's arguments of the case."""
     cp, local = config["cp"], 2 * config["chunk"]
     balance, softmax = modules["load_balance"], modules["online_softmax"]
-    inputs = merge_sample(config, seed)
+    inputs, _ = merge_sample(config, seed)
     kept = [t.clone() for t in inputs]
     merged = attempt(softmax.merge_partials, *inputs)
     overwrote = [name for name, before, after in zip(("out1", "lse1", "out2", "lse2"), kept, inputs)
@@ -358,12 +355,12 @@ def run_ring(ring, q, k, v, upstream, group, watch: RingWatch, how: str) -> dict
     return found
 
 
-def ring_on_rank(impl, world: int, seed: int):
+def ring_on_rank(impl, world: int, seed: int, space: dict):
     """Every case of the plan on this rank: {case label: {"alone", "composed", "units"}}.
     An error is raised with the case and phase named (so that a failing rank ends the launch
     instead of leaving its peers waiting)."""
     rank, device = dist.get_rank(), current_device()
-    plan = ring_plan(world, seed)
+    plan = ring_plan(world, seed, space)
     handles = {}
     for entry in plan:
         for members in entry["groups"]:
@@ -377,11 +374,12 @@ def ring_on_rank(impl, world: int, seed: int):
         config, members = entry["config"], group_of(rank, entry["groups"])
         member = members.index(rank)
         whole = case_tensors(config, entry["groups"].index(members), seed)
-        mine = head_tail_positions(whole[0].shape[2], config["cp"], member)
+        mine = positions_of(whole[0].shape[2], config["cp"], member)
         q, k, v, upstream = (t[:, :, mine].to(device) for t in whole)
         found = {"units": units_on_rank(modules, config, member, seed)}
         watch = RingWatch(members, config)
-        for how, functions in (("the ring step alone", {**STAND_INS, **watch.watch_compute(ring)}),
+        stand_ins = {**STAND_INS, "backward_step": stand_in_backward_step(modules["online_softmax"])}
+        for how, functions in ((ALONE, {**stand_ins, **watch.watch_compute(ring)}),
                                ("composed", {})):
             try:
                 with replaced([ring, *modules.values()], functions):
@@ -445,7 +443,7 @@ def owners(seq: int, cp: int) -> torch.Tensor:
     """The CP rank holding each position of the sequence."""
     owner = torch.empty(seq, dtype=torch.long)
     for rank in range(cp):
-        owner[head_tail_positions(seq, cp, rank)] = rank
+        owner[positions_of(seq, cp, rank)] = rank
     return owner
 
 
@@ -483,14 +481,14 @@ def usual_mistakes(q, k, v, cp):
 
 def expected_of(config: dict, group_index: int, seed: int):
     """Single-device causal attention on the whole sequence, float64: {out, dq, dk, dv}, and
-    the inputs (float64)."""
+    the inputs q, k, v and the output's gradient (float64)."""
     q, k, v, upstream = (t.double() for t in case_tensors(config, group_index, seed))
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     positions = torch.arange(q.shape[2])
     out = masked_attention(*leaves, positions[None, :] <= positions[:, None])
     out.backward(upstream)
     return ({"out": out.detach(), "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad},
-            (q, k, v))
+            (q, k, v, upstream))
 
 
 def wanted_calls(config: dict, members: list[int], rank: int) -> dict[str, list]:
@@ -517,14 +515,14 @@ def where_of(entry: dict, rank: int) -> tuple[str, list[int]]:
 def check_contract_of(entry, rank, found) -> None:
     what, members = where_of(entry, rank)
     for phase, wanted in wanted_calls(entry["config"], members, rank).items():
-        check_contract(found["the ring step alone"][phase], wanted, f"{what}'s {phase}", rank=rank,
+        check_contract(found[ALONE][phase], wanted, f"{what}'s {phase}", rank=rank,
                        formula=FORMULA)
 
 
 def check_order(entry, rank, found) -> None:
-    """(post compute wait) x (cp - 1), then compute, in the forward of the ring step alone."""
+    """(post compute wait) x (cp - 1), then compute, in the forward of the ring alone."""
     what, _ = where_of(entry, rank)
-    cp, phase = entry["config"]["cp"], "the ring step alone, forward"
+    cp, phase = entry["config"]["cp"], f"{ALONE}, forward"
     kinds = [event["kind"] for event in found["events"] if event["phase"] == phase]
     kinds = [kind for i, kind in enumerate(kinds) if i == 0 or (kind, kinds[i - 1]) != ("wait", "wait")]
     computes = kinds.count("compute")
@@ -551,30 +549,45 @@ def compare(result, entry, rank, expected_values, inputs, otherwise, blame_units
     what, members = where_of(entry, rank)
     config = entry["config"]
     tolerance = NUMBERS[config["numbers"]][1]
-    mine = head_tail_positions(inputs[0].shape[2], config["cp"], members.index(rank))
+    mine = positions_of(inputs[0].shape[2], config["cp"], members.index(rank))
     for name in names:
         actual, wanted = result[name], expected_values[name][:, :, mine]
         if torch.allclose(actual.double(), wanted, atol=tolerance, rtol=tolerance):
             continue
-        known = {}
         if name == "out":
-            known = {cause: out[:, :, mine] for cause, out in usual_mistakes(*inputs, config["cp"]).items()}
+            known = {cause: out[:, :, mine]
+                     for cause, out in usual_mistakes(*inputs[:3], config["cp"]).items()}
+        else:
+            known = gradient_mistakes(name, inputs, config["cp"], members.index(rank))
         if blame_units:  # the mistake the values show, and the unit that made it
             mistake = matching_mistake(actual, known, tolerance)
             otherwise, known = (f"{mistake}; {otherwise}" if mistake else otherwise), {}
         hint = otherwise if name == "out" or blame_units else (
             "the output is right but the gradients are not: the backward recomputes each block's "
             "probabilities from the lse the forward saved, so the merged lse must be kept, merged "
-            "at every step like out")
+            "at every step like out; dq sums the queries' gradients through every block, and "
+            "each block's dk, dv sum the shares of every rank the block visits, brought home to its owner")
         assert_close_naming(actual, wanted, f"{what}'s {name}", rank=rank, against=AGAINST,
                             mistakes=known, otherwise=hint, atol=tolerance, rtol=tolerance)
 
 
-def visible_pairs(cp: int, local: int, rank: int, owner: int) -> torch.Tensor:
-    seq = cp * local
-    queries = torch.tensor(head_tail_positions(seq, cp, rank))
-    keys = torch.tensor(head_tail_positions(seq, cp, owner))
-    return keys[None, :] <= queries[:, None]
+def gradient_mistakes(name: str, inputs, cp: int, member: int) -> dict:
+    """{the mistake: the gradient ``name`` it gives this rank}, from autograd of the
+    single-device attention (float64)."""
+    if cp == 1:
+        return {}
+    seq = inputs[0].shape[2]
+    mine = positions_of(seq, cp, member)
+    if name == "dq":
+        last = positions_of(seq, cp, (member + 1) % cp)  # the block held at the last step
+        return {"dq holds the queries' gradient through the last block held only: it must sum "
+                "their gradients through every block of the ring (each step adds to it)":
+                share_through(*inputs, mine, last)[0]}
+    own = share_through(*inputs, mine, mine)[GRADIENTS.index(name)]
+    return {f"{name} holds only this rank's own queries' share of its block's gradient: the "
+            "other ranks' shares, summed as the block's dK/dV travels round the ring behind it, "
+            "never came home (add what arrives after the last step to the share kept from "
+            "step 0)": own}
 
 
 def visible_part_is_right(part, cp: int, local: int, rank: int, owner: int) -> bool:
@@ -604,19 +617,21 @@ def wrong_units(entry, rank, units) -> list[str]:
             wrong.append(f"{call} = (rows {rows}, keys {keys}, masked {masked}) does not cover "
                          "exactly the pairs with key position <= query position")
     seq = cp * local
-    positions, right = units["positions"], head_tail_positions(seq, cp, member)
+    positions, right = units["positions"], positions_of(seq, cp, member)
     if isinstance(positions, str) or torch.as_tensor(positions).tolist() != right:
         wrong.append(f"token_positions({seq}, {cp}, {member}) = {summary(positions)}, not "
-                     f"{head_tail_positions(seq, cp, member)}")
+                     f"{right}")
     if units["overwrote"]:
         wrong.append(f"merge_partials overwrote its caller's input {', '.join(units['overwrote'])}")
     merged = units["merge"]
     if isinstance(merged, str):
         wrong.append(f"merge_partials raised {merged}")
     else:
-        out, lse = stand_in_merge(*(t.double() for t in merge_sample(config, entry["seed"])))
-        if not (torch.allclose(merged[0].double(), out, **MERGE_TOLERANCE)
-                and torch.allclose(merged[1].double(), lse, **MERGE_TOLERANCE)):
+        _, (out, lse) = merge_sample(config, entry["seed"])
+        seen = lse > float("-inf")
+        if not (torch.allclose(merged[0].double()[seen], out[seen], **MERGE_TOLERANCE)
+                and torch.allclose(merged[1].double()[seen], lse[seen], **MERGE_TOLERANCE)
+                and bool((merged[1][~seen] == float("-inf")).all())):
             wrong.append("merge_partials gives another (out, lse) than the online-softmax merge "
                          f"(on partial results whose lse is near {lse[lse.isfinite()].mean():.0f})")
     return wrong
@@ -630,47 +645,52 @@ def summary(value) -> str:
 
 
 def check_composed(entry, rank, found, expected_values, inputs, names) -> None:
-    """The ring with the submission's own units, once the ring step alone is right."""
+    """The ring with the submission's own units, once the ring alone is right."""
     wrong = wrong_units(entry, rank, found["units"])
     if wrong:
         units = [name for name in UNIT_TESTS if any(w.startswith(name) for w in wrong)]
-        otherwise = (f"the ring step is right with the test's stand-ins for its units, so the unit "
+        otherwise = (f"the ring is right with the test's stand-ins for its units, so the unit "
                      f"is wrong, not the ring: {'; '.join(wrong[:3])} (see "
                      f"{', '.join(UNIT_TESTS[name] for name in units)}).")
     else:
-        otherwise = ("the ring step is right with the test's stand-ins for token_positions, "
-                     "visible_part and merge_partials, and yours give the right values on their "
-                     "own, so it is the composition: does the ring hand them the arguments it "
-                     "hands the stand-ins (the owner (rank - step) % cp, this rank's positions, "
-                     "the rows of the running out, lse), and keep what they return?")
+        otherwise = ("the ring is right with the test's stand-ins for token_positions, "
+                     "visible_part, merge_partials and backward_step, and the first three give the "
+                     "right values on their own: is backward_step right "
+                     f"({UNIT_TESTS['backward_step']})? Else it is the composition: does the ring "
+                     "hand the units the arguments it hands the stand-ins (the owner "
+                     "(rank - step) % cp, this rank's positions, the rows of the running out, "
+                     "lse), and keep what they return?")
     compare(found["composed"], entry, rank, expected_values, inputs, otherwise,
             blame_units=bool(wrong), names=names)
 
 
-def check_world(world: int, impl, run_on_ranks, seed: int) -> None:
+def check_world(world: int, impl, run_on_ranks, seed: int, space: dict = CASE_SPACE) -> None:
+    """The ring on ``world`` ranks, every CP layout, cases drawn from ``space``: launched, then
+    checked (contract, order, values alone, values composed)."""
     try:
-        results, failure = run_on_ranks(ring_on_rank, world, impl, world, seed, timeout=TIMEOUT), ""
+        results, failure = run_on_ranks(ring_on_rank, world, impl, world, seed, space,
+                                        timeout=TIMEOUT), ""
     except (RankFailure, LaunchTimeout) as error:
         failure = crash_cause(error)
     if failure:  # outside the except: the launcher's error is not printed again above it
         pytest.fail(failure, pytrace=False)
     try:
-        check_results(results, world, seed)
+        check_results(results, world, seed, space)
     except AssertionError as error:  # the message says it all; no frames of the test's helpers
         failure = str(error).split("\nassert ")[0]  # nor pytest's rewritten operands
     if failure:
         pytest.fail(failure, pytrace=False)
 
 
-def check_results(results, world: int, seed: int) -> None:
-    """Every rank's exchanges, then its order, then the values of the ring step alone, then
+def check_results(results, world: int, seed: int, space: dict) -> None:
+    """Every rank's exchanges, then its order, then the values of the ring alone, then
     composed (a wrong exchange shows in the values too: the exchange names it better)."""
-    plan = ring_plan(world, seed)
+    plan = ring_plan(world, seed, space)
     for check in (check_contract_of, check_order):
         for entry in plan:
             for rank in range(world):
                 check(entry, rank, results[rank][entry["key"]])
-    for how in ("the ring step alone", "composed"):
+    for how in (ALONE, "composed"):
         for entry in plan:
             for names in (("out",), GRADIENTS):  # every rank's output first: it names a mistake best
                 check_values(results, entry, how, names, world, seed)
@@ -690,10 +710,13 @@ def check_values(results, entry, how: str, names, world: int, seed: int) -> None
             check_composed(entry, rank, found, expected_values, inputs, names)
             continue
         compare(found[how], entry, rank, expected_values, inputs, names=names, otherwise=(
-            "the ring step itself (the test's stand-ins ran for token_positions, visible_part and "
-            "merge_partials): at step t a rank holds the K/V block of rank r - t (the blocks "
-            "travel to the next rank); is its visible part taken for that owner, and merged into "
-            "the running (out, lse)?"))
+            "the ring itself (the test's stand-ins ran for token_positions, visible_part, "
+            "merge_partials and backward_step): at step t a rank holds the K/V block of rank "
+            "r - t (the blocks travel to the next rank); "
+            + ("is its visible part taken for that owner, and merged into the running (out, lse)?"
+               if names == ("out",) else "is that owner handed to backward_step, the step's dq "
+               "added to the rank's, and the step's dK/dV added to what arrived for that block "
+               "before it is passed on?")))
 
 
 def test_ring_attention_on_4_ranks_matches_one_device(impl, run_on_ranks, sweep_seed):

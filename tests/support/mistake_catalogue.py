@@ -37,18 +37,44 @@ LAB0_LAB1: list[Mistake] = [
     Mistake("alpha read off as the fitted line's intercept", "lab0", "alpha_beta",
             "return intercept / (2 * (n - 1)), ", "return intercept, ",
             "fit_alpha_beta", "the intercept of the fitted line is 2(n-1)*alpha"),
+    Mistake("the ring's remainder given to the last chunks instead of the first", "lab0",
+            "collectives", "base + 1 if index < extra else base",
+            "base + 1 if index >= n - extra else base", "ring_chunks",
+            "the longer chunks come first"),
+    Mistake("recursive doubling overwrites its tensor with the partner's instead of adding",
+            "lab0", "collectives", "        flat += received\n", "        flat.copy_(received)\n",
+            "recursive_doubling", "received tensors replaced this rank's instead of being added"),
+    Mistake("the crossover divides by the bandwidth terms' difference on 1 or 2 ranks", "lab0",
+            "alpha_beta", "    if extra_per_byte <= 0:\n        return math.inf\n", "",
+            "crossover", "the ring never catches up: math.inf"),
+    Mistake("recursive doubling chosen on 1 rank, where both take no time", "lab0", "alpha_beta",
+            "if n & (n - 1) or n == 1:", "if n & (n - 1):", "faster_all_reduce",
+            "a tie goes to the ring"),
     Mistake("the order's first axis numbered slowest instead of fastest", "lab1", "groups",
             "strides = {axis: prod(sizes[a] for a in axes[:i])",
             "strides = {axis: prod(sizes[a] for a in axes[i + 1:])",
-            "group_properties and sagemaker", "the order's first axis must vary fastest"),
+            "rank_positions or layout_groups", "the order's first axis must vary fastest"),
     Mistake("dp_rank as the position along the RDP axis, not the index in the DP group", "lab1",
-            "groups", 'dp_rank=index_in("DP", rank)', 'dp_rank=position[rank]["rdp"]',
-            "group_properties and sagemaker", "the rank's index in its DP_GROUP"),
+            "groups", 'dp_rank=index_in(groups["DP"], rank)', 'dp_rank=positions[rank]["rdp"]',
+            "layout_groups", "the rank's index in its DP_GROUP"),
     Mistake("every rank keeps the last group of each kind, not its own", "lab1",
             "process_groups", "            if rank in members:\n                mine",
             "            if True:\n                mine",
-            "real_groups and 2-2-sagemaker",
-            "each rank keeps the group of each kind that it belongs to"),
+            "new_groups_gives", "each rank keeps the group of each kind that it belongs to"),
+    Mistake("a group keyed by the axes it varies instead of the ones it fixes", "lab1", "groups",
+            "if axis not in varying)\n        members.setdefault",
+            "if axis in varying)\n        members.setdefault",
+            "groups_along", "which the group does not vary"),
+    Mistake("the grid's dimensions fastest axis first, as the layout lists them", "lab1",
+            "groups", "names = tuple(reversed(layout.axes))", "names = tuple(layout.axes)",
+            "rank_mesh", "its dimensions go slowest axis first"),
+    Mistake("the group rank read with the digits' weights reversed", "lab1", "groups",
+            "for name, size in zip(names, mesh.shape):",
+            "for name, size in zip(reversed(names), reversed(mesh.shape)):",
+            "mesh_position_and_group_rank", "the grid's later dimensions the less significant"),
+    Mistake("the members' all-reduce over the world instead of the group", "lab1",
+            "process_groups", "dist.all_reduce(mask, group=group)", "dist.all_reduce(mask)",
+            "members_by_all_reduce", "(another group)"),
 ]
 
 # ---------------------------------------------------------------- lab 2 and lab 3
@@ -93,7 +119,7 @@ LAB2_LAB3: list[Mistake] = [
     Mistake("unshard gathers over the world", "lab2", "tp_layers",
             "pieces = all_gather_along(local, dim, group)",
             "pieces = all_gather_along(local, dim, None)", "sharded_parameter_and_unshard",
-            "gathered over the world (4 ranks)"),
+            "gathered over the world"),
     # lab 2: causes read from the values
     Mistake("unshard joins the gathered shards rank by rank", "lab2", "tp_layers",
             "return torch.cat([pieces[r * blocks + b] for b in range(blocks) for r in range(tp)], "
@@ -110,18 +136,18 @@ LAB2_LAB3: list[Mistake] = [
     Mistake("the distributed linear's bias gradient left unsummed", "lab2", "sagemaker_linear",
             "return y + copy_to_tp(self.bias, self.group) if self.bias is not None else y",
             "return y + self.bias if self.bias is not None else y",
-            "data_parallel_linear and two-tp2", "this rank's own samples' part only"),
+            "data_parallel_linear and tp2", "this rank's own samples' part only"),
     Mistake("the distributed linear's samples gathered with gather_from_tp", "lab2",
             "sagemaker_linear", "samples = gather_from_sp(x, BATCH_DIM, self.group)",
             "from reference_impl.tp.tp_collectives import gather_from_tp\n"
             "        samples = gather_from_tp(x, BATCH_DIM, self.group)",
-            "data_parallel_linear and two-tp2", "kept this rank's slice"),
+            "data_parallel_linear and tp2", "kept this rank's slice"),
     Mistake("the distributed linear's bias added before the reduce-scatter", "lab2",
             "sagemaker_linear",
             "y = reduce_scatter_to_sp(F.linear(samples, self.weight), BATCH_DIM, self.group)\n"
             "        return y + copy_to_tp(self.bias, self.group) if self.bias is not None else y",
             "return reduce_scatter_to_sp(F.linear(samples, self.weight, self.bias), BATCH_DIM, "
-            "self.group)", "data_parallel_linear and two-tp2",
+            "self.group)", "data_parallel_linear and tp2",
             "added to every rank's partial outputs"),
     # lab 2: an oracle the submission could share
     Mistake("the row-parallel bias shared with the nn.Linear", "lab2", "tp_layers",
@@ -131,7 +157,7 @@ LAB2_LAB3: list[Mistake] = [
     Mistake("the distributed linear's bias shared with the nn.Linear", "lab2",
             "sagemaker_linear",
             "self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None "
-            "else None", "self.bias = linear.bias", "data_parallel_linear and two-tp2",
+            "else None", "self.bias = linear.bias", "data_parallel_linear and tp2",
             "shares this parameter with the nn.Linear it was built"),
     Mistake("the fused QKV split without blocks (contiguously)", "lab3", "tp_attention",
             "ColumnParallelLinear(attention.qkv, group, blocks=3)",
@@ -213,7 +239,16 @@ LAB2_LAB3: list[Mistake] = [
     Mistake("a rank's range of the vocabulary numbered in the world, not in its group", "lab3",
             "vocab_parallel", "start = dist.get_rank(group) * local_size",
             "start = dist.get_rank() * local_size", "vocab_parallel_embedding",
-            "exactly the tokens TP rank 1 holds"),
+            "its rank in the world, not its rank in `group`"),
+    # lab 3: the sweeps' layouts
+    Mistake("the attention's heads divided by the world's size", "lab3", "tp_attention",
+            "self.heads = attention.heads // tp",
+            "self.heads = attention.heads // dist.get_world_size()", "every_layout and tp2",
+            "divided by the world's size, not the TP group's"),
+    Mistake("a rank's range of the vocabulary from its world rank modulo tp", "lab3",
+            "vocab_parallel", "start = dist.get_rank(group) * local_size",
+            "start = dist.get_rank() % dist.get_world_size(group) * local_size",
+            "vocab_parallel_embedding", "world rank modulo tp"),
     # lab 2: a gradient tensor shared by an add; fused variants with a bias
     Mistake("copy_to_tp's backward all-reduces the incoming gradient in place", "lab2",
             "tp_collectives", "return _all_reduce(grad, ctx.group), None",
@@ -223,10 +258,29 @@ LAB2_LAB3: list[Mistake] = [
             "self.bias = (sharded_parameter(linear.bias, 0, group, blocks)",
             "self.bias = (sharded_parameter(linear.bias, 0, group)",
             "layers_honour_their_group", "the fused bias was split as one contiguous tensor"),
+    # lab 2: the sweeps' layouts and dtypes
+    Mistake("a shard's piece chosen by the world rank modulo tp", "lab2", "tp_layers",
+            "tp, rank = dist.get_world_size(group), dist.get_rank(group)",
+            "tp = dist.get_world_size(group)\n    rank = dist.get_rank() % tp",
+            "sharded_parameter_and_unshard", "chosen by the world rank modulo tp"),
+    Mistake("a shard made fp32 whatever its tensor's dtype", "lab2", "tp_layers",
+            "nn.Parameter(shard(full.detach(), dim, rank, tp, blocks))",
+            "nn.Parameter(shard(full.detach(), dim, rank, tp, blocks).float())",
+            "sharded_parameter_and_unshard", "a shard keeps its tensor's dtype"),
+    Mistake("the distributed linear's columns chosen by the world rank modulo tp", "lab2",
+            "sagemaker_linear", "first = dist.get_rank(self.group) * self.columns",
+            "first = dist.get_rank() % dist.get_world_size(self.group) * self.columns",
+            "data_parallel_linear and tp2", "tp 2, layout strided"),
 ]
 
 # ---------------------------------------------------------------- lab 4
-PIPELINES = "pipelined_step and pipelines"
+PIPELINES = "pipelined_step and strided"  # two pipelines, one request per batch (NCCL)
+TAGGED = ("(outgoing.contiguous(), message.dst, message.tag) for message in planned.sends]\n"
+          "        for message in planned.receives:\n"
+          "            arrived[message] = torch.empty(tuple(boundary_shape), dtype=boundary_dtype,\n"
+          "                                           device=device)\n"
+          "        send_works, receive_works = post_exchange(\n"
+          "            sends, [(arrived[message], message.src, message.tag)")
 GLOBAL_PEER = "global_peer = peer if group is None else dist.get_global_rank(group, peer)"
 ONE_REQUEST_EACH = ("    if len(works) == len(operations):  # one request per operation (gloo)\n"
                     "        return works[:len(sends)], works[len(sends):]\n")
@@ -238,7 +292,7 @@ LAB4: list[Mistake] = [
             "    works = dist.batch_isend_irecv(operations)\n",
             "    works = [operation.op(operation.tensor, operation.peer, group, operation.tag)\n"
             "             for operation in operations]\n",
-            "pipelined_step and 1f1b", "a send and a receive posted separately"),
+            "pipelined_step and 1f1b and not pipelines", "a send and a receive posted separately"),
     Mistake("the backward keeps its activations", "lab4", "pipeline_executor",
             "            del saved[key]\n", "",
             "run_action or pipelined_step", "activation never freed"),
@@ -277,6 +331,14 @@ LAB4: list[Mistake] = [
     Mistake("1F1B's warm-up not capped at m", "lab4", "pipeline_schedules",
             "warm_up = min(p - rank - 1, m)", "warm_up = p - rank - 1",
             "valid_for_every_size and one_f_one_b", "warm-up not capped at m"),
+    # the sweeps' pipeline layouts and the messages' contract (peer, tag, bytes)
+    Mistake("the peer taken as the pipeline's first global rank plus the pipeline rank", "lab4",
+            "pipeline_executor", GLOBAL_PEER,
+            "global_peer = peer if group is None else dist.get_global_rank(group, 0) + peer",
+            PIPELINES, "a peer not translated to a global rank"),
+    Mistake("every message posted with tag 0", "lab4", "pipeline_executor", TAGGED,
+            TAGGED.replace("message.tag", "0"), "pipelined_step and consecutive",
+            "post each message with its own tag"),
     Mistake("W frees its entry without adding the deferred weight gradients", "lab4",
             "pipeline_executor", "    context.deferred.pop(key).flush()\n",
             "    context.deferred.pop(key)\n", "splits_the_backward",
@@ -285,7 +347,7 @@ LAB4: list[Mistake] = [
 
 # ---------------------------------------------------------------- lab 5
 ZERO1, ZERO2 = "zero_on_two_groups and zero1", "zero_on_two_groups and zero2"
-DDP = "ddp_from_hooks and few"
+DDP = "ddp_from_hooks"
 LAB5: list[Mistake] = [
     Mistake("the bucket's sum written back without dividing by the group size", "lab5",
             "ddp_hooks", "            bucket.flat.div_(self.world_size)\n", "", DDP,
@@ -323,6 +385,21 @@ LAB5: list[Mistake] = [
             "        bucket = self._bucket_of[param]\n        bucket.ready += 1\n"
             "        if not self.require_sync:\n            return\n", DDP,
             "counted during no_sync"),
+    # the sweep's group sizes tell the divisors apart; the contract counts the bytes
+    Mistake("the bucket averaged by ReduceOp.AVG, then divided by the group size again", "lab5",
+            "ddp_hooks", "dist.all_reduce(bucket.flat, group=self.group, async_op=True)",
+            "dist.all_reduce(bucket.flat, op=dist.ReduceOp.AVG, group=self.group, "
+            "async_op=True)", DDP, "averaged twice"),
+    Mistake("the bucket's sum divided by the world size", "lab5", "ddp_hooks",
+            "bucket.flat.div_(self.world_size)", "bucket.flat.div_(dist.get_world_size())", DDP,
+            "divided by the world size 4, not the data-parallel group's size 2"),
+    Mistake("the averaged bucket copied into a copy of .grad, .grad left the rank's own", "lab5",
+            "ddp_hooks", "p.grad.copy_(bucket.flat[", "p.grad.clone().copy_(bucket.flat[", DDP,
+            "it is this rank's own gradient"),
+    Mistake("the bucket sent in fp32 whatever the gradients' dtype", "lab5", "ddp_hooks",
+            "bucket.flat = torch.cat([p.grad.reshape(-1) for p in bucket.params])",
+            "bucket.flat = torch.cat([p.grad.reshape(-1) for p in bucket.params]).float()", DDP,
+            "(2 times the bytes)"),
     # data_parallel
     Mistake("SageMaker's rule applied to Megatron's layout", "lab5", "data_parallel",
             'if convention == "megatron" or is_tp_distributed(owner, parameter):',
@@ -331,6 +408,23 @@ LAB5: list[Mistake] = [
     Mistake("the data shards counted as the world size", "lab5", "data_parallel",
             "return dist.get_world_size(groups.of_kind(kind))", "return dist.get_world_size()",
             "sync_gives and megatron", "not by the number of data shards"),
+    # data_parallel, swept: shapes where the world, the DP and the RDP group differ in size
+    Mistake("the data shards counted as the world size, under SageMaker's layout", "lab5",
+            "data_parallel", "return dist.get_world_size(groups.of_kind(kind))",
+            "return dist.get_world_size()", "sync_gives and sagemaker",
+            "divided by the size of the world, 4, not by the number of data shards"),
+    Mistake("the data shards counted as the RDP group under both conventions", "lab5",
+            "data_parallel", 'kind = "DP" if convention == "sagemaker" else "RDP"',
+            'kind = "RDP"', "sync_gives and sagemaker",
+            "not by the number of data shards, the DP_GROUP size"),
+    Mistake("the data shards counted as the DP group under both conventions", "lab5",
+            "data_parallel", 'kind = "DP" if convention == "sagemaker" else "RDP"',
+            'kind = "DP"', "sync_gives and megatron",
+            "not by the number of data shards, the RDP_GROUP size"),
+    Mistake("the data shards counted as every rank outside the TP group, stages included",
+            "lab5", "data_parallel", "return dist.get_world_size(groups.of_kind(kind))",
+            "return dist.get_world_size() // dist.get_world_size(groups.tp)",
+            "sync_gives and megatron", "the groups of one stage are not the world"),
     # ZeRO: shards of sizes that do not divide
     Mistake("a shard taken as the rank's chunk, without padding", "lab5", "zero",
             "return self.padded_flat(tensor)[self.start:self.start + self.size]",
@@ -355,6 +449,10 @@ LAB5: list[Mistake] = [
     Mistake("ZeRO-1 averages over the world size", "lab5", "zero",
             "param.grad.div_(self.world_size)", "param.grad.div_(dist.get_world_size())",
             ZERO1, "averaged over the world size"),
+    Mistake("ZeRO-1 all-reduces with ReduceOp.AVG, then divides by the group size", "lab5",
+            "zero", "dist.all_reduce(param.grad, group=self.group)",
+            "dist.all_reduce(param.grad, op=dist.ReduceOp.AVG, group=self.group)", ZERO1,
+            "averaged twice: the group's mean divided by the group's size"),
     Mistake("ZeRO-2 reduce-scatters over the world", "lab5", "zero",
             "                            group=self.group)\n", "                            )\n",
             ZERO2, "reduce-scattered over the world instead of the group"),
@@ -410,6 +508,31 @@ LAB6_LAB7: list[Mistake] = [
             "step_time", "a step is as slow as its slowest rank"),
     Mistake("strong scaling efficiency without the N", "lab6", "trace_analysis",
             "t1 / (n * tn)", "t1 / tn", "step_time", "strong scaling: T1 / (N TN)"),
+    Mistake("the clock offset's sign reversed", "lab6", "trace_analysis",
+            "statistics.median(a - b for a, b", "statistics.median(b - a for a, b",
+            "clocks_timeline_and_straggler", "the sign is reversed"),
+    Mistake("the clock offset as the mean of the differences, not the median", "lab6",
+            "trace_analysis", "statistics.median(a - b for a, b", "statistics.mean(a - b for a, b",
+            "clocks_timeline_and_straggler", "take the median of the per-collective differences"),
+    Mistake("the offsets taken to the first rank given, not the lowest", "lab6",
+            "trace_analysis", "    first = min(ends)\n", "    first = next(iter(ends))\n",
+            "clocks_timeline_and_straggler", "not to the first rank given"),
+    Mistake("the offset in seconds added to timestamps in microseconds", "lab6",
+            "trace_analysis", "ts=float(event[\"ts\"]) + offset * 1e6",
+            "ts=float(event[\"ts\"]) + offset", "clocks_timeline_and_straggler",
+            "ts is in microseconds"),
+    Mistake("the waits read from the collectives' ends, not their starts", "lab6",
+            "trace_analysis", "sorted(start for start, _ in intervals)",
+            "sorted(end for _, end in intervals)", "clocks_timeline_and_straggler",
+            "a rank waits from its own arrival"),
+    Mistake("the straggler taken as the rank that waits most", "lab6", "trace_analysis",
+            "return min(sorted(waits), key=lambda rank: waits[rank])",
+            "return max(sorted(waits), key=lambda rank: waits[rank])",
+            "clocks_timeline_and_straggler", "the one that waits least"),
+    Mistake("a rank without the collective not refused", "lab6", "trace_analysis",
+            "        if not found or len(found) != len(ends[first]):\n",
+            "        if found and len(found) != len(ends[first]):\n",
+            "without_matching_collectives", "name the rank and the counts"),
     Mistake("K and V counted as h x h, grouped-query attention ignored", "lab7", "capacity",
             "2 * hidden * kv_heads * head_size", "2 * hidden * hidden", "parameters",
             "grouped-query attention"),
@@ -425,6 +548,29 @@ LAB6_LAB7: list[Mistake] = [
     Mistake("only the forward's 2 TP all-reduces per layer", "lab7", "capacity",
             "TP_ALL_REDUCES_PER_LAYER = 4", "TP_ALL_REDUCES_PER_LAYER = 2", "tp_all_reduce",
             "4 all-reduces per layer (2 forward, 2 backward)"),
+    Mistake("the interleaved pipeline's warm-up and cool-down without v", "lab7", "capacity",
+            "return stage_s * (microbatches + (pp - 1) / v)",
+            "return stage_s * (microbatches + pp - 1)", "step_against_the_planner",
+            "interleaved 1F1B m + (p-1)/v"),
+    Mistake("the sharded optimizer's reduce-scatter priced as a whole all-reduce", "lab7",
+            "capacity", "share = 0.5 if sharded else 1.0", "share = 1.0", "dp_exposed",
+            "a reduce-scatter (sharded optimizer) or an all-gather is half an all-reduce"),
+    Mistake("the DP parts clipped together, a hidden gather paying for an exposed reduction",
+            "lab7", "capacity",
+            "    return (max(0.0, reduce - BACKWARD_SHARE * stage_s)\n"
+            "            + max(0.0, gather - (1 - BACKWARD_SHARE) * stage_s))\n",
+            "    return max(0.0, reduce + gather - stage_s)\n", "dp_exposed",
+            "each part's exposed time is clipped at 0 on its own"),
+    Mistake("the LM head paid by every layer of the stage", "lab7", "capacity",
+            "return layers // pp * (layer_s + tp_s) + head_s",
+            "return layers // pp * (layer_s + tp_s + head_s)", "step_by_hand",
+            "the LM head counts once, on the last stage"),
+    Mistake("an uneven split of the layers priced instead of refused", "lab7", "capacity",
+            "    if layers % pp:\n", "    if False:\n", "do_not_divide",
+            "so it must raise ValueError"),
+    Mistake("the bubble taken as the pipeline less the layers' compute alone", "lab7",
+            "capacity", '"bubble": pipeline - m * stage', '"bubble": pipeline - m * per_stage * layer_s',
+            "step_by_hand", "the bubble is what the pipeline takes beyond m slots"),
 ]
 
 # ---------------------------------------------------------------- lab 8
@@ -530,6 +676,22 @@ LAB8: list[Mistake] = [
             "dist.P2POp(distributed_c10d.isend, tensor, ",
             "dist.P2POp(distributed_c10d.isend, tensor.float(), ",
             RING_TESTS, "Received data size doesn't match"),
+    # the ring's backward
+    Mistake("the other ranks' shares of the own block's dK/dV never added", "lab8", "ring_attention",
+            "                own_grad_kv += arriving.wait()\n", "                arriving.wait()\n",
+            RING_TESTS, "never came home"),
+    Mistake("a block's dK/dV passed on without the shares that arrived", "lab8", "ring_attention",
+            "                        grad_kv += arriving.wait()\n",
+            "                        arriving.wait()\n",
+            RING_TESTS, "sum the shares of every rank the block visits"),
+    Mistake("dQ set to each step's share instead of summed", "lab8", "ring_attention",
+            "                grad_q += step_grad_q\n", "                grad_q = step_grad_q\n",
+            RING_TESTS, "through the last block held only"),
+    Mistake("a block's probabilities normalised by its own lse, recomputed", "lab8", "ring_attention",
+            "grad_out[:, :, rows], lse[:, :, rows],",
+            "grad_out[:, :, rows], block_attention(q[:, :, rows], kv[0][:, :, keys], kv[1][:, :, keys], "
+            "*((positions, positions) if masked else ()))[1],",
+            "backward_step", "normalised over its own keys"),
 ]
 
 # ---------------------------------------------------------------- lab 9
@@ -538,6 +700,8 @@ DISPATCH_ALONE, COMBINE_ALONE = "dispatch_alone", "combine_alone"
 DENSE_SYNC = "    all_reduce_mean(dense, groups.dp, groups.dp_size)\n"
 EXPERT_SYNC = "    all_reduce_mean(expert, groups.edp, groups.dp_size)\n"
 ROUTER_SOFTMAX = "probabilities = self.gate(tokens).float().softmax(dim=-1)"
+EXCHANGE_ALONE = "all_to_all_alone"
+BACKWARD_EXCHANGE = "grad_rows = _exchange(grad, ctx.recv_splits, ctx.send_splits, ctx.group,"
 LAB9: list[Mistake] = [
     Mistake("the softmax taken over the k largest logits only", "lab9", "router",
             "        top_probability, expert_index = probabilities.topk(self.top_k, dim=-1)\n",
@@ -639,6 +803,23 @@ LAB9: list[Mistake] = [
             "        recv_counts = torch.stack(gathered).view(ep, ep, -1)"
             "[:, self.groups.ep_rank].flatten()\n",
             DISPATCH_ALONE, "communicates other than the formula says"),
+    # the all-to-all's backward (token_exchange.py), alone and in the layer
+    Mistake("the all-to-all's backward sends with the forward's split sizes", "lab9",
+            "token_exchange", BACKWARD_EXCHANGE,
+            BACKWARD_EXCHANGE.replace("ctx.recv_splits, ctx.send_splits", "ctx.send_splits, ctx.recv_splits"),
+            EXCHANGE_ALONE, "the backward exchanged with the forward's split sizes"),
+    Mistake("the all-to-all's backward returns the gradient it was given", "lab9",
+            "token_exchange", "        return grad_rows, None, None, None, None, None\n",
+            "        return grad, None, None, None, None, None\n",
+            EXCHANGE_ALONE, "returned the gradient of the received rows without exchanging it"),
+    Mistake("the all-to-all's output allocated with the send sizes", "lab9", "token_exchange",
+            "received = rows.new_empty((sum(recv_splits), *rows.shape[1:]))",
+            "received = rows.new_empty((sum(send_splits), *rows.shape[1:]))",
+            EXCHANGE_ALONE, "the output holds the rows this rank receives"),
+    Mistake("the layer's backward exchanges with the forward's split sizes", "lab9",
+            "token_exchange", BACKWARD_EXCHANGE,
+            BACKWARD_EXCHANGE.replace("ctx.recv_splits, ctx.send_splits", "ctx.send_splits, ctx.recv_splits"),
+            "layer_matches_one_device", "the backward of all_to_all_rows (token_exchange.py"),
     Mistake("the dispatch sends the dropped assignments too", "lab9", "expert_parallel",
             "assignment = routing.kept.flatten().nonzero().squeeze(1)",
             "assignment = torch.arange(routing.kept.numel(), device=tokens.device)",

@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
             write_submission(graded, args.out)
             results[submission.name] = graded
             summary = ", ".join(f"{row['lab']} {row['passed']}/{row['total']} "
-                                f"({row['score']:g}/{row['max_score']:g})"
+                                f"({row['score']:g}/{row['max_score']:g}"
+                                + (f"; hidden {row['hidden_passed']}/{row['hidden_total']}"
+                                   if row["hidden_total"] else "") + ")"
                                 for row in sheet_rows(graded, labs))
             extra = "".join(f"; {note.splitlines()[0]}" for note in graded.notes)
             extra += "; flagged" if graded.flags else ""

@@ -22,6 +22,7 @@ class TestResult:
     duration: float
     score: float = 0.0
     max_score: float = 0.0
+    hidden: bool = False  # a hidden check (tests/labs/hidden/): shown after the due date
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,13 @@ def _outcomes(records: list[dict]) -> dict[str, _Outcome]:
     return outcomes
 
 
-def _notes(records: list[dict], end: RunEnd) -> list[str]:
+def _named(nodeid: str, hidden: dict[str, str]) -> str:
+    """A test as a note names it: a hidden check by its lab only, since the notes are shown
+    to the student at once."""
+    return f"a hidden check of {hidden[nodeid]}" if nodeid in hidden else nodeid
+
+
+def _notes(records: list[dict], end: RunEnd, hidden: dict[str, str]) -> list[str]:
     notes = []
     # A clean end is pytest's own exit (0: all passed, 1: some failed) with its last record.
     finished = end.returncode in (0, 1) and any(r.get("event") == "finished" for r in records)
@@ -109,13 +116,13 @@ def _notes(records: list[dict], end: RunEnd) -> list[str]:
     elif not finished:
         how = (f"killed by signal {signal.Signals(-end.returncode).name}" if end.returncode < 0
                else f"exited with code {end.returncode}")
-        where = f" while running {started[-1]}" if started else ""
+        where = f" while running {_named(started[-1], hidden)}" if started else ""
         notes.append(f"the graded run ended before it finished ({how}{where}): the "
                      "submission's code ended the grader's own process")
     hangs = [r["nodeid"] for r in records if r.get("event") == "hang"]
     if hangs:
-        notes.append(f"hung: a launch did not finish within its time limit in {hangs[0]} (a "
-                     "deadlock or an endless loop)")
+        notes.append(f"hung: a launch did not finish within its time limit in "
+                     f"{_named(hangs[0], hidden)} (a deadlock or an endless loop)")
     return notes
 
 
@@ -126,7 +133,8 @@ def results_of(name: str, labs: list[str], records: list[dict], end: RunEnd,
     flags = [Flag(tuple(r["labs"]), r["text"]) for r in records
              if r.get("event") == "flag" and set(r["labs"]) & set(labs)]
     outcomes = _outcomes(records)
-    notes = _notes(records, end)
+    hidden = {test["nodeid"]: test["lab"] for test in collected or [] if test.get("hidden")}
+    notes = _notes(records, end, hidden)
     tests = []
     if collected is None:
         notes.append("the graded run did not get as far as collecting the tests; its output:\n"
@@ -136,14 +144,15 @@ def results_of(name: str, labs: list[str], records: list[dict], end: RunEnd,
         if outcome is None:
             outcome = _Outcome(test["lab"], failed=True, message="not run: " + (
                 notes[0] if notes else "the graded run ended before it"))
-        tests.append(TestResult(test["nodeid"].split("/")[-1], outcome.lab,
+        tests.append(TestResult(test.get("name") or test["nodeid"].split("/")[-1], outcome.lab,
                                 not outcome.failed and not outcome.skipped,
                                 outcome.skipped and not outcome.failed, outcome.message,
-                                outcome.duration))
+                                outcome.duration, hidden=test["nodeid"] in hidden))
     for record in records:  # a test file that could not be imported
         if record.get("event") == "report" and record.get("phase") == "collect":
             tests.append(TestResult(record["nodeid"].split("/")[-1], record["lab"], False, False,
-                                    the_mistake(record.get("message", "")), 0.0))
+                                    the_mistake(record.get("message", "")), 0.0,
+                                    hidden=bool(record.get("hidden"))))
     return Graded(name, tests, flags, notes, seconds)
 
 

@@ -1,4 +1,5 @@
-"""One submission's graded run: the kit's graded tests (``pytest --impl``) on its files, in a
+"""One submission's graded run: the kit's graded tests, public and hidden (``pytest --impl``
+on ``tests/labs/test_labN_*.py`` and ``tests/labs/hidden/test_labN_*.py``) on its files, in a
 process tree of its own (its own session and process group, ended as a whole when it is done;
 this process is the "subreaper" of whatever escapes the group, so that is ended too) and a
 folder of its own in the class's, removed afterwards; under limits per test, per launch and
@@ -25,6 +26,7 @@ from reference_impl.course.grade.results import Graded, RunEnd, read_log, result
 
 REPO = Path(__file__).resolve().parents[3]
 GRADED_TESTS = REPO / "tests" / "labs"
+HIDDEN_TESTS = GRADED_TESTS / "hidden"  # the hidden checks: the grader's, not in the handout
 OUTPUT_TAIL = 20_000  # bytes of the graded run's own output kept
 KILL_GRACE = 30.0  # seconds past the budget before the graded run is killed
 PROGRESS_EVERY = 15.0  # seconds between progress lines while a submission runs
@@ -50,11 +52,17 @@ def files_of(submission: Path) -> Path:
     return inner if inner.is_dir() else submission
 
 
+def graded_test_files(labs: list[str]) -> list[str]:
+    """The labs' graded test files: the public ones, then the hidden ones (so that a hidden
+    check that hangs shortens no public check's time limit)."""
+    return [str(path) for folder in (GRADED_TESTS, HIDDEN_TESTS)
+            for path in sorted(path for lab in labs for path in folder.glob(f"test_{lab}_*.py"))]
+
+
 def graded_run_command(folder: Path, labs: list[str], log: Path, ini: Path, scratch: Path,
                        limits: Limits) -> list[str]:
-    test_files = sorted(str(path) for lab in labs for path in GRADED_TESTS.glob(f"test_{lab}_*.py"))
-    command = [sys.executable, "-m", "pytest", *test_files, "-c", str(ini), "--rootdir",
-               str(REPO), "-p", "no:cacheprovider", "-q", "--impl", str(folder), "-m",
+    command = [sys.executable, "-m", "pytest", *graded_test_files(labs), "-c", str(ini),
+               "--rootdir", str(REPO), "-p", "no:cacheprovider", "-q", "--impl", str(folder), "-m",
                " or ".join(labs), "--grading-log", str(log), "--basetemp", str(scratch),
                "--timeout", str(limits.test_timeout), "--launch-timeout",
                str(limits.launch_timeout), "--budget", str(limits.budget), "--after-hang",

@@ -14,11 +14,11 @@ and H100 nodes, hardware.py). A group's k ranks on a node together get k of thos
 **Two levels, ring or tree.** The k ranks of a node reduce-scatter over NVLink, each then
 all-reduces its 1/k of the payload across the N nodes on its NIC share, and they all-gather
 over NVLink (a reduce-scatter or an all-gather is half of it). Across the nodes NCCL picks the
-faster of a ring and a tree for each size; the alpha-beta cost of each (lab 0's ring, written
-here again so that the planner does not rest on a student exercise, which a student handout
-withholds; Sanders, Speck and Träff 2009, "Two-tree algorithms for full bandwidth broadcast,
-reduction and scan", for the double binary tree NCCL implements, whose latency grows as
-log2 N)::
+faster of a ring and a tree for each size; the alpha-beta cost of each (the ring's is lab 0's
+``alpha_beta.ring_all_reduce_seconds``, so that in a student handout the planner runs on the
+student's lab 0; Sanders, Speck and Träff 2009, "Two-tree algorithms for full bandwidth
+broadcast, reduction and scan", for the double binary tree NCCL implements, whose latency grows
+as log2 N)::
 
     ring  2 (N-1) alpha + 2 (N-1)/N  S / B
     tree  2 ceil(log2 N) alpha + 2 S / B
@@ -33,16 +33,12 @@ from __future__ import annotations
 
 import math
 
+from reference_impl.comm.alpha_beta import ring_all_reduce_seconds as ring
 from reference_impl.perf.planner.hardware import GB, Cluster
 
 MEGATRON_BUCKET_PARAMETERS = 40_000_000
 MEGATRON_BUCKET_PARAMETERS_PER_DP_RANK = 1_000_000
 DEEPSPEED_BUCKET_ELEMENTS = 5e8
-
-
-def ring(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
-    """A ring all-reduce of ``nbytes`` over ``n`` ranks: 2(n-1) alpha + 2(n-1)/n S/B."""
-    return 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / bandwidth
 
 
 def tree(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:

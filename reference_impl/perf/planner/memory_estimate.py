@@ -18,7 +18,8 @@ those off the GPU's memory instead: ``Cluster.usable_bytes``).
 * layers per stage: ceil(L/pp) on the first, one fewer with the embedding counted in the split
   (``layout.first_stage_layers``);
 * in flight on the first stage: 1F1B holds min(pp, m) microbatches; the interleaved schedule
-  a factor 1 + (pp-1)/(pp v) more (Korthikanti et al. 2022, section 4.2.3); full recomputation
+  a factor 1 + (pp-1)/(pp v) more (Korthikanti et al. 2022, section 4.2.3; lab 7 writes it:
+  ``capacity.in_flight_microbatches``); full recomputation
   keeps each layer's input and rebuilds one layer at a time (:func:`rebuilt_layer_bytes`);
 * the loss on the last stage, one microbatch at a time (:func:`cross_entropy_bytes`), and the
   allocator's blocks it strands (:func:`stranded_logits_bytes`); the loss's peak and a
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from reference_impl.perf.capacity import in_flight_microbatches  # lab 7's term
 from reference_impl.perf.planner.framework_memory import model_state_bytes
 from reference_impl.perf.planner.layer_activations import activation_bytes, op_sac_bytes
 from reference_impl.perf.planner.layout import Layout, first_stage_layers
@@ -66,12 +68,6 @@ class MemoryEstimate:
         """The reserved peak (``torch.cuda.max_memory_reserved``)."""
         return (self.model_state_bytes + self.activation_bytes + self.fragmentation_bytes
                 + self.transient_bytes)
-
-
-def in_flight_microbatches(pp: int, microbatches: int, v: int) -> float:
-    """Microbatches whose activations the first stage holds at once (module docstring)."""
-    held = min(pp, microbatches)
-    return held * (1 + (pp - 1) / (pp * v)) if v > 1 else held
 
 
 def activation_per_layer(model: ModelSpec, layout: Layout, recompute: str | None) -> float:

@@ -1,0 +1,82 @@
+# Student file for the labs, generated from reference_impl/moe/token_exchange.py by
+# `python -m reference_impl.course.make_labs`: fill in every
+# `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
+"""The all-to-all that moves tokens between the ranks of an EP group, with its backward, and a
+record of what each call sent.
+
+``dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group)``: rank r
+sends rows [sum(input_split_sizes[:d]), ... + input_split_sizes[d]) of ``input`` to rank d,
+and receives rank s's rows into ``output`` in source order. The sizes may differ from rank to
+rank (how many tokens each rank routes to each other rank); they are Python ints, known on
+both sides once the counts have been exchanged (``expert_parallel.py``). gloo runs it on the
+CPU with uneven splits (checked in torch 2.13: ``tests/library/moe/test_expert_parallel.py``),
+NCCL on the GPU.
+
+Its backward is the lab's exercise :class:`_AllToAll` (a small ``torch.autograd.Function``): the
+notebook's section "The all-to-all's backward" derives it from the forward seen as one
+permutation of the rows of the whole group. (torch also has autograd-aware all-to-alls,
+``torch.distributed.nn.functional.all_to_all_single``, deprecated in torch 2.13 for the private
+``torch.distributed._functional_collectives``; the small class here says exactly what runs.)
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class AllToAllCall:
+    """One all-to-all as it ran on this rank: rows sent to, and received from, each rank of the
+    group; the bytes of one row."""
+
+    name: str                      # e.g. "dispatch forward", "combine backward"
+    send_splits: tuple[int, ...]
+    recv_splits: tuple[int, ...]
+    group_rank: int                # this rank's index in the group
+    row_bytes: int
+
+    @property
+    def bytes_leaving(self) -> int:
+        """The bytes this rank sent to other ranks (its own rows stay on the rank)."""
+        rows = sum(self.send_splits) - self.send_splits[self.group_rank]
+        return rows * self.row_bytes
+
+
+def _exchange(rows: torch.Tensor, send_splits: list[int], recv_splits: list[int], group,
+              name: str, log: list | None) -> torch.Tensor:
+    """One ``dist.all_to_all_single`` of whole rows with uneven splits (the semantics of the
+    module docstring), recorded in ``log`` as ``name``."""
+    raise NotImplementedError('lab9: the rows this rank receives: send_splits[d] consecutive rows of rows to rank d of the group, recv_splits[s] rows from rank s into a new tensor, in rank order (a row keeps its trailing shape and dtype; the collective reads a contiguous tensor)')
+    if log is not None:
+        row_bytes = math.prod(rows.shape[1:]) * rows.element_size()
+        log.append(AllToAllCall(name, tuple(send_splits), tuple(recv_splits),
+                                dist.get_rank(group), row_bytes))
+    return received
+
+
+class _AllToAll(torch.autograd.Function):
+    """The exchange of :func:`_exchange` with its backward; the arguments after ``rows`` are
+    not differentiable. Both directions are logged, as ``"<name> forward"`` and
+    ``"<name> backward"``."""
+
+    @staticmethod
+    def forward(ctx, rows, send_splits, recv_splits, group, name, log):
+        raise NotImplementedError('lab9: exchange the rows (logged as "<name> forward") and keep on ctx what the backward needs (it gets no other arguments)')
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise NotImplementedError('lab9: the gradient of the rows this rank sent, from the gradient of the rows it received (logged as "<name> backward"): one gradient per argument of forward. The notebook\'s section "The all-to-all\'s backward" derives which exchange that is')
+
+
+def all_to_all_rows(rows: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
+                    group=None, name: str = "all-to-all", log: list | None = None) -> torch.Tensor:
+    """Send ``send_splits[d]`` consecutive rows of ``rows`` to rank d of ``group``; return the
+    ``recv_splits[s]`` rows from each rank s, in rank order. Differentiable
+    (:class:`_AllToAll`). Each call, forward and backward, is appended to ``log`` as an
+    :class:`AllToAllCall`. Collective over the group."""
+    return _AllToAll.apply(rows, [int(n) for n in send_splits], [int(n) for n in recv_splits],
+                           group, name, log)
