@@ -337,11 +337,14 @@ def check_router(impl, run_alone, seed):
             f"{what}: the gate got no gradient: the weights and the aux loss must stay "
             "differentiable (no .detach(), no .item(), no torch.no_grad())")
         bf16 = config["dtype"] == "bf16"
+        # in units of the largest element: the snapshot may come from another build of torch
+        # (at logits ~100 one element of an fp32 gate gradient moved by 1.7e-5 on torch 2.11)
         scale = float(want["gate_grad"].abs().max()) or 1.0
         assert_close(actual["gate_grad"], want["gate_grad"], f"{what}: the gradient towards "
                      "the gate of sum(weight * g) + 0.1 aux", likely_cause="the weights and "
                      "the aux loss must stay differentiable and come from the softmax over all "
-                     "experts", **(dict(atol=2e-2 * scale, rtol=2e-2) if bf16 else TOLERANCE))
+                     "experts", **(dict(atol=2e-2 * scale, rtol=2e-2) if bf16 else
+                                   dict(atol=1e-5 * max(scale, 1.0), rtol=1e-4)))
         dropped += int((~actual["kept"]).sum())
     assert dropped > 0, f"seed {seed}: no configuration dropped anything (a weak sweep)"
     refusal = found["refusal"]
