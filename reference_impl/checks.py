@@ -87,3 +87,12 @@ def difference_evidence(actual, expected, atol: float, rtol: float = 0.0,
     if offset.numel() > 1 and torch.allclose(offset, offset[0].expand_as(offset), atol=atol):
         found.append(f"Where they are off they are the right values plus {offset[0].item():.4g}.")
     return " ".join(found)
+
+
+def attempt(call):
+    """What ``call()`` returns, or its exception as text (``"ValueError: ..."``): a rank's error
+    kept as data, so that the test reports it with the rank and the case it happened in."""
+    try:
+        return call()
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"

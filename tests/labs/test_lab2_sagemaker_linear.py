@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.checks import assert_close_naming
+from reference_impl.checks import assert_close_naming, attempt
 from reference_impl.comm.comm_contract import check_contract, expected
 from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.device import current_device
@@ -111,12 +111,6 @@ def data_parallel_and_distributed(impl, tp, seed, steps=STEPS, sizes=(IN, OUT)):
                                                  outputs, name))
     return found
 
-
-def attempt(call):
-    try:
-        return call()
-    except Exception as error:  # reported by the test, with the rank and the layout
-        return f"{type(error).__name__}: {error}"
 
 
 def one_layout(impl, tp, seed, group, index, steps, inputs, outputs, name):

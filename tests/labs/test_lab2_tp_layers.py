@@ -47,7 +47,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from reference_impl.checks import assert_close, assert_close_naming
+from reference_impl.checks import assert_close, assert_close_naming, attempt
 from reference_impl.comm.comm_contract import check_contract, expected
 from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.device import current_device
@@ -503,12 +503,6 @@ def layers_alone(impl, seed):
     found["refusals"] = [refused(layers, *refusal[:3], pair) for refusal in REFUSALS]
     return found
 
-
-def attempt(call):
-    try:
-        return call()
-    except Exception as error:  # reported by the test, with the rank and the case
-        return f"{type(error).__name__}: {error}"
 
 
 def check_pairs(pairs, rank, where, tolerance, mistakes, blame=None):

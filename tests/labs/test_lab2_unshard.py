@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.checks import assert_close, assert_close_naming
+from reference_impl.checks import assert_close, assert_close_naming, attempt
 from reference_impl.comm.device import current_device
 from reference_impl.course.snapshots import snapshot
 from reference_impl.course.sweeps import group_layouts, group_of, label
@@ -70,12 +70,6 @@ def rows_of(position, count, blocks, tp):
 def rows(full, dim, numbers):
     return full.index_select(dim, torch.tensor(numbers, device=full.device))
 
-
-def attempt(call):
-    try:
-        return call()
-    except Exception as error:  # reported by the test, with the rank it happened on
-        return f"{type(error).__name__}: {error}"
 
 
 def described(parameter, full):

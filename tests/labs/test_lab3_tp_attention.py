@@ -29,7 +29,7 @@ from reference_impl.comm.device import current_device
 from reference_impl.model import (Block, CausalSelfAttention, ModelConfig, attention_core,
                                   merge_heads, split_heads)
 
-from reference_impl.checks import assert_close_naming
+from reference_impl.checks import assert_close_naming, attempt
 from reference_impl.comm.comm_contract import check_contract, expected
 from reference_impl.course.snapshots import snapshot
 from reference_impl.course.sweeps import group_layouts, group_of, label
@@ -337,12 +337,6 @@ def steps_pairs(parallel, x, expected, group, precision):
                   for what in wanted]
     return pairs
 
-
-def attempt(call):
-    try:
-        return call()
-    except Exception as error:  # reported by the test, with the rank and the case
-        return f"{type(error).__name__}: {error}"
 
 
 def check_on_layouts(results, tp, seed, shape, dtypes=("fp32", "bf16")):
