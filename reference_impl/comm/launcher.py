@@ -304,6 +304,7 @@ def _run_rank(rank, world_size, backend, workdir, timeout, threads, expected_par
         redirect_output(output_writer)
     threading.Thread(target=_exit_when_caller_exits, args=(lifeline,), daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # so is a handler the parent installed
     stack_file = open(os.path.join(workdir, f"rank{rank}.stack"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     try:

@@ -90,6 +90,7 @@ def end(host) -> None:
 
 def _run_host(sandbox, workdir, run_rank, rank_arguments, own_ends, exit_ends, control, results):
     sandboxes.die_with_parent()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the caller's handler is the caller's
     try:
         sandboxes.enter(sandbox, workdir, len(rank_arguments), close_in_host=[
             *exit_ends, control, *(end for ends in own_ends for end in ends)])
