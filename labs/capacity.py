@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 
 from reference_impl.comm.alpha_beta import ring_all_reduce_seconds
+from reference_impl.memory.model_states import zero_memory_formula
 
 TP_ALL_REDUCES_PER_LAYER = 4  # Megatron's TP layer: after attention and the MLP, forward and backward
 BACKWARD_SHARE = 2 / 3  # of a stage's time per microbatch: the backward (twice the forward's flops)
@@ -71,7 +72,9 @@ def model_state_bytes_per_parameter(stage: int, shards: int, accounting: str = "
                          f"{stages}")
     if shards < 1:
         raise ValueError(f"shards must be at least 1, got {shards}")
-    raise NotImplementedError("lab7: the accounting's bytes of weight, gradient and optimizer state; the ZeRO stage says which of them are divided over the shards, the others stay whole (notebook section 2's table)")
+    if accounting == "zero":
+        return zero_memory_formula(1, shards, stage)  # lab 5's count, for one parameter
+    raise NotImplementedError("lab7: Megatron-LM's bytes of weight, gradient and optimizer state; its distributed optimizer divides one of them over the shards, the others stay whole (notebook section 2's table)")
 
 
 def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1,
@@ -84,6 +87,20 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1,
     ``flash`` attention no scores are kept but one fp32 log-sum-exp per row and head, 4 asb/t
     bytes."""
     raise NotImplementedError("lab7: Korthikanti et al.'s Table 2 (notebook section 2): of the sbh part, what TP shards and what every rank keeps whole (SP shards that too), without the 1-byte masks when there is no dropout; the scores, or flash's fp32 log-sum-exp per row and head")
+
+
+def activation_bytes_with_recompute(s: int, b: int, h: int, a: int, t: int = 1,
+                                    sequence_parallel: bool = False, recompute: str | None = None,
+                                    flash: bool = False, dropout: bool = True) -> float:
+    """Table 2's rows for recomputation (Korthikanti et al. 2022, section 5): selective
+    recomputation keeps no scores (the attention core runs again in the backward), full
+    recomputation only the layer's input, 2sbh (2sbh/t, the shard, with sequence parallelism)."""
+    if recompute not in (None, "selective", "full"):
+        raise ValueError(f"recompute must be None, 'selective' or 'full', got {recompute!r}")
+    if recompute == "full":
+        return 2 * s * b * h / (t if sequence_parallel else 1)
+    heads = a if recompute is None else 0
+    return activation_bytes_per_layer(s, b, h, heads, t, sequence_parallel, flash, dropout)
 
 
 def in_flight_microbatches(pp: int, microbatches: int, v: int = 1) -> float:

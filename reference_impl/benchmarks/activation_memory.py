@@ -10,8 +10,9 @@ autograd saves for the backward are measured with saved-tensor hooks
 * **this model** (``recompute.model_activation_bytes``, fp32, no dropout): the exact count,
   derived term by term in ``recompute.py``'s docstring; measured and formula must agree to the
   byte (``tests/library/memory/test_recompute.py`` asserts it);
-* **paper** (``recompute.activation_memory_formula``): Korthikanti et al. 2022, Table 2, with
-  16-bit activations and 1-byte dropout masks: sbh (34 + 5as/h), its TP and SP forms.
+* **paper** (lab 7's ``perf.capacity.activation_bytes_with_recompute``): Korthikanti et al.
+  2022, Table 2, with 16-bit activations and 1-byte dropout masks: sbh (34 + 5as/h), its TP
+  and SP forms.
 
 Then the TP block (t = 2, two gloo ranks) and the SP block, per rank, the same way.
 
@@ -34,12 +35,9 @@ import torch.distributed as dist
 from reference_impl.comm.device import current_device
 from reference_impl.comm.launcher import launch
 from reference_impl.model import Block, ModelConfig
-from reference_impl.memory.activation_memory import (
-    activation_memory_formula,
-    model_activation_bytes,
-    saved_activation_bytes,
-)
+from reference_impl.memory.activation_memory import model_activation_bytes, saved_activation_bytes
 from reference_impl.memory.recompute import MODES, recompute
+from reference_impl.perf.capacity import activation_bytes_with_recompute
 from reference_impl.tp.sequence_parallel import SequenceParallelBlock
 from reference_impl.tp.tp_attention import ParallelBlock
 
@@ -74,7 +72,7 @@ def single_device() -> None:
             measured = saved_activation_bytes(recompute(block, mode), x)
             print(_row(s, b, h, a, mode, measured, model_activation_bytes(s, b, h, a,
                                                                            recompute=mode),
-                       activation_memory_formula(s, b, h, a, recompute=mode)))
+                       activation_bytes_with_recompute(s, b, h, a, recompute=mode)))
 
 
 def _parallel_rank(shapes, t):
@@ -104,7 +102,7 @@ def tensor_parallel(t: int = TP) -> None:
             sp = kind == "sp"
             print(_row(s, b, h, a, mode, measured,
                        model_activation_bytes(s, b, h, a, t, sp, mode),
-                       activation_memory_formula(s, b, h, a, t, sp, mode)))
+                       activation_bytes_with_recompute(s, b, h, a, t, sp, mode)))
     print("\n  SP here keeps each column-parallel linear's *gathered* input (2 x 4sbh per rank),"
           "\n  where Megatron-LM keeps the shard and all-gathers it again in the backward: the"
           "\n  paper's sbh/t (34 + 5as/h) assumes the latter.")

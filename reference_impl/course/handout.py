@@ -42,6 +42,9 @@ _LAB_FILE = re.compile(r"^(?:solutions|slides)/lab(\d+)_.*\.ipynb$")
 # The kit's pages for instructors and maintainers, and its continuous integration.
 INSTRUCTOR_ONLY = ("docs/teaching.md", "docs/grading.md", "docs/maintaining.md", ".ci/",
                    "reference_impl/course/snapshots/lab")  # the snapshots' makers
+# Library files that draw an exercise's answer (a figure replaying its index arithmetic): they
+# ship when their lab's solutions do.
+WITH_ITS_LAB = {"reference_impl/figures/ring_all_reduce.py": 0}
 # The hidden checks: the batch grader runs them, students never see them.
 HIDDEN_TESTS = "tests/labs/hidden/"
 # Written by the build rather than copied.
@@ -76,6 +79,8 @@ def left_out(name: str, first_withheld: int) -> bool:
         return first_withheld == 0  # the decks' folder ships with a deck
     if name.startswith("tests/"):
         return not name.startswith("tests/labs/") or name.startswith(HIDDEN_TESTS)
+    if name in WITH_ITS_LAB:
+        return WITH_ITS_LAB[name] >= first_withheld
     return name.startswith(INSTRUCTOR_ONLY) or name in WRITTEN
 
 

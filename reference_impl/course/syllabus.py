@@ -16,7 +16,8 @@ class Lab:
     number: int
     topic: str
     files: tuple[str, ...]  # the student files the lab's exercises are in (module names)
-    minutes: int  # the time a student needs, as the notebook states it
+    minutes: int  # the time a student needs, as the notebook states it: an estimate from the
+    #               reading and the written lines, until a class's own times replace it
     gpus: int  # GPUs its graded tests need under NCCL: the largest world size they launch (0: none,
     #            every check runs in one CPU helper)
     notebook: str  # its notebook's name in labs/ and solutions/, without .ipynb

@@ -5,7 +5,7 @@ under ZeRO (Rajbhandari et al. 2020).
 from reference_impl.lazy_exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "activation_memory": ["SavedActivations", "activation_memory_formula", "gpt_activation_bytes",
+    "activation_memory": ["SavedActivations", "gpt_activation_bytes",
         "model_activation_bytes", "saved_activation_bytes"],
     "recompute": ["recompute"],
     "model_states": ["BYTES_PER_PARAMETER", "zero_memory_formula"],

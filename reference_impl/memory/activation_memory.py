@@ -2,8 +2,8 @@
 
 :class:`SavedActivations` measures the bytes autograd saves (saved-tensor hooks);
 :func:`model_activation_bytes` is this model's exact count, per block and rank, with or without
-recomputation (``recompute.py``), and :func:`activation_memory_formula` is Korthikanti et al.
-2022, Table 2 ("Reducing Activation Recomputation in Large Transformer Models").
+recomputation (``recompute.py``); Korthikanti et al. 2022, Table 2 ("Reducing Activation
+Recomputation in Large Transformer Models") is lab 7's ``perf.capacity.activation_bytes_per_layer``.
 
 **This model's count, term by term** (one block, fp32: 4 bytes an element, s = seq, b = batch,
 h = hidden, a = heads, t = tensor-parallel size; "sbh" = one activation, b*s*h elements)::
@@ -42,7 +42,7 @@ gathers it again in the backward (the paper's 34/t).
 no s x s tensor is saved: the softmax and the causal mask give way to one fp32 log-sum-exp per
 query row and head, 4 as b/t bytes (the kernel keeps q, k, v and its output, which are the
 tensors the explicit count already has). Korthikanti et al.'s 5as/h term goes the same way in
-:func:`activation_memory_formula`.
+``perf.capacity.activation_bytes_per_layer`` with ``flash``.
 
 **bf16** (``precision.py``: autocast, the residual stream and layernorms in fp32): every
 tensor a matmul saves is bf16, 2 bytes, and the rest keeps 4: the layernorm inputs (the
@@ -171,36 +171,3 @@ def gpt_activation_bytes(config: ModelConfig, batch: int, precision: str = "fp32
             + _element_bytes(precision) * b * s * h + FP32 * b * s * config.vocab_size
             + INDEX * b * s + FP32)
     return blocks + rest
-
-
-def activation_memory_formula(s: int, b: int, h: int, a: int, t: int = 1,
-                              sequence_parallel: bool = False, recompute: str | None = None,
-                              bytes_per_element: int = 2, mask_bytes: int = 1,
-                              attention: str = "explicit") -> float:
-    """Korthikanti et al. 2022, Table 2: activation bytes per transformer layer.
-
-    With 16-bit activations (``bytes_per_element`` = 2) and 1-byte dropout masks:
-    no parallelism sbh (34 + 5as/h); TP sbh (10 + 24/t + 5as/(ht)); TP + SP sbh/t (34 + 5as/h);
-    selective recomputation drops the 5as/h term; full recomputation 2sbh (the layer input,
-    Table 2's row for TP without SP), and with SP 2sbh/t: the layer input there is the
-    sequence-sharded tensor each rank holds, and that shard is what the checkpoint keeps. With
-    ``attention="sdpa"`` (a fused kernel: no s x s tensor kept) the 5as/h term becomes the
-    kernel's fp32 log-sum-exp, 4 asb/t (no attention dropout).
-    """
-    if recompute not in MODES:
-        raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")
-    e, m, sbh = bytes_per_element, mask_bytes, s * b * h
-    if recompute == "full":
-        return e * sbh / t if sequence_parallel else e * sbh
-    # layernorm inputs 2e sbh, qkv and fc1 inputs 2e sbh, dropout masks after proj and fc2 2m sbh
-    replicated = (4 * e + 2 * m) * sbh
-    # q, k, v, proj input: 4e sbh; GeLU input and fc2 input: 8e sbh
-    split = 12 * e * sbh
-    # softmax output and dropout output 2e as^2b, dropout mask m as^2b
-    scores = (2 * e + m) * a * s * s * b
-    if sequence_parallel:
-        replicated /= t
-    total = replicated + split / t
-    if recompute is None:
-        total += scores / t if check_attention(attention) == "explicit" else 4 * a * s * b / t
-    return total

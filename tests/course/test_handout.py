@@ -85,6 +85,14 @@ def test_the_hidden_checks_stay_with_the_grader():
         assert not handout.left_out("tests/labs/test_lab0_collectives.py", first_withheld)
 
 
+def test_a_figure_that_replays_an_exercise_ships_with_its_lab():
+    """The ring all-reduce figure replays lab 0's chunk indices: out while lab 0 is withheld."""
+    figure = "reference_impl/figures/ring_all_reduce.py"
+    assert handout.left_out(figure, 0)
+    assert not handout.left_out(figure, 1)
+    assert not handout.left_out("reference_impl/figures/zero_partitions.py", 0)
+
+
 def test_the_handout_has_the_public_graded_tests_only(start_of_term):
     assert (start_of_term / "tests" / "labs" / "test_lab0_collectives.py").is_file()
     assert not (start_of_term / "tests" / "labs" / "hidden").exists()

@@ -30,10 +30,9 @@ MISTAKES = {
                         "plain one 2; the output layer counts again unless tied",
     "first_stage_parameters": "ceil(layers / pp) layers on the stage (80 / 3 leaves 27 on the "
                               "first), every layer and the embedding split over the tp GPUs",
-    "model_state_bytes_per_parameter": "ZeRO-1 shards the 12 optimizer bytes, ZeRO-2 also the "
-                                       "gradient, ZeRO-3 the weight too (the rest stay whole); "
-                                       "Megatron-LM keeps a 4-byte fp32 gradient (18 bytes "
-                                       "unsharded, 6 + 12/d with its distributed optimizer)",
+    "model_state_bytes_per_parameter": "Megatron-LM keeps a 4-byte fp32 gradient (18 bytes "
+                                       "unsharded, 6 + 12/d with its distributed optimizer, "
+                                       "which shards only the 12 optimizer bytes)",
     "activation_bytes_per_layer": "without SP the 10 sbh of layernorm inputs and dropout masks "
                                   "are not split by t (with SP they are); no dropout removes "
                                   "2 sbh of masks and the a s^2 b mask; flash attention keeps "

@@ -11,9 +11,10 @@ the fused kernel.
 import pytest
 import torch
 
-from reference_impl.memory.activation_memory import (SavedActivations, activation_memory_formula,
-                                                     gpt_activation_bytes, model_activation_bytes)
+from reference_impl.memory.activation_memory import (SavedActivations, gpt_activation_bytes,
+                                                     model_activation_bytes)
 from reference_impl.model import GPT, Block, ModelConfig
+from reference_impl.perf.capacity import activation_bytes_with_recompute
 from reference_impl.pipeline.pipeline_executor import gpt_loss
 from reference_impl.precision import autocast, weight_copy_bytes
 
@@ -50,8 +51,8 @@ def test_the_fused_kernel_drops_the_s_squared_term():
         36 * sbh + 4 * asb + 16 * S * B)
     assert model_activation_bytes(S, B, H, A, precision="bf16") == (
         36 * sbh + 6 * as2b + S * S + 16 * S * B)
-    paper = activation_memory_formula(S, B, H, A)
-    fused = activation_memory_formula(S, B, H, A, attention="sdpa")
+    paper = activation_bytes_with_recompute(S, B, H, A)
+    fused = activation_bytes_with_recompute(S, B, H, A, flash=True)
     assert paper - fused == 5 * as2b - 4 * asb  # sbh * 5as/h, for a log-sum-exp per row
     with pytest.raises(ValueError, match="attention must be one of"):
         model_activation_bytes(S, B, H, A, attention="flash")

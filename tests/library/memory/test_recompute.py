@@ -17,10 +17,10 @@ from reference_impl.comm.device import current_device
 from reference_impl.model import GPT, Block, ModelConfig
 from reference_impl.memory.activation_memory import (
     SavedActivations,
-    activation_memory_formula,
     model_activation_bytes,
     saved_activation_bytes,
 )
+from reference_impl.perf.capacity import activation_bytes_with_recompute
 from reference_impl.memory.recompute import MODES, recompute
 from reference_impl.tp.sequence_parallel import SequenceParallelBlock
 from reference_impl.tp.tp_attention import ParallelBlock
@@ -128,14 +128,14 @@ def test_counter_counts_each_storage_once_and_skips_parameters():
 def test_paper_formula_matches_table_2():
     s, b, h, a, t = 2048, 1, 12288, 96, 8  # GPT-3 175B's layer, the paper's running example
     sbh = s * b * h
-    assert activation_memory_formula(s, b, h, a) == sbh * (34 + 5 * a * s / h)
-    assert activation_memory_formula(s, b, h, a, t) == sbh * (10 + 24 / t + 5 * a * s / (h * t))
-    assert activation_memory_formula(s, b, h, a, t, sequence_parallel=True) == pytest.approx(
+    assert activation_bytes_with_recompute(s, b, h, a) == sbh * (34 + 5 * a * s / h)
+    assert activation_bytes_with_recompute(s, b, h, a, t) == sbh * (10 + 24 / t + 5 * a * s / (h * t))
+    assert activation_bytes_with_recompute(s, b, h, a, t, sequence_parallel=True) == pytest.approx(
         sbh / t * (34 + 5 * a * s / h))
-    assert activation_memory_formula(s, b, h, a, t, True, "selective") == pytest.approx(
+    assert activation_bytes_with_recompute(s, b, h, a, t, True, "selective") == pytest.approx(
         sbh * 34 / t)
-    assert activation_memory_formula(s, b, h, a, t, recompute="selective") == sbh * (10 + 24 / t)
-    assert activation_memory_formula(s, b, h, a, t, recompute="full") == 2 * sbh
+    assert activation_bytes_with_recompute(s, b, h, a, t, recompute="selective") == sbh * (10 + 24 / t)
+    assert activation_bytes_with_recompute(s, b, h, a, t, recompute="full") == 2 * sbh
 
 
 # ------------------------------------------------------------------------- TP on 2 ranks

@@ -4,7 +4,7 @@ group, no tensors. Validation against published runs: tests/library/planner/test
 layer-efficiency model and calibration: tests/library/planner/test_planner_efficiency.py."""
 import pytest
 
-from reference_impl.memory.activation_memory import activation_memory_formula
+from reference_impl.perf.capacity import activation_bytes_with_recompute
 from reference_impl.memory.model_states import zero_memory_formula
 from reference_impl.perf.planner import Layout, cluster_of, evaluate, get_model, plan, recommend
 from reference_impl.perf.planner.cli import main
@@ -38,8 +38,8 @@ def test_memory_is_the_shared_formulas_on_each_stage():
                                  recompute="selective", attention="explicit")
     assert p.memory.activation_per_layer_bytes == per_layer
     # the real shapes: SwiGLU's 3 x 28672 outweighs GQA's smaller K and V against GPT's 32 sbh/t
-    gpt = activation_memory_formula(4096, 1, 8192, 64, 8, sequence_parallel=True,
-                                    recompute="selective", mask_bytes=0)
+    gpt = activation_bytes_with_recompute(4096, 1, 8192, 64, 8, sequence_parallel=True,
+                                          recompute="selective", dropout=False)
     assert per_layer == pytest.approx(gpt * (4 + (8192 * 2 + 2 * 1024 + 3 * 28672) / 8192) / 16)
     assert p.memory.activation_bytes == pytest.approx(per_layer * 20 * 4)  # 1F1B: pp in flight
     first_stage = 20 * MODEL.params_per_layer / 8 + MODEL.vocab * MODEL.hidden / 8
@@ -136,8 +136,8 @@ def test_each_model_chunk_reduces_its_gradients_when_its_last_backward_ends():
 
 def test_full_recomputation_with_sp_keeps_the_input_shard():
     s, b, h, a, t = 4096, 2, 8192, 64, 8
-    assert activation_memory_formula(s, b, h, a, t, True, "full") == 2 * s * b * h / t
-    assert activation_memory_formula(s, b, h, a, t, False, "full") == 2 * s * b * h
+    assert activation_bytes_with_recompute(s, b, h, a, t, True, "full") == 2 * s * b * h / t
+    assert activation_bytes_with_recompute(s, b, h, a, t, False, "full") == 2 * s * b * h
     p = evaluate(MODEL, H100, Layout(8, 1, 16, zero=3, micro_batch=8, recompute="full",
                                      accounting="fsdp"), 1024)
     assert p.memory.activation_per_layer_bytes == 2 * s * 8 * h / t

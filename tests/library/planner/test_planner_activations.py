@@ -3,7 +3,7 @@ Korthikanti et al.'s count for a GPT layer, and what autograd saves in a Llama-s
 the CPU, byte for byte."""
 import pytest
 
-from reference_impl.memory.activation_memory import activation_memory_formula
+from reference_impl.perf.capacity import activation_bytes_with_recompute
 from reference_impl.perf.planner.layer_activations import activation_bytes, measured_layer_bytes
 from reference_impl.perf.planner.model_spec import ModelSpec
 
@@ -28,9 +28,8 @@ def test_the_count_is_what_autograd_saves(model, t):
     (True, None, "flash"), (False, "full", "flash"), (True, "full", "flash")])
 def test_a_gpt_layer_is_korthikantis_table(sp, recompute, attention):
     s, b, t = 16, 2, 2
-    assert activation_bytes(GPT, s, b, t, sp, recompute, attention) == activation_memory_formula(
-        s, b, GPT.hidden, GPT.heads, t, sp, recompute, mask_bytes=1,
-        attention="sdpa" if attention == "flash" else attention)
+    assert activation_bytes(GPT, s, b, t, sp, recompute, attention) == activation_bytes_with_recompute(
+        s, b, GPT.hidden, GPT.heads, t, sp, recompute, flash=attention == "flash")
 
 
 def test_kv_heads_and_a_gated_mlp_move_the_count():
