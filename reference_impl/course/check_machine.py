@@ -37,6 +37,7 @@ from reference_impl.comm.device import gpu_count
 from reference_impl.comm.launcher import launch
 from reference_impl.course import sandboxing, syllabus
 from reference_impl.course.grade.results import RunEnd, read_log, results_of
+from reference_impl.course.plugin_args import plugin_args
 
 REPO = Path(__file__).resolve().parents[2]
 SIZES_GPU = [2 ** k for k in range(10, 29, 2)]  # 1 KiB to 256 MiB
@@ -111,8 +112,8 @@ def graded_tests(labs: list[str], backend: str) -> dict:
                            "clone of the kit"}
     with tempfile.TemporaryDirectory() as folder:
         log = Path(folder) / "grading.jsonl"
-        command = [sys.executable, "-m", "pytest", "tests/labs", "-m", " or ".join(labs),
-                   "--backend", backend, "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+        command = [sys.executable, "-m", "pytest", *plugin_args(), "tests/labs", "-m",
+                   " or ".join(labs), "--backend", backend, "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                    f"--grading-log={log}"]
         process = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
                                  timeout=TESTS_TIMEOUT)

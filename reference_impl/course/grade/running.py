@@ -23,6 +23,7 @@ from pathlib import Path
 
 from reference_impl.comm.rank_failures import rank_server_pid
 from reference_impl.course.grade.results import Graded, RunEnd, read_log, results_of
+from reference_impl.course.plugin_args import plugin_args
 
 REPO = Path(__file__).resolve().parents[3]
 GRADED_TESTS = REPO / "tests" / "labs"
@@ -61,8 +62,8 @@ def graded_test_files(labs: list[str]) -> list[str]:
 
 def graded_run_command(folder: Path, labs: list[str], log: Path, ini: Path, scratch: Path,
                        limits: Limits) -> list[str]:
-    command = [sys.executable, "-m", "pytest", *graded_test_files(labs), "-c", str(ini),
-               "--rootdir", str(REPO), "-p", "no:cacheprovider", "-q", "--impl", str(folder), "-m",
+    command = [sys.executable, "-m", "pytest", *plugin_args(), *graded_test_files(labs), "-c",
+               str(ini), "--rootdir", str(REPO), "-p", "no:cacheprovider", "-q", "--impl", str(folder), "-m",
                " or ".join(labs), "--grading-log", str(log), "--basetemp", str(scratch),
                "--timeout", str(limits.test_timeout), "--launch-timeout",
                str(limits.launch_timeout), "--budget", str(limits.budget), "--after-hang",
