@@ -77,6 +77,16 @@ def parallel_pairs(parallel: nn.Module, x: torch.Tensor, expected: dict[str, tor
     return [(what, value, expected[what]) for what, value in found.items()]
 
 
+@torch.no_grad()
+def as_if_trained(module: nn.Module, scale: float = 0.02) -> nn.Module:
+    """``module`` with seeded noise added to every parameter (from the global generator): as
+    initialised, norms are all ones and zeros, so a parallel module that takes one norm for
+    another matches its reference; after training no two parameters are equal."""
+    for parameter in module.parameters():
+        parameter.add_(scale * torch.randn_like(parameter))
+    return module
+
+
 def parameters_of(module: nn.Module) -> dict[str, torch.Tensor]:
     """Copies of ``module``'s parameters by name, on the CPU: taken before the parallel module
     is built from it, for :func:`source_pairs`."""

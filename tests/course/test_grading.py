@@ -76,17 +76,12 @@ AT_ONCE = 3  # graded runs at a time: each is mostly waiting on its ranks' start
 def graded_runs(tmp_path_factory):
     """Every graded run of this module, started together (:data:`AT_ONCE` at a time) the first
     time a test asks for one: ``graded_runs[key]()`` waits for run ``key`` and returns
-    ``graded_run``'s (process, cases). Keys: a grader command (on a copy of the solutions);
-    "remaining labs" (the labs no grader command covers, on a copy)."""
+    ``graded_run``'s (process, cases), by grader command (on a copy of the solutions)."""
     runs = {}
     for command in GRADER_COMMANDS:
         where = tmp_path_factory.mktemp("grader")
         submission = copy_of("solutions", where / "elsewhere" / "labs")
         runs[command] = (command.replace(PLACEHOLDER, str(submission)), where)
-    where = tmp_path_factory.mktemp("remaining")
-    submission = copy_of("solutions", where / "submission")
-    runs["remaining labs"] = (f'pytest --impl {submission} -m "{" or ".join(REMAINING_LABS)}"',
-                              where)
     with concurrent.futures.ThreadPoolExecutor(AT_ONCE) as pool:
         futures = {key: pool.submit(graded_run, *run) for key, run in runs.items()}
         yield {key: future.result for key, future in futures.items()}
@@ -106,10 +101,11 @@ def test_the_documented_commands_are_found():
     assert {lab for command in commands for lab in labs_selected(command)} == set(LABS)
 
 
-def test_every_student_command_is_one_the_term_runs_on_the_stubs():
-    """A student's command (each lab's, as the notebooks print it) is run verbatim, on the stubs
-    and on the solved files, in the student handout by ``tests/course/test_term.py``: every graded
-    case of the lab must fail there with the not-implemented hint, then pass."""
+def test_every_student_command_is_one_the_term_runs():
+    """A student's command (each lab's, as the notebooks print it) is run verbatim on the
+    solved files, in the student handout, by ``tests/course/test_term.py``, where every lab's
+    graded cases also fail on the stubs with the not-implemented hint (the handout's plain
+    ``pytest``); every lab passes there, so no run of every lab on the solutions is needed here."""
     assert sorted(STUDENT_COMMANDS) == sorted(student_command(lab) for lab in syllabus.LABS), (
         f"the documents print student commands the term does not run: {STUDENT_COMMANDS}")
 
@@ -122,22 +118,6 @@ def test_documented_grader_command_passes_on_the_solutions(command, graded_runs)
     process, cases = graded_runs[command]()
     assert process.returncode == 0, process.stdout[-3000:]
     assert_every_case_passes(process, cases, labs_selected(command))
-
-
-# Labs 0 and 1 run on the solutions by the README's grader command: here the remaining labs,
-# in the same form.
-REMAINING_LABS = [lab for lab in LABS
-                  if lab not in {lab for c in GRADER_COMMANDS for lab in labs_selected(c)}]
-
-
-@pytest.mark.slow
-def test_every_graded_test_passes_on_a_submission_of_the_solutions(graded_runs):
-    process, cases = graded_runs["remaining labs"]()
-    assert process.returncode == 0, process.stdout[-3000:]
-    assert_every_case_passes(process, cases, REMAINING_LABS)
-    summary = [line for line in process.stdout.splitlines() if re.match(r"lab\d+: ", line)]
-    assert all(line.split()[1].split("/")[0] == line.split()[1].split("/")[1]
-               for line in summary), summary
 
 
 BROKEN_MODULE = "import a_module_that_does_not_exist\n"

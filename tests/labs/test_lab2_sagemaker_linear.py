@@ -65,6 +65,10 @@ SLICE_KEPT = (
     "exactly this rank's own input columns are right and the others are zero: the backward of "
     "the all-gather kept this rank's slice (gather_from_tp) instead of summing every rank's part "
     "of the gathered samples' gradient (a reduce-scatter)")
+BIAS_AVERAGED = (
+    "the bias gradient is the group's mean, 1/tp of its sum: the operator that is the identity "
+    "forward averaged in its backward instead of summing (copy_to_tp's backward, lab 2's "
+    "tp_collectives: its own test names it)")
 BIAS_NOT_SUMMED = (
     "the bias gradient is this rank's own samples' part only: it was not summed over the group "
     "(the bias needs the operator that is the identity forward and sums backward)")
@@ -138,7 +142,9 @@ def one_layout(impl, tp, seed, group, index, steps, inputs, outputs, name):
         reference_grads = {n: p.grad.clone() for n, p in replica.named_parameters()}
         mistakes = {"output": {BIAS_BEFORE_THE_SUM: y_ref + (tp - 1) * replica.bias},
                     "input grad": {SLICE_KEPT: x_ref.grad * mine} if tp > 1 else {},
-                    "grad of bias": {BIAS_NOT_SUMMED: own_bias_grad} if tp > 1 else {}}
+                    "grad of bias": {BIAS_NOT_SUMMED: own_bias_grad,
+                                     BIAS_AVERAGED: reference_grads["bias"] / tp}
+                    if tp > 1 else {}}
         replica_optimizer.step()
         replica_optimizer.zero_grad()
 

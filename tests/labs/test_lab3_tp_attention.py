@@ -23,8 +23,9 @@ import pytest
 import torch
 
 from reference_impl.comm.comm_trace import CommTracer
-from reference_impl.equivalence import (assert_equivalent, one_step, parallel_pairs,
-                                        parameters_of, reference_step, source_pairs)
+from reference_impl.equivalence import (as_if_trained, assert_equivalent, one_step,
+                                        parallel_pairs, parameters_of, reference_step,
+                                        source_pairs)
 from reference_impl.comm.device import current_device
 from reference_impl.model import (Block, CausalSelfAttention, ModelConfig, attention_core,
                                   merge_heads, split_heads)
@@ -34,6 +35,7 @@ from reference_impl.comm.comm_contract import check_contract, expected
 from reference_impl.course.snapshots import snapshot
 from reference_impl.course.sweeps import group_layouts, group_of, label
 from reference_impl.precision import autocast
+from reference_impl.tp.tp_layers import full_state
 
 pytestmark = pytest.mark.lab3
 
@@ -101,7 +103,7 @@ def check_attention(run_on_ranks, impl, world_size, shape):
 def block_pairs(impl, hidden, heads, seq, batch):
     device = current_device()
     torch.manual_seed(0)
-    block = Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq)).to(device)
+    block = as_if_trained(Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq))).to(device)
     x = torch.randn(batch, seq, hidden).to(device)
     expected, before = reference_step(block, x), parameters_of(block)
     parallel = impl.module("tp_attention").ParallelBlock(block)
@@ -277,10 +279,12 @@ def attention_on_layouts(impl, tp, seed, shape, dtypes=("fp32", "bf16")):
     for config in layout_cases(tp, seed, dtypes):
         group, index = mine[config["layout"]]
         torch.manual_seed(zlib.crc32(f"{label(config, seed)}/{index}".encode()) % 2**31)
+        precision = config["dtype"]
         attention = CausalSelfAttention(hidden, heads).to(device)
         block = Block(ModelConfig(hidden=hidden, heads=heads, seq_len=seq)).to(device)
+        if precision == "fp32":  # norms off their initial ones and zeros: no two alike
+            as_if_trained(attention), as_if_trained(block)
         x = torch.randn(batch, seq, hidden).to(device)
-        precision = config["dtype"]
 
         def case():
             expected = {"attention": [stepped(single, x, None, precision, step)
@@ -294,9 +298,11 @@ def attention_on_layouts(impl, tp, seed, shape, dtypes=("fp32", "bf16")):
                           + (tp - 1) * attention.proj.bias.cpu()}
             parallel = module.ParallelSelfAttention(copy.deepcopy(attention), group)
             qkv = dict(parallel.named_parameters())["qkv.weight"].detach().cpu().clone()
+            built = module.ParallelBlock(copy.deepcopy(block), group)
+            gathered = {name: value.detach().cpu()
+                        for name, value in full_state(built, group).items()}
             calls = {"attention": traced(parallel, x, precision),
-                     "block": traced(module.ParallelBlock(copy.deepcopy(block), group), x,
-                                     precision)}
+                     "block": traced(built, x, precision)}
             parallel = module.ParallelSelfAttention(attention, group)
             return {"heads": parallel.heads, "qkv": (qkv, attention.qkv.weight.detach().cpu()),
                     "attention": steps_pairs(parallel, x, expected["attention"], group, precision)
@@ -305,6 +311,7 @@ def attention_on_layouts(impl, tp, seed, shape, dtypes=("fp32", "bf16")):
                                          group, precision)
                     + source_pairs(block, before["block"]),
                     "calls": calls, "ranks": torch.distributed.get_process_group_ranks(group),
+                    "built": (gathered, before["block"]),
                     "mistakes": {"output": biased}, "tp rank": torch.distributed.get_rank(group)}
         found[label(config, seed)] = attempt(case)
     found["refused"] = None
@@ -371,6 +378,8 @@ def check_on_layouts(results, tp, seed, shape, dtypes=("fp32", "bf16")):
                     check_contract(calls, operations if tp > 1 else [],
                                    f"the TP {kind} {where}: the {phase}", rank=rank,
                                    formula=formula)
+        for rank, found in enumerate(results):
+            check_built_block(*found[label(config, seed)]["built"], f"{where} on rank {rank}")
         for kind in ("attention", "block"):
             try:
                 assert_equivalent([found[label(config, seed)][kind] for found in results],
@@ -385,6 +394,21 @@ def check_on_layouts(results, tp, seed, shape, dtypes=("fp32", "bf16")):
             assert found["refused"] and wanted in found["refused"], (
                 f"rank {rank}: a ParallelSelfAttention whose heads do not divide by tp = {tp} "
                 f"gave {found['refused']!r}; it must refuse with a ValueError saying {wanted!r}")
+
+
+def check_built_block(gathered, single, where):
+    """The ParallelBlock as built, gathered whole (lab 2's full_state), against the block it
+    was made from, parameter by parameter: a unit check before any step."""
+    assert sorted(gathered) == sorted(single), (
+        f"ParallelBlock {where} has parameters {sorted(gathered)}, the block {sorted(single)}: "
+        "the same names, so that they pair up")
+    for name, value in single.items():
+        same = torch.equal(gathered[name], value)  # a name, so no tensor is printed
+        assert same, (
+            f"ParallelBlock {where}: {name}, gathered whole, is not the block's {name} "
+            f"(largest difference {(gathered[name].float() - value.float()).abs().max():.3g}). "
+            "Likely cause: a part built from another part of the block than its namesake, or "
+            "split in another order than it is gathered")
 
 
 def check_attention_on_layouts(run_on_ranks, impl, tp, seed, shape, dtypes=("fp32", "bf16")):

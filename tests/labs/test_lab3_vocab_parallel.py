@@ -19,12 +19,14 @@ keeps about 7 digits), rtol 1e-6; fp32 gradients atol 1e-6; the bf16 gradient at
 (bf16 keeps 8 bits of mantissa). Measured on CPU: losses within 5e-7 (the large ones exact),
 fp32 gradients within 3e-7, the bf16 gradient within 4e-3.
 """
+import copy
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from reference_impl.checks import assert_close_naming
+from reference_impl.checks import assert_close_naming, attempt
 from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.comm_contract import check_contract
 from reference_impl.comm.comm_contract import expected as expected_call
@@ -340,9 +342,13 @@ def embedding_lookups(impl, groups, handles):
         output = parallel(tokens.to(device))
     output.backward(upstream.to(device))
     head = module.ParallelLMHead(linear, handles[group_index])
+    half = module.ParallelLMHead(copy.deepcopy(linear).to(torch.bfloat16), handles[group_index])
     return {"output": output.detach().cpu(), "grad": parallel.weight.grad.cpu(),
             "forward": forward.summary(), "logits": head(hidden.to(device)).detach().cpu(),
-            "head vocabulary": int(head.vocab_size)}
+            "head vocabulary": int(head.vocab_size),
+            "bf16 head": {name: str(p.dtype) for name, p in half.named_parameters()},
+            "bf16 logits": attempt(lambda: half(hidden.to(device, torch.bfloat16)).detach()
+                                   .float().cpu())}
 
 
 def test_vocab_parallel_embedding_on_every_layout(impl, run_on_ranks, sweep_seed):
@@ -423,3 +429,15 @@ def check_embedding_on(groups, layout, results):
             against="this rank's slice of the whole head's logits, padded with zero rows",
             mistakes={}, otherwise=f"rank r holds rows [r V'/tp, (r+1) V'/tp) of the head "
                                    f"padded with zero rows to V' = {width * TP}")
+        kept = {name: dtype for name, dtype in got["bf16 head"].items()
+                if dtype != "torch.bfloat16"}
+        assert not kept, (
+            f"{where}: ParallelLMHead of a bf16 head holds {kept}: the padded layer takes the "
+            "head's dtype (and device), whatever the default dtype")
+        assert not isinstance(got["bf16 logits"], str), (
+            f"{where}: a bf16 LM head raised {got['bf16 logits']}")
+        assert_close_naming(
+            got["bf16 logits"], logits[..., tp_rank * width:(tp_rank + 1) * width],
+            f"{where}: a bf16 LM head's logits on this rank", atol=5e-2, rtol=2e-2,
+            against="this rank's slice of the whole fp32 head's logits", mistakes={},
+            otherwise="the bf16 head is the fp32 one rounded: the same rows, padded the same way")

@@ -4,14 +4,19 @@
 * ``run_action`` alone, in a helper process, on a two-stage toy model: what each action
   returns (the last stage sends nothing), the loss it records (scaled by 1/m), the entry the
   backward frees, the gradients it passes back and accumulates.
-* One pipelined training step of a small GPT with the student's executor: GPipe and 1F1B on 4
-  ranks, and 1F1B on two pipelines of 2 ranks at once, every layout swept
+* ``run_action`` of ZB-H1 (the backward split into B and W): what ``saved`` and
+  ``context.deferred`` hold after each of F, B and W (W frees both).
+* One pipelined training step of a small GPT with the student's executor: every schedule it
+  serves (naive, GPipe, 1F1B, interleaved 1F1B, ZB-H1) on 4 ranks or on two pipelines of 2
+  ranks at once, every layout swept
   (``reference_impl.course.sweeps``: consecutive, strided, permuted; ``--sweep-seed N`` draws
   another): a pipeline group that is not the world, so a pipeline rank is not a global rank.
   Every message posted once, to its peer, with its tag and one microbatch's boundary bytes. The loss and every
   parameter's gradient must be the single-device GPT's (fp32, atol = rtol = 1e-5; observed
-  within 3e-7), each rank must hold at most the activations the schedule promises (GPipe: m,
-  1F1B: min(p - r, m)), and the messages each rank posted, recorded as it posted them, must
+  within 3e-7), also with the GPT and its boundary tensors in fp64 (``run_schedule``'s
+  ``boundary_dtype``: every buffer posted must be of that dtype), each rank must hold exactly
+  the activations the schedule promises (naive: 1, GPipe: m, 1F1B: min(p - r, m), ZB-H1:
+  min(p, m), interleaved: its warm-up plus one), and the messages each rank posted, recorded as it posted them, must
   not jam when a send waits for its receive (NCCL): ``check_rendezvous`` runs the recorded
   postings and names the cycle if a send and a receive were posted separately.
 
@@ -31,6 +36,7 @@ from reference_impl.checks import assert_close
 from reference_impl.comm.device import current_device
 from reference_impl.course.sweeps import group_layouts
 from reference_impl.model import GPT, ModelConfig
+from reference_impl.pipeline.gpt_stages import gpt_pipeline_step
 from reference_impl.pipeline.pipeline_messages import Exchange, exchange_plan, messages, normalized
 from reference_impl.pipeline.pipeline_validator import ScheduleError, check_rendezvous
 
@@ -44,14 +50,50 @@ ROWS = {  # by hand from the definitions: GPipe all F then all B; 1F1B backward 
     ("1f1b", 4, 6): ["F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5", "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5",
                      "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5", "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"],
     ("1f1b", 2, 4): ["F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"],
+    ("naive", 4, 1): ["F0 B0"] * 4,
+    # the kit's own generators (not exercises), as they print: ZB-H1 is 1F1B's F/B order with
+    # each W after its B, rank r's first r postponed; interleaved puts stage s on rank s % p
+    ("zb-h1", 2, 4): ["F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 B3 W3",
+                      "F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3"],
+    ("interleaved", 2, 4): ["F0s0 F1s0 F0s2 F1s2 F2s0 B0s2 F3s0 B1s2 F2s2 B0s0 F3s2 B1s0 B2s2 "
+                            "B3s2 B2s0 B3s0",
+                            "F0s1 F1s1 F0s3 B0s3 F1s3 B1s3 F2s1 B0s1 F3s1 B1s1 F2s3 B2s3 F3s3 "
+                            "B3s3 B2s1 B3s1"],
 }
 
 
+def promised_peak(name, p, m, v, rank):
+    """The most (microbatch, stage) entries rank ``rank`` holds at once under the schedule, as
+    the schedules' docstrings state it (``pipeline_schedules``, ``interleaved``), and the rule
+    in words. An entry lives from its F to its B (to its W when the backward is split)."""
+    if name == "naive":
+        return 1, "1: one microbatch"
+    if name == "gpipe":
+        return m, "m"
+    if name == "1f1b":
+        return min(p - rank, m), "min(p - r, m)"
+    if name == "zb-h1":
+        return min(p, m), "min(p, m): held until W"
+    if name == "interleaved":  # its warm-up forwards, then one more before the first backward
+        return (min((v - 1) * p + 2 * (p - rank - 1) + 1, m * v),
+                "min((v - 1)p + 2(p - r - 1) + 1, mv) chunks")
+    raise ValueError(f"no promised peak for schedule {name!r}")
+
+
+TOKEN = re.compile(r"([FBW])(\d+)(?:s(\d+))?$")  # F3, or F3s5 with the virtual stage
+
+
 def as_data(rows, microbatches, name):
-    return {"name": name, "ranks": len(rows), "microbatches": microbatches, "chunks": 1,
-            "split_backward": False,
-            "actions": [[(token[0], int(token[1:]), rank) for token in row.split()]
-                        for rank, row in enumerate(rows)]}
+    """Rows of text as plain schedule data: one chunk unless a token names its stage, the
+    backward split when a W appears."""
+    actions = [[(kind, int(mb), rank if stage is None else int(stage))
+                for kind, mb, stage in (TOKEN.match(token).groups() for token in row.split())]
+               for rank, row in enumerate(rows)]
+    stages = 1 + max(stage for ops in actions for _, _, stage in ops)
+    return {"name": name, "ranks": len(rows), "microbatches": microbatches,
+            "chunks": stages // len(rows),
+            "split_backward": any(kind == "W" for ops in actions for kind, _, _ in ops),
+            "actions": actions}
 
 
 def as_schedule(data):
@@ -150,8 +192,9 @@ def test_run_action_returns_records_and_frees(impl, run_alone):
 
 def split_backward_on_two_stages(impl):
     """ZB-H1's F, B and W of one microbatch through the same two stages, the backward split:
-    what B returns and keeps, the weight gradients after B and after W, and the single-device
-    values computed before the submission runs."""
+    what B returns and keeps, what ``saved`` and ``context.deferred`` hold after each action,
+    the weight gradients after B and after W, and the single-device values computed before the
+    submission runs."""
     from reference_impl.pipeline.split_backward import DeferredWeightGrads, weight_grads_deferred
 
     torch.manual_seed(0)
@@ -171,7 +214,9 @@ def split_backward_on_two_stages(impl):
     context.deferred[0, 1] = DeferredWeightGrads()
     with weight_grads_deferred(last, context.deferred[0, 1]):  # as run_schedule does
         executor.run_action(action("F", 0, 1), last, hidden.detach(), saved, context)
+    found["held after F"] = sorted(saved)
     gradient = executor.run_action(action("B", 0, 1), last, None, saved, context)
+    found["held after B"] = sorted(saved)
     found["B"] = gradient.detach() if isinstance(gradient, torch.Tensor) else None
     found["after B"] = [p.grad is not None and bool(p.grad.abs().sum() > 0)
                         for p in last.parameters()]
@@ -179,12 +224,21 @@ def split_backward_on_two_stages(impl):
     found["kept"] = ("freed" if kept is None else " and ".join(type(k).__name__ for k in kept))
     if kept is not None:
         executor.run_action(action("W", 0, 1), last, None, saved, context)
+    found["held after W"] = sorted(saved)
+    found["deferred after W"] = sorted(context.deferred)
     found["after W"] = [None if p.grad is None else p.grad.clone() for p in last.parameters()]
     return found, expected
 
 
 def test_run_action_splits_the_backward_for_zero_bubble(impl, run_alone):
     found, expected = run_alone(split_backward_on_two_stages, impl)
+    assert found["held after F"] == [(0, 1)], (
+        f"after ZB-H1's F of microbatch 0 at stage 1, `saved` holds {found['held after F']}; "
+        f"the forward keeps its (microbatch, stage) entry, [(0, 1)], for its B")
+    assert found["held after B"] == [(0, 1)], (
+        f"after ZB-H1's B of microbatch 0 at stage 1, `saved` holds {found['held after B']}; "
+        f"with the backward split, B keeps the entry [(0, 1)] (its weight gradients' store) "
+        f"for the W that follows")
     assert found["B"] is not None, "the split backward (ZB-H1's B) must return the gradient of " \
                                    "the stage's input, as the whole backward does"
     assert_close(found["B"], expected["gradient"], "the input gradient of the split backward",
@@ -198,6 +252,14 @@ def test_run_action_splits_the_backward_for_zero_bubble(impl, run_alone):
         "the split backward computed the weight gradients in B: with the backward split (ZB-H1) "
         "every linear layer's weight gradient is deferred to W (run the backward inside "
         "split_backward.weight_grads_deferred(stage, context.deferred[key]))")
+    assert found["held after W"] == [], (
+        f"activation never freed: after ZB-H1's W of microbatch 0 at stage 1, `saved` still "
+        f"holds {found['held after W']}; W is the entry's last use: it must drop it from "
+        f"`saved`, or under ZB-H1 a rank holds every microbatch it ran, above min(p, m)")
+    assert found["deferred after W"] == [], (
+        f"after ZB-H1's W of microbatch 0 at stage 1, context.deferred still holds "
+        f"{found['deferred after W']}; W must pop its store (context.deferred.pop(key)) "
+        f"when it flushes it")
     for index, (got, want) in enumerate(zip(found["after W"], expected["last"])):
         assert got is not None, f"after W the stage's parameter {index} has no gradient"
         assert_close(got, want, f"the stage's parameter {index} gradient after B and W",
@@ -206,11 +268,12 @@ def test_run_action_splits_the_backward_for_zero_bubble(impl, run_alone):
 
 # ---------------------------------------------------------------- the executor on ranks
 
-def record_point_to_point(members):
+def record_point_to_point(members, dtype):
     """Patch torch.distributed's point-to-point calls to record what this rank posts together:
     one entry per posting call (a batch, or a lone isend/irecv/send/recv), each a list of
     ("send" or "recv", global peer, tag, bytes). A peer outside ``members`` (the pipeline's global
-    ranks) is refused at once, before it could hang. Returns (the record, undo)."""
+    ranks), or a tensor not of ``dtype`` (the boundary tensors' dtype), is refused at once,
+    before it could hang or abort the backend. Returns (the record, undo)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
@@ -226,6 +289,17 @@ def record_point_to_point(members):
                 f"rank {dist.get_rank()} posted a {kind} to global rank {peer}, which is not in "
                 f"its pipeline (global ranks {members}): a peer is given as a rank in the "
                 f"pipeline's group; translate it (dist.get_global_rank(group, peer))")
+        if tensor.dtype != dtype:
+            what = ("a receive into a buffer" if kind == "recv" else "a send") + \
+                   f" of dtype {tensor.dtype}"
+            raise TypeError(
+                f"rank {dist.get_rank()} posted {what} (tag {tag}, global peer {peer}, shape "
+                f"{tuple(tensor.shape)}), but the stages exchange {dtype} tensors "
+                f"(run_schedule's boundary_dtype={dtype}): "
+                + ("make each receive buffer with dtype=boundary_dtype (torch.empty's default "
+                   "is float32); a buffer of another dtype than the message makes gloo abort "
+                   "with 'Received data size doesn't match'" if kind == "recv" else
+                   "send the stage's output as it is, in boundary_dtype"))
         return (kind, int(peer), int(tag or 0), tensor.numel() * tensor.element_size())
 
     def lone(name):
@@ -335,10 +409,13 @@ def untranslated_peer(error, members):
             f"peer) (torch said: {error})")
 
 
-def pipelined_and_single_device(impl, data, pipelines, coalesced=False):
+def pipelined_and_single_device(impl, data, pipelines, coalesced=False, dtype=torch.float32):
     """One step of the student's executor on this rank's pipeline (``pipelines``: lists of
     global ranks), the single-device step, what this rank posted and (``coalesced``: every
-    batch answered with one request, as on NCCL) which requests it waited for before computing."""
+    batch answered with one request, as on NCCL) which requests it waited for before computing.
+    ``dtype``: the GPT's, so the stages' boundary tensors' (fp32: ``pipeline_train_step``;
+    another: the kit's ``gpt_pipeline_step`` over ``run_schedule`` with that
+    ``boundary_dtype``)."""
     import torch.distributed as dist
 
     world_rank = dist.get_rank()
@@ -347,7 +424,7 @@ def pipelined_and_single_device(impl, data, pipelines, coalesced=False):
     group = None if len(pipelines) == 1 else groups[index]
     m, device = data["microbatches"], current_device()
     torch.manual_seed(0)
-    gpt = GPT(CONFIG).to(device)
+    gpt = GPT(CONFIG).to(device, dtype)
     generator = torch.Generator().manual_seed(100 * index + m)  # each pipeline its own batch
     tokens, targets = (torch.randint(0, CONFIG.vocab_size, (MICRO_BATCH * m, CONFIG.seq_len),
                                      generator=generator).to(device) for _ in range(2))
@@ -358,9 +435,16 @@ def pipelined_and_single_device(impl, data, pipelines, coalesced=False):
     expected = {name: p.grad.cpu() for name, p in reference.named_parameters()}
     executor = impl.module("pipeline_executor")
     log, undo_coalescing = coalesce_batches(executor) if coalesced else ([], lambda: None)
-    calls, undo = record_point_to_point(pipelines[index])
+    calls, undo = record_point_to_point(pipelines[index], dtype)
     try:
-        step = executor.pipeline_train_step(gpt, as_schedule(data), tokens, targets, group=group)
+        if dtype == torch.float32:
+            step = executor.pipeline_train_step(gpt, as_schedule(data), tokens, targets,
+                                                group=group)
+        else:
+            run_schedule = functools.partial(executor.run_schedule, boundary_dtype=dtype)
+            step = gpt_pipeline_step(run_schedule, gpt, as_schedule(data),
+                                     list(tokens.split(MICRO_BATCH)),
+                                     list(targets.split(MICRO_BATCH)), group=group)
     except ValueError as error:
         if group is None or not UNTRANSLATED.search(str(error)):
             raise
@@ -406,17 +490,25 @@ def postings_as_exchanges(schedule, calls, members, rank, nbytes=None):
     return tuple(exchanges)
 
 
-CASES = {  # name: (schedule rows key, the layout of the pipelines, one request per batch)
-    "gpipe, p=4, m=8": (("gpipe", 4, 8), "world", False),
-    "1f1b, p=4, m=6": (("1f1b", 4, 6), "world", False),
+FP32, FP64 = torch.float32, torch.float64
+CASES = {  # name: (schedule rows key, the layout of the pipelines, one request per batch, the
+    # GPT's dtype: its boundary tensors')
+    "gpipe, p=4, m=8": (("gpipe", 4, 8), "world", False, FP32),
+    "1f1b, p=4, m=6": (("1f1b", 4, 6), "world", False, FP32),
     "1f1b, pipelines consecutive, p=2, m=4, one request per batch (NCCL)": (
-        ("1f1b", 2, 4), "consecutive", True),
+        ("1f1b", 2, 4), "consecutive", True, FP32),
     "1f1b, pipelines strided, p=2, m=4, one request per batch (NCCL)": (
-        ("1f1b", 2, 4), "strided", True),
-    "1f1b, pipelines permuted, p=2, m=4": (("1f1b", 2, 4), "permuted", False),
+        ("1f1b", 2, 4), "strided", True, FP32),
+    "1f1b, pipelines permuted, p=2, m=4": (("1f1b", 2, 4), "permuted", False, FP32),
+    "1f1b, pipelines strided, p=2, m=4, fp64 boundary": (("1f1b", 2, 4), "strided", False, FP64),
+    "naive, p=4, m=1": (("naive", 4, 1), "world", False, FP32),
+    "zb-h1, pipelines permuted, p=2, m=4": (("zb-h1", 2, 4), "permuted", False, FP32),
+    "interleaved, v=2, pipelines consecutive, p=2, m=4, one request per batch (NCCL)": (
+        ("interleaved", 2, 4), "consecutive", True, FP32),
 }
 WORLD = 4
-BOUNDARY_BYTES = MICRO_BATCH * CONFIG.seq_len * CONFIG.hidden * 4  # one fp32 activation
+BOUNDARY_ELEMENTS = MICRO_BATCH * CONFIG.seq_len * CONFIG.hidden  # one microbatch's activation
+TOLERANCES = {FP32: TOLERANCE, FP64: dict(atol=1e-10, rtol=1e-10)}
 COMPUTED_BEFORE_WAITING = (
     "the executor computed {action} before waiting for the request of the batch that brought its "
     "input. On NCCL batch_isend_irecv returns one request for the whole batch (modelled here on "
@@ -426,19 +518,24 @@ COMPUTED_BEFORE_WAITING = (
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_pipelined_step_trains_like_one_device(impl, run_on_ranks, sweep_seed, case):
-    (name, p, m), layout, coalesced = CASES[case]
+    (name, p, m), layout, coalesced, dtype = CASES[case]
     pipelines = group_layouts(WORLD, p, sweep_seed)[layout]
     check_pipelined_step(run_on_ranks, impl, f"{case} {pipelines} (seed {sweep_seed})", name,
-                         ROWS[name, p, m], m, pipelines, coalesced)
+                         ROWS[name, p, m], m, pipelines, coalesced, dtype)
 
 
-def check_pipelined_step(run_on_ranks, impl, case, name, rows, m, pipelines, coalesced):
+def check_pipelined_step(run_on_ranks, impl, case, name, rows, m, pipelines, coalesced,
+                         dtype=FP32):
     """One step of the student's executor on every pipeline of ``pipelines`` at once (each
-    ``rows``, a schedule written as text): the postings, the loss, the gradients, the peak."""
+    ``rows``, a schedule written as text), the GPT and its boundary tensors in ``dtype``: the
+    postings, the loss, the gradients, the peak."""
     p = len(rows)
     data = as_data(rows, m, name)
     schedule = as_schedule(data)
-    results = run_on_ranks(pipelined_and_single_device, WORLD, impl, data, pipelines, coalesced)
+    tolerance = TOLERANCES[dtype]
+    nbytes = BOUNDARY_ELEMENTS * torch.finfo(dtype).bits // 8
+    results = run_on_ranks(pipelined_and_single_device, WORLD, impl, data, pipelines, coalesced,
+                           dtype)
     for world_rank, (index, loss, expected_loss, peak, grads, calls, early) in enumerate(results):
         rank = pipelines[index].index(world_rank)
         where = f"{case}, pipeline rank {rank} (global {world_rank})"

@@ -18,7 +18,10 @@ odd sizes (7 x 13, 13, 13 x 11, ...). On every rank of a case, the student's
    another (the backward runs in the outer one, after the inner one ended), then an exception
    raised inside a ``no_sync`` and caught, then the second micro-batch: ``no_sync`` must put
    back the state it found however its block ends, so nothing may travel in the outer
-   ``no_sync`` and the last backward must launch every bucket.
+   ``no_sync`` and the last backward must launch every bucket;
+4. ``all under no_sync``: both micro-batches under ``no_sync``, so ``finish_gradient_sync``
+   sends every bucket. After every ``finish_gradient_sync`` each bucket must be as before any
+   backward: no handle, no tensor, nothing counted.
 
 Before the student's module is loaded, each rank starts recording every collective (its kind,
 its group's ranks, its bytes, its reduce op, whether it was async, which gradients were ready,
@@ -147,7 +150,7 @@ def single_device(seed: int, dtype: str, group: int, members: int) -> dict:
         found[f"step {step}"] = {"grads": grads, "weights": {
             name: p.detach().clone() for name, p in model.named_parameters()}}
     found["accumulated"] = {"grads": gradients(mlp(dtype).float(), 0, 2, range(members))}
-    found[NESTED_AND_RAISED] = found["accumulated"]
+    found[NESTED_AND_RAISED] = found[DEFERRED] = found["accumulated"]
     return found
 
 
@@ -221,11 +224,18 @@ NESTED_AND_RAISED = "nested and raised"
 NESTED = f"{NESTED_AND_RAISED}: in the outer no_sync, after the inner one ended"
 RAISED = f"{NESTED_AND_RAISED}: raised inside no_sync"
 AFTER_RAISED = f"{NESTED_AND_RAISED}: backward after the exception"
-RUNS = tuple(f"step {s}" for s in range(STEPS)) + ("accumulated", NESTED_AND_RAISED)
+DEFERRED = "all under no_sync"  # finish_gradient_sync sends what no backward sent
+RUNS = tuple(f"step {s}" for s in range(STEPS)) + ("accumulated", NESTED_AND_RAISED, DEFERRED)
 
 
 def bucket_counts(ddp) -> list[int]:
     return [int(bucket.ready) for bucket in ddp.buckets]
+
+
+def bucket_states(ddp) -> list[dict]:
+    """What each bucket holds: its count, and whether it keeps a handle or a tensor."""
+    return [{"ready": int(bucket.ready), "handle": bucket.handle is not None,
+             "flat": bucket.flat is not None} for bucket in ddp.buckets]
 
 
 def grads_now(model) -> dict:
@@ -261,7 +271,8 @@ class Run:
         self.phase[0] = f"{run}: finish"
         self.ddp.finish_gradient_sync()
         self.result[run] = {"grads": grads_now(self.model), "counts": counts,
-                            "waited": [e["waited"] for e in self.log.entries[self.start:]]}
+                            "waited": [e["waited"] for e in self.log.entries[self.start:]],
+                            "buckets": bucket_states(self.ddp)}
 
     def steps(self):
         optimizer = torch.optim.SGD(self.model.parameters(), lr=LR)
@@ -313,6 +324,18 @@ class Run:
             counts.append(bucket_counts(self.ddp))
         self.finish(NESTED_AND_RAISED, counts)
 
+    def deferred(self):
+        """Every micro-batch under no_sync: finish_gradient_sync sends every bucket."""
+        self.reset()
+        counts = [bucket_counts(self.ddp)]
+        for micro in range(2):
+            x, y = self.data(0, micro)
+            with self.ddp.no_sync():
+                self.phase[0] = f"{DEFERRED}: no_sync"
+                backward(F.mse_loss(self.ddp(x), y) / 2, self.ready)
+            counts.append(bucket_counts(self.ddp))
+        self.finish(DEFERRED, counts)
+
 
 def ddp_on_rank(impl, seed: int, cases: list[dict], world: int = WORLD, sizes=DP_SIZES):
     """Every case of the sweep, one after the other, on this rank: {case label: result}."""
@@ -335,6 +358,7 @@ def ddp_on_rank(impl, seed: int, cases: list[dict], world: int = WORLD, sizes=DP
                 run.steps()
                 run.accumulated()
                 run.nested_and_raised()
+                run.deferred()
             except Exception as error:  # named in the test, after what the log shows
                 result["error"] = f"{type(error).__name__}: {error}"
                 result["error_phase"] = phase[0]
@@ -357,12 +381,16 @@ def phases_of(run: str) -> list[str]:
         return [f"{run}: backward", f"{run}: finish"]
     if run == "accumulated":
         return ["accumulated: no_sync", "accumulated: backward", "accumulated: finish"]
+    if run == DEFERRED:
+        return [f"{DEFERRED}: no_sync", f"{DEFERRED}: finish"]
     return [NESTED, RAISED, AFTER_RAISED, f"{NESTED_AND_RAISED}: finish"]
 
 
-SYNCED = {f"step {s}: backward" for s in range(STEPS)} | {"accumulated: backward", AFTER_RAISED}
+SYNCED = ({f"step {s}: backward" for s in range(STEPS)}
+          | {"accumulated: backward", AFTER_RAISED, f"{DEFERRED}: finish"})
 FORMULA = ("in a synced backward one all_reduce per bucket over the data-parallel group, of the "
-           "bucket's bytes; nothing under no_sync; nothing in finish_gradient_sync")
+           "bucket's bytes; nothing under no_sync; nothing in finish_gradient_sync, unless no "
+           "backward was synced: then it sends every bucket")
 
 
 def check_contracts(rank, result, case, where):
@@ -398,11 +426,13 @@ def check_log(rank, result, case, where):
             "accumulates")
     done = [run for run in RUNS if run in result]  # the runs that ended without an error
     for run in done:
+        check_buckets_left(rank, result, run, where)
+    for run in done:
         if run == NESTED_AND_RAISED:
             check_no_sync_state(rank, log, where)
         launched = [entry for entry in log if entry["phase"].startswith(f"{run}:")]
         after = [entry for entry in launched if entry["phase"].endswith("finish")]
-        assert not after, (
+        assert not after or run == DEFERRED, (
             f"[{where}] rank {rank}, {run}: {len(after)} of {len(launched)} all-reduces were "
             "launched after the backward ended (exposed communication, each bucket should leave "
             f"from the hook as its last gradient arrives). {count_evidence(result, run)}")
@@ -425,7 +455,7 @@ def check_log(rank, result, case, where):
                 + "Likely cause: a bucket flushed before all its gradients are ready (its count "
                 "must reach the number of its gradients first)")
             pending.remove(match[0])
-        if len(buckets) > 1:
+        if len(buckets) > 1 and run != DEFERRED:
             assert len(launched[0]["ready"]) < len(every), (
                 f"[{where}] rank {rank}, {run}: the first all-reduce started only once every "
                 "gradient was ready: nothing overlaps the backward")
@@ -435,6 +465,18 @@ def check_log(rank, result, case, where):
             f"[{where}] rank {rank}, {run}: the handles of all-reduces {missing} were not waited "
             "before the step: waiting on handles missing before the step (until wait() the "
             "tensor may hold the local gradient or half a sum)")
+
+
+def check_buckets_left(rank, result, run, where):
+    """After finish_gradient_sync every bucket is as before any backward."""
+    for index, state in enumerate(result[run]["buckets"]):
+        kept = [what for what in ("handle", "flat") if state[what]]
+        assert not kept and state["ready"] == 0, (
+            f"[{where}] rank {rank}, {run}: after finish_gradient_sync bucket #{index} still "
+            f"has a count of {state['ready']}" + "".join(f", its {what}" for what in kept)
+            + ". Likely cause: the bucket was not put back as before any backward (no handle, "
+            "no tensor, nothing counted); a handle kept is waited again, and a backward wholly "
+            "under no_sync then sends nothing")
 
 
 def check_no_sync_state(rank, log, where):

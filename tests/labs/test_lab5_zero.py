@@ -115,8 +115,8 @@ def layouts(seed: int) -> list[tuple[int, str, list[list[int]]]]:
             for name, groups in group_layouts(WORLD, dp, seed).items()]
 
 
-def case_of(stage: int, dp: int, layout: str) -> dict:
-    return {"stage": stage, "dp": dp, "layout": layout}
+def case_of(stage: int, dp: int, layout: str, dtype: str = "fp32") -> dict:
+    return {"stage": stage, "dp": dp, "layout": layout, "dtype": dtype}
 
 
 # ----------------------------------------------------------------- the shards, alone
@@ -237,12 +237,23 @@ def zero_on_rank(impl, stage: int, seed: int):
         replica = (groups.index(members), members.index(rank))
         found[label(case_of(stage, dp, name), seed)] = zero_run(
             impl, stage, handles[(dp, name)], replica, members)
+    dp, name, groups = bf16_layout(seed)
+    members = group_of(rank, groups)
+    found[label(case_of(stage, dp, name, "bf16"), seed)] = zero_run(
+        impl, stage, handles[(dp, name)], (groups.index(members), members.index(rank)), members,
+        torch.bfloat16)
     return found
 
 
-def zero_run(impl, stage, group, replica, members):
+def bf16_layout(seed: int):
+    """The layout the bf16 case trains on: groups of 2, not consecutive."""
+    return next(layout for layout in layouts(seed)
+                if layout[0] == DP_SIZES[0] and layout[1] != "consecutive")
+
+
+def zero_run(impl, stage, group, replica, members, dtype=torch.float32):
     phase = ["construction"]
-    model = zero_model().to(current_device())
+    model = zero_model().to(current_device(), dtype)
     result = {"replica": list(replica), "error": None, "memory": None, "dp_ranks": members,
               "steps": []}
     with CollectiveLog(phase) as log:  # recording before the submission runs in this process
@@ -274,7 +285,7 @@ def gradients_now(optimizer, model) -> dict:
 def train_zero(impl, stage, model, dp_group, replica, phase, result):
     """ZeRO-``stage`` AdamW training of ``model`` over ``dp_group``; what it finds goes into
     ``result``. Returns the exception it raised, as text, or None."""
-    device = current_device()
+    device, dtype = current_device(), next(model.parameters()).dtype
     try:
         zero = impl.module("zero")
         optimizer = zero.ZeroOptimizer(model, dp_group, stage=stage, lr=LR, eps=EPS,
@@ -286,7 +297,7 @@ def train_zero(impl, stage, model, dp_group, replica, phase, result):
                     group["lr"] = LR_AFTER_FIRST_STEP
             for micro in range(MICRO):
                 phase[0] = f"step {step}, micro-batch {micro}"
-                x, upstream = (t.to(device) for t in zero_batch(step, *replica, micro))
+                x, upstream = (t.to(device, dtype) for t in zero_batch(step, *replica, micro))
                 model(x).backward(upstream)
             if step == 0:
                 result["memory"] = {kind: int(value) for kind, value in
@@ -574,6 +585,28 @@ def check_run(rank, result, stage, where):
     check_contracts(rank, result, stage, where)
 
 
+BF16_TOLERANCE = dict(atol=3e-2, rtol=3e-2)  # bf16 weights, m and v against fp32 AdamW
+
+
+def check_bf16_run(rank, result, stage, where):
+    """bf16 parameters: the run ends, every parameter stays bf16 and near fp32 AdamW's."""
+    assert result["error"] is None, (
+        f"[{where}] rank {rank}: ZeRO-{stage} with bf16 parameters raised {result['error']}. "
+        "Likely cause: a tensor made for a parameter (a shard, a buffer to gather or reduce "
+        "into) in the default dtype (float32) or on the default device instead of the "
+        "parameter's")
+    right = unsharded_adamw(tuple((result["replica"][0], m) for m in range(len(result["dp_ranks"]))))
+    for name, value in right[-1]["params"].items():
+        actual = result["steps"][-1]["params"][name]
+        assert actual.dtype == torch.bfloat16, (
+            f"[{where}] rank {rank}: ZeRO-{stage} parameter {name} is {actual.dtype} after "
+            f"{STEPS} steps, the model's parameters bf16: the step keeps each parameter's dtype")
+        assert_close(actual.float(), value, f"[{where}] ZeRO-{stage} parameter {name} after "
+                     f"{STEPS} steps", rank=rank, against="fp32 torch.optim.AdamW",
+                     likely_cause="the fp32 case passes: a bf16 path of its own (a dtype "
+                     "taken from somewhere other than the parameter?)", **BF16_TOLERANCE)
+
+
 def launched(run_on_ranks, impl, stage, seed):
     """Every rank's results; a rank killed by a signal (a write into freed storage: Python
     cannot catch it) is named."""
@@ -599,3 +632,7 @@ def test_zero_on_two_groups_matches_unsharded_adam(impl, run_on_ranks, sweep_see
         where = label(case_of(stage, dp, name), sweep_seed)
         for rank, found in enumerate(results):
             check_run(rank, found[where], stage, where)
+    dp, name, _ = bf16_layout(sweep_seed)
+    where = label(case_of(stage, dp, name, "bf16"), sweep_seed)
+    for rank, found in enumerate(results):
+        check_bf16_run(rank, found[where], stage, where)

@@ -91,6 +91,11 @@ def student_breakdown(impl, trace):
 
 
 def assert_rank(found, expected, where):
+    for name in QUANTITIES:
+        assert name not in found or found[name] >= -ABS, (
+            f"{where}: {name} = {found[name]:.6g} s, below zero. Likely mistake: a time counted "
+            "twice, e.g. compute and communication that ran at once subtracted one after the "
+            "other (the union of intervals counts an overlap once)")
     for name, value in expected.items():
         assert found[name] == pytest.approx(value, abs=ABS), (
             f"{where}: {name} = {found[name]:.6g} s, expected {value:.6g} s. Likely mistake: "
@@ -411,13 +416,39 @@ def check_clocks(impl, run_alone, seed, worlds=(2, 3, 4, 8)):
         traces, truth = skewed_ranks(config["world"], config["rounds"], seed * 100 + index,
                                      straggler)
         made.append((config, straggler, traces, truth))
-    found = run_alone(student_many_clocks, impl, [traces for _, _, traces, _ in made])
+    ties = tie_cases(seed)
+    found, chosen = run_alone(student_many_clocks, impl, [traces for _, _, traces, _ in made],
+                              [waits for waits, _ in ties])
     for (config, straggler, traces, truth), result in zip(made, found):
         check_one_clock(config, straggler, traces, truth, result, seed)
+    for (waits, lowest), got in zip(ties, chosen):
+        tied = sorted(rank for rank, wait in waits.items() if wait == 0.0)
+        assert got == lowest, (
+            f"straggler({waits}) = rank {got}, expected rank {lowest} [seed {seed}]: ranks "
+            f"{tied} wait least, a tie, and a tie goes to the lowest rank whatever order the "
+            "waits come in")
 
 
-def student_many_clocks(impl, many):
-    return [student_clocks(impl, traces) for traces in many]
+def tie_cases(seed: int, count: int = 4) -> list[tuple[dict[int, float], int]]:
+    """Waits out of rank order in which two ranks share the least wait, the higher of them
+    given first: (waits, the lower of the two)."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        world = rng.randrange(3, 9)
+        low, high = sorted(rng.sample(range(world), 2))
+        others = [rank for rank in range(world) if rank not in (low, high)]
+        rng.shuffle(others)
+        order = [high, *others[:1], low, *others[1:]]
+        cases.append(({rank: 0.0 if rank in (low, high) else rng.uniform(1e-4, 1e-3)
+                       for rank in order}, low))
+    return cases
+
+
+def student_many_clocks(impl, many, ties):
+    analysis = impl.module("trace_analysis")
+    return ([student_clocks(impl, traces) for traces in many],
+            [int(analysis.straggler(waits)) for waits in ties])
 
 
 def check_one_clock(config, straggler, traces, truth, result, seed):

@@ -26,6 +26,10 @@ class Mistake:
 
 # ---------------------------------------------------------------- lab 0 and lab 1
 LAB0_LAB1: list[Mistake] = [
+    Mistake("a tie at the crossover given to recursive doubling", "lab0", "alpha_beta",
+            "nbytes < crossover_bytes(n, alpha, bandwidth)",
+            "nbytes <= crossover_bytes(n, alpha, bandwidth)", "faster_all_reduce",
+            "a tie goes to the ring"),
     Mistake("the reduce-scatter overwrites the chunk it receives into instead of adding",
             "lab0", "collectives", "        chunks[receive_index] += received\n",
             "        chunks[receive_index].copy_(received)\n",
@@ -84,6 +88,17 @@ TARGET_LOGIT = ("target_logit = logits.gather(-1, local_targets.unsqueeze(-1)).s
                 "maximum")
 EMBEDDING_SUM = "return reduce_from_tp(local.masked_fill(elsewhere.unsqueeze(-1), 0.0), self.group)"
 LAB2_LAB3: list[Mistake] = [
+    Mistake("copy_to_tp's backward averages instead of summing", "lab2", "tp_collectives",
+            "        return _all_reduce(grad, ctx.group), None\n",
+            "        return _all_reduce(grad, ctx.group) / dist.get_world_size(ctx.group), None\n",
+            "sagemaker", "copy_to_tp's backward"),
+    Mistake("ln2 copied from the block's ln1", "lab3", "tp_attention",
+            "copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)",
+            "copy.deepcopy(block.ln1), copy.deepcopy(block.ln1)", "every_layout",
+            "is not the block's ln2.weight"),
+    Mistake("the padded LM head made in the default dtype", "lab3", "vocab_parallel",
+            "device=linear.weight.device, dtype=linear.weight.dtype)",
+            "device=linear.weight.device)", "embedding", "the padded layer takes the head's dtype"),
     Mistake("copy_to_tp's backward passes the gradient on, without the all-reduce", "lab2",
             "tp_collectives", "return _all_reduce(grad, ctx.group), None", "return grad, None",
             "copy_to_tp_is_identity", "copy_to_tp's backward does not all-reduce"),
@@ -349,6 +364,12 @@ LAB4: list[Mistake] = [
 ZERO1, ZERO2 = "zero_on_two_groups and zero1", "zero_on_two_groups and zero2"
 DDP = "ddp_from_hooks"
 LAB5: list[Mistake] = [
+    Mistake("finish_gradient_sync leaves each bucket's handle behind", "lab5", "ddp_hooks",
+            "bucket.handle, bucket.flat, bucket.ready = None, None, 0",
+            "bucket.flat, bucket.ready = None, 0", "ddp_from_hooks", "its handle"),
+    Mistake("ZeRO's gather buffer made in the default dtype", "lab5", "zero",
+            "buffer = piece.new_empty(shard.padded)", "buffer = torch.empty(shard.padded)",
+            "matches_unsharded", "in the default dtype (float32)"),
     Mistake("the bucket's sum written back without dividing by the group size", "lab5",
             "ddp_hooks", "            bucket.flat.div_(self.world_size)\n", "", DDP,
             "averaging forgotten"),
@@ -489,6 +510,13 @@ LAB5: list[Mistake] = [
 
 # ---------------------------------------------------------------- lab 6 and lab 7
 LAB6_LAB7: list[Mistake] = [
+    Mistake("a straggler tie broken by the waits' order", "lab6", "trace_analysis",
+            "return min(sorted(waits), key=lambda rank: waits[rank])",
+            "return min(waits, key=waits.get)", "clocks", "a tie goes to the lowest rank"),
+    Mistake("idle time subtracting overlapped compute and communication twice", "lab6",
+            "trace_analysis", "idle_s = span_s - union_length(compute + comm)",
+            "idle_s = span_s - compute_s - comm_s", "compute_communication",
+            "below zero. Likely mistake: a time counted twice"),
     Mistake("each thread's communication summed, not their union", "lab6", "trace_analysis",
             "compute_s, comm_s = union_length(compute), union_length(comm)",
             'compute_s, comm_s = union_length(compute), sum(union_length(r["comm"]) '

@@ -26,13 +26,23 @@ def _noisy(seconds: list[float], seed: int) -> list[float]:
 
 
 def _sizes_around(n: int, alpha: float, bandwidth: float) -> list[float]:
-    """Sizes on both sides of the crossover (or a spread of sizes where there is none)."""
+    """Sizes on both sides of the crossover, and the crossover itself where the two models
+    give the same time to the bit (a tie), or a spread of sizes where there is none."""
     if n == 1 or n & (n - 1):
         return [1e3, 1e6, 1e9]
     crossover = alpha_beta.crossover_bytes(n, alpha, bandwidth)
     if crossover == float("inf"):
         return [1e3, 1e6, 1e9]
-    return [crossover / 4, crossover * 0.99, crossover * 1.01, crossover * 4]
+    tie = _tie(crossover, n, alpha, bandwidth)
+    return [crossover / 4, crossover * 0.99, *([crossover] if tie else []), crossover * 1.01,
+            crossover * 4]
+
+
+def _tie(nbytes: float, n: int, alpha: float, bandwidth: float) -> bool:
+    """Whether both algorithms run on ``n`` ranks and the models give them the same time."""
+    return (n > 1 and not n & (n - 1)
+            and alpha_beta.ring_all_reduce_seconds(nbytes, n, alpha, bandwidth)
+            == alpha_beta.recursive_doubling_seconds(nbytes, n, alpha, bandwidth))
 
 
 def make() -> dict:
@@ -43,7 +53,8 @@ def make() -> dict:
     crossovers = [{"args": list(args), "bytes": alpha_beta.crossover_bytes(*args)}
                   for args in CLUSTERS]
     choices = [{"args": [size, n, alpha, bandwidth],
-                "choice": alpha_beta.faster_all_reduce(size, n, alpha, bandwidth)}
+                "choice": alpha_beta.faster_all_reduce(size, n, alpha, bandwidth),
+                "tie": _tie(size, n, alpha, bandwidth)}
                for n, alpha, bandwidth in CLUSTERS + [(3, 1e-5, 1e9), (6, 2e-6, 4e9)]
                for size in _sizes_around(n, alpha, bandwidth)]
     fits = []

@@ -6,7 +6,8 @@ layouts (the same messages).
 * one backward step alone: 6 query heads over 3 or 2 KV heads, 4 KV heads of 4, 4 and 5 tokens
   per chunk, cp 1 to 4;
 * the ring, forward and backward, on 4 ranks: the same heads and longer chunks, the CP groups
-  of another seed (other permutations).
+  of another seed (other permutations), every kind of numbers of the public sweep (bf16 with
+  scores near 50 among them: running statistics kept in bf16).
 """
 import pytest
 
