@@ -116,7 +116,10 @@ def pytest_configure(config):
         config.addinivalue_line("markers", f"{lab.marker}: graded tests of lab {lab.number} "
                                            f"({lab.topic})")
     config.addinivalue_line("markers", "slow: runs nested in a test (pytest, notebooks, decks, "
-                                       "documented commands); the fast loop is -m 'not slow'")
+                                       "documented commands), waits on purpose (a time limit, "
+                                       "a killed launch), or is a hidden check (the public "
+                                       "checks run the same functions); the fast loop is "
+                                       "-m 'not slow'")
     config.addinivalue_line("markers", f"{HIDDEN}: a graded check that stays with the grader "
                                        "(tests/labs/hidden/, not in the handout), shown to "
                                        "students after the due date")
@@ -328,13 +331,15 @@ def pytest_ignore_collect(collection_path, config):
 def pytest_collection_modifyitems(items):
     """A notebook's cells (nbval re-executes the solved notebooks) are slow. A test that times
     things is skipped where other tests share its cores (a pytest-xdist worker), and says so.
-    The checks in a ``hidden`` folder are marked hidden and run after the others, as the batch
-    grader runs them (one that hangs shortens no public check's time limit)."""
+    The checks in a ``hidden`` folder are marked hidden (and slow: the public checks run the
+    same functions) and run after the others, as the batch grader runs them (one that hangs
+    shortens no public check's time limit)."""
     in_worker = "PYTEST_XDIST_WORKER" in os.environ
     items.sort(key=lambda item: HIDDEN in item.path.parent.parts[-1:])  # stable: order kept
     for item in items:
         if HIDDEN in item.path.parent.parts[-1:]:
             item.add_marker(HIDDEN)
+            item.add_marker(pytest.mark.slow)
         if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.slow)
         if in_worker and item.get_closest_marker(ALONE):

@@ -154,12 +154,14 @@ def refuse_not_contiguous(all_reduce):
                           group=None, async_op=False):
         mine = [f"its {name} {tuple(t.shape)} has strides {t.stride()}"
                 for name, t in (("input", input), ("output", output)) if not t.is_contiguous()]
-        flag = torch.tensor([len(mine)], device=current_device())
-        all_reduce(flag, op=dist.ReduceOp.MAX)
-        if int(flag):
+        flags = torch.zeros(dist.get_world_size(), dtype=torch.long, device=current_device())
+        flags[dist.get_rank()] = len(mine)
+        all_reduce(flags)  # which ranks were handed one
+        if flags.any():
+            ranks = flags.nonzero().flatten().tolist()
             raise NotContiguous(
                 f"all_to_all_single on rank {dist.get_rank()}: "
-                + ("; ".join(mine) if mine else "another rank's tensor")
+                + ("; ".join(mine) if mine else f"the tensors of rank(s) {ranks}")
                 + ", not contiguous: gloo and NCCL refuse it ('Tensors must be contiguous')")
         return inner(output, input, output_split_sizes, input_split_sizes, group, async_op)
 

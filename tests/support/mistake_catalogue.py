@@ -300,6 +300,21 @@ GLOBAL_PEER = "global_peer = peer if group is None else dist.get_global_rank(gro
 ONE_REQUEST_EACH = ("    if len(works) == len(operations):  # one request per operation (gloo)\n"
                     "        return works[:len(sends)], works[len(sends):]\n")
 LAB4: list[Mistake] = [
+    Mistake("the receive buffer made in the default dtype (float32)", "lab4", "pipeline_executor",
+            "arrived[message] = torch.empty(tuple(boundary_shape), dtype=boundary_dtype,",
+            "arrived[message] = torch.empty(tuple(boundary_shape),",
+            "pipelined_step and fp64", "posted a receive into a buffer of dtype torch.float32"),
+    Mistake("the output sent cast to fp32", "lab4", "pipeline_executor",
+            "sends = [(outgoing.contiguous(), message.dst",
+            "sends = [(outgoing.float().contiguous(), message.dst",
+            "pipelined_step and fp64", "posted a send of dtype torch.float32"),
+    Mistake("W leaves its entry in saved", "lab4", "pipeline_executor",
+            "    saved.pop(key)\n    context.deferred.pop(key).flush()\n",
+            "    context.deferred.pop(key).flush()\n",
+            "splits_the_backward or (pipelined_step and zb)", "activation never freed"),
+    Mistake("W flushes its store but leaves it in context.deferred", "lab4", "pipeline_executor",
+            "    context.deferred.pop(key).flush()\n", "    context.deferred[key].flush()\n",
+            "splits_the_backward", "context.deferred still holds"),
     Mistake("1F1B's warm-up one forward too many", "lab4", "pipeline_schedules",
             "warm_up = min(p - rank - 1, m)", "warm_up = min(p - rank, m)",
             "golden_order and one_f_one_b", "warm-up off by one"),
@@ -614,6 +629,20 @@ RING_STEP = ("                rows, keys, masked = visible_part(cp, rank, (rank 
              "every row\n                    out, lse = block_out, block_lse\n                else:\n"
              + RING_MERGE)
 LAB8: list[Mistake] = [
+    Mistake("the ring's running out and lse started like q (its dtype) and merged at every step",
+            "lab8", "ring_attention",
+            "                if step == 0:  # this rank's own block: every row\n"
+            "                    out, lse = block_out, block_lse\n"
+            "                else:\n",
+            "                if step == 0:  # running output and lse, like q\n"
+            "                    out = torch.zeros_like(q)\n"
+            "                    lse = torch.full_like(q[..., 0], float(\"-inf\"))\n"
+            "                if True:\n",
+            "ring_attention_on_4_ranks or hidden_ring", "running statistics kept in the inputs' dtype"),
+    Mistake("the first block's out and lse cast to the inputs' dtype", "lab8", "ring_attention",
+            "out, lse = block_out, block_lse\n",
+            "out, lse = block_out.to(q.dtype), block_lse.to(q.dtype)\n",
+            "ring_attention_on_4_ranks or hidden_ring", "running statistics kept in the inputs' dtype"),
     Mistake("the partial outputs summed as they are", "lab8", "online_softmax",
             "out = (lse1 - finite).exp()[..., None] * out1 + (lse2 - finite).exp()[..., None] * out2",
             "out = out1 + out2", "merge", "added without rescaling by exp(lse_i - lse)"),
@@ -731,6 +760,12 @@ ROUTER_SOFTMAX = "probabilities = self.gate(tokens).float().softmax(dim=-1)"
 EXCHANGE_ALONE = "all_to_all_alone"
 BACKWARD_EXCHANGE = "grad_rows = _exchange(grad, ctx.recv_splits, ctx.send_splits, ctx.group,"
 LAB9: list[Mistake] = [
+    Mistake("the rows exchanged as they come, not made contiguous", "lab9", "token_exchange",
+            "    rows = rows.contiguous()\n", "",
+            "all_to_all", "a tensor that is not contiguous was handed to all_to_all_single"),
+    Mistake("the rows cloned instead of made contiguous (a clone keeps a view's strides)", "lab9",
+            "token_exchange", "rows = rows.contiguous()", "rows = rows.clone()",
+            "all_to_all", "a tensor that is not contiguous was handed to all_to_all_single"),
     Mistake("the softmax taken over the k largest logits only", "lab9", "router",
             "        top_probability, expert_index = probabilities.topk(self.top_k, dim=-1)\n",
             "        top_logit, expert_index = self.gate(tokens).float().topk(self.top_k, dim=-1)\n"

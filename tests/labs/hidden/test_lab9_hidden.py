@@ -1,6 +1,7 @@
 """Lab 9's hidden checks: the public checks' functions on the sweeps of other seeds (other
 permuted group layouts, other draws of experts, k, capacities, dtypes, magnitudes, token
-counts and split sizes), with the same messages."""
+counts and split sizes, and the exchange's rows and gradients in other memory layouts), with the
+same messages."""
 import pytest
 
 from test_lab9_expert_groups import check_groups

@@ -163,6 +163,7 @@ def test_a_crash_inside_the_backend_names_its_likely_cause(run_on_ranks):
         str(caught.value)[:2000])
 
 
+@pytest.mark.slow  # waits on purpose, or on several launches
 def test_a_rank_that_never_returns_times_out(run_on_ranks):
     start = time.monotonic()
     with pytest.raises(LaunchTimeout) as caught:
@@ -275,6 +276,7 @@ SUM_FOUR_RANKS = """
 """
 
 
+@pytest.mark.slow  # waits on purpose, or on several launches
 def test_two_launches_at_once_do_not_collide():
     first, second = run_script(SUM_FOUR_RANKS), run_script(SUM_FOUR_RANKS)
     for process in (first, second):
@@ -297,6 +299,7 @@ SLEEPING_RANKS = """
 """
 
 
+@pytest.mark.slow  # waits on purpose, or on several launches
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize("parent_signal", [signal.SIGINT, signal.SIGKILL],
                          ids=["ctrl-c", "parent-killed"])

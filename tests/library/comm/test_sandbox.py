@@ -178,6 +178,7 @@ print(launch(read_relative, 1, "answers.txt", sandbox=Sandbox(hidden=({hidden!r}
 """
 
 
+@pytest.mark.slow  # waits on purpose, or on several launches
 def test_a_hidden_working_folder_is_no_way_in(tmp_path):
     """Ranks start in their server's working folder; if it is hidden, they start in the
     launch's own instead, not in the covered one (where relative paths would still reach)."""

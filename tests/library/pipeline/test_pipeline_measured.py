@@ -81,6 +81,7 @@ def bubble_ratios(run_on_ranks, m, cost_f, cost_b):
     return result
 
 
+@pytest.mark.slow  # times real steps of four ranks
 @pytest.mark.alone
 def test_measured_bubble_matches_the_simulator(run_on_ranks):
     m, cost_f, cost_b = 4, 0.04, 0.08
