@@ -427,7 +427,7 @@ def check_choices(impl, run_alone, cases: list[dict]) -> None:
                             "choice there" if not power_of_two(n) else "")
         if n == 1:
             cause = "on 1 rank both take no time, and a tie goes to the ring"
-        elif case["tie"]:
+        elif case.get("tie"):
             cause = ("at the crossover size both take the same time (to the bit), and a tie "
                      "goes to the ring: recursive doubling only where it is strictly faster")
         elif not power_of_two(n):
