@@ -73,11 +73,25 @@ _PAYLOAD_ARGUMENT = {
 
 
 class CommTracer:
-    """A context manager recording every traced ``torch.distributed`` call on this rank."""
+    """A context manager recording every traced ``torch.distributed`` call on this rank.
 
-    def __init__(self):
+    ``peers``: the global ranks a point-to-point call may name (this rank's group); a peer
+    outside them is refused at once, where the call would otherwise wait for a rank that never
+    answers."""
+
+    def __init__(self, peers=None):
         self.calls: list[CommCall] = []
+        self.peers = None if peers is None else sorted(peers)
         self._originals = {}
+
+    def _check_peer(self, op: str, peer: int | None) -> None:
+        if self.peers is None or peer is None or peer in self.peers:
+            return
+        raise ValueError(
+            f"rank {dist.get_rank()}: {op} {'to' if 'send' in op else 'from'} global rank "
+            f"{peer}, outside its group {self.peers}. Likely cause: a peer given as a rank in "
+            "the group where the call takes a global rank (the group left out of the call, or "
+            "not translated with dist.get_global_rank)")
 
     def __enter__(self) -> "CommTracer":
         for op, argument in _PAYLOAD_ARGUMENT.items():
@@ -102,6 +116,7 @@ class CommTracer:
             bound = dict(zip(parameters, args)) | kwargs  # however the caller passed them
             group = bound.get("group")
             payload = bound[parameters[argument]]
+            self._check_peer(op, _peer(op, bound))
             self.calls.append(CommCall(op, dist.get_world_size(group), _size(payload),
                                        _group_ranks(group), _peer(op, bound)))
             return original(*args, **kwargs)
@@ -127,6 +142,7 @@ class CommTracer:
         def traced(operations):
             for operation in operations:
                 op = "isend" if operation.op is distributed_c10d.isend else "irecv"
+                self._check_peer(op, operation.peer)
                 self.calls.append(CommCall(op, dist.get_world_size(operation.group),
                                            _size(operation.tensor),
                                            _group_ranks(operation.group), operation.peer))

@@ -229,7 +229,7 @@ def run_sweep(impl, algorithm: str, seed: int, scale: int, group_sizes):
             tensor.copy_(values)
         else:
             tensor = values
-        with CommTracer() as trace:
+        with CommTracer(peers=members) as trace:  # a peer outside the group: refused at once
             returned = function(tensor, group)
         first = tensor.cpu().clone()
         function(tensor, group)

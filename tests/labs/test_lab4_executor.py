@@ -270,6 +270,7 @@ def test_run_action_splits_the_backward_for_zero_bubble(impl, run_alone):
 # ---------------------------------------------------------------- the executor on ranks
 
 WRONG_DTYPE = "a boundary tensor of the wrong dtype"
+SHARED_BUFFER = "two receives into one buffer"
 
 
 def record_point_to_point(members, dtype):
@@ -321,6 +322,13 @@ def record_point_to_point(members, dtype):
     def batch(operations):
         calls.append([entry("send" if "send" in op.op.__name__ else "recv", op.peer, None,
                             None, op.tag, op.tensor) for op in operations])
+        buffers = [op.tensor.untyped_storage().data_ptr() for op in operations
+                   if "recv" in op.op.__name__]
+        if len(set(buffers)) < len(buffers):
+            raise ValueError(
+                f"{SHARED_BUFFER}: rank {dist.get_rank()} posted {len(buffers)} receives in one "
+                f"batch into {len(set(buffers))} buffer(s): each message needs a buffer of its "
+                "own, or the later one overwrites the earlier")
         inside.append(True)
         try:
             return originals["batch_isend_irecv"](operations)

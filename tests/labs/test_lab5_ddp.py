@@ -471,12 +471,16 @@ def check_buckets_left(rank, result, run, where):
     """After finish_gradient_sync every bucket is as before any backward."""
     for index, state in enumerate(result[run]["buckets"]):
         kept = [what for what in ("handle", "flat") if state[what]]
-        assert not kept and state["ready"] == 0, (
+        assert state["ready"] == 0, (
             f"[{where}] rank {rank}, {run}: after finish_gradient_sync bucket #{index} still "
-            f"has a count of {state['ready']}" + "".join(f", its {what}" for what in kept)
-            + ". Likely cause: the bucket was not put back as before any backward (no handle, "
-            "no tensor, nothing counted); a handle kept is waited again, and a backward wholly "
-            "under no_sync then sends nothing")
+            f"has a count of {state['ready']}. Likely cause: the count was not reset after the "
+            "previous step (finish_gradient_sync leaves every bucket as before any backward: "
+            "nothing counted), so the next backward passes the bucket's size without equalling it")
+        assert not kept, (
+            f"[{where}] rank {rank}, {run}: after finish_gradient_sync bucket #{index} still "
+            f"holds {' and '.join(f'its {what}' for what in kept)}. Likely cause: the bucket was "
+            "not put back as before any backward (no handle, no tensor); a handle kept is "
+            "waited again, and a backward wholly under no_sync then sends nothing")
 
 
 def check_no_sync_state(rank, log, where):

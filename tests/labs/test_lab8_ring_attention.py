@@ -592,6 +592,11 @@ def compare(result, entry, rank, expected_values, inputs, otherwise, blame_units
             "each block's dk, dv sum the shares of every rank the block visits, brought home to its owner")
         if config["numbers"] == LARGE_BF16:  # checked after every other case of the run passed
             hint = STATISTICS_DTYPE
+        elif config["cp"] == 1 and name != "out" and not blame_units:
+            hint = ("the output is right but the gradients are not, with cp = 1: nothing is "
+                    "exchanged or merged, so the gradients are backward_step's on the rank's own "
+                    "block (the same visible part and causal mask as the forward's, the lse it "
+                    "saved); test_lab8_ring_backward.py checks backward_step alone")
         assert_close_naming(actual, wanted, f"{what}'s {name}", rank=rank, against=AGAINST,
                             mistakes=known, otherwise=hint, atol=tolerance, rtol=tolerance)
 

@@ -187,6 +187,11 @@ def check_pair(config: dict, seed: int, rank: int, owner: int, result) -> None:
         f"{what} gave dq {tuple(grad_q.shape)} and dkv {tuple(grad_kv.shape)}: expected dq like "
         f"this rank's q {wanted_q} and dkv like the block's stacked (k, v) {wanted_kv}, whole, "
         "zero where the queries see nothing of the block")
+    dtypes = {str(grad_q.dtype), str(grad_kv.dtype)}
+    assert dtypes == {"torch.float32"}, (
+        f"{what} gave dq and dkv in {sorted(dtypes)}: a block's shares are summed over every "
+        "step of the ring, so they are made and returned in fp32, whatever the inputs' dtype "
+        "(summed in bf16 they lose the small shares)")
     expected = dict(zip(("dq", "dk", "dv"), share_through(q, k, v, upstream, mine, theirs)))
     wrong_lse = dict(zip(("dq", "dk", "dv"), share_through(q, k, v, upstream, mine, theirs, alone=True)))
     actual = {"dq": grad_q, "dk": grad_kv[0], "dv": grad_kv[1]}

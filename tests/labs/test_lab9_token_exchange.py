@@ -154,9 +154,20 @@ def refuse_not_contiguous(all_reduce):
                           group=None, async_op=False):
         mine = [f"its {name} {tuple(t.shape)} has strides {t.stride()}"
                 for name, t in (("input", input), ("output", output)) if not t.is_contiguous()]
+        unlike = ([f"its output {tuple(output.shape)} {output.dtype} and input "
+                   f"{tuple(input.shape)} {input.dtype} differ beyond the number of rows"]
+                  if output.shape[1:] != input.shape[1:] or output.dtype != input.dtype else [])
         flags = torch.zeros(dist.get_world_size(), dtype=torch.long, device=current_device())
-        flags[dist.get_rank()] = len(mine)
+        flags[dist.get_rank()] = len(mine) + 10 * len(unlike)
         all_reduce(flags)  # which ranks were handed one
+        if (flags >= 10).any():
+            ranks = (flags >= 10).nonzero().flatten().tolist()
+            raise ValueError(
+                f"all_to_all_single on rank {dist.get_rank()}: "
+                + ("; ".join(unlike) if unlike else f"the tensors of rank(s) {ranks} differ")
+                + ". Likely cause: the output buffer made with another row shape or dtype than "
+                "the rows sent: every row keeps its shape and dtype, only how many there are "
+                "changes (gloo would wait for bytes that never come)")
         if flags.any():
             ranks = flags.nonzero().flatten().tolist()
             raise NotContiguous(

@@ -26,6 +26,10 @@ class Mistake:
 
 # ---------------------------------------------------------------- lab 0 and lab 1
 LAB0_LAB1: list[Mistake] = [
+    Mistake("recursive doubling's exchange without its group", "lab0", "collectives",
+            "        _swap(flat, received, partner, partner, group)\n",
+            "        _swap(flat, received, partner, partner, None)\n", "recursive_doubling",
+            "a peer given as a rank in the group where the call takes a global rank"),
     Mistake("a tie at the crossover given to recursive doubling", "lab0", "alpha_beta",
             "nbytes < crossover_bytes(n, alpha, bandwidth)",
             "nbytes <= crossover_bytes(n, alpha, bandwidth)", "faster_all_reduce",
@@ -88,6 +92,10 @@ TARGET_LOGIT = ("target_logit = logits.gather(-1, local_targets.unsqueeze(-1)).s
                 "maximum")
 EMBEDDING_SUM = "return reduce_from_tp(local.masked_fill(elsewhere.unsqueeze(-1), 0.0), self.group)"
 LAB2_LAB3: list[Mistake] = [
+    Mistake("the heads merged back by a plain reshape", "lab3", "tp_attention",
+            "        return self.proj(merge_heads(heads))",
+            "        return self.proj(heads.reshape(x.shape[0], x.shape[1], -1))",
+            "matches_single_device", "merged back by a plain reshape"),
     Mistake("copy_to_tp's backward averages instead of summing", "lab2", "tp_collectives",
             "        return _all_reduce(grad, ctx.group), None\n",
             "        return _all_reduce(grad, ctx.group) / dist.get_world_size(ctx.group), None\n",
@@ -300,6 +308,14 @@ GLOBAL_PEER = "global_peer = peer if group is None else dist.get_global_rank(gro
 ONE_REQUEST_EACH = ("    if len(works) == len(operations):  # one request per operation (gloo)\n"
                     "        return works[:len(sends)], works[len(sends):]\n")
 LAB4: list[Mistake] = [
+    Mistake("one receive buffer for every message of an exchange", "lab4", "pipeline_executor",
+            "        for message in planned.receives:\n"
+            "            arrived[message] = torch.empty(tuple(boundary_shape), dtype=boundary_dtype,\n"
+            "                                           device=device)\n",
+            "        buffer = torch.empty(tuple(boundary_shape), dtype=boundary_dtype, device=device)\n"
+            "        for message in planned.receives:\n"
+            "            arrived[message] = buffer\n",
+            "pipelined_step and interleaved", "two receives into one buffer"),
     Mistake("the receive buffer made in the default dtype (float32)", "lab4", "pipeline_executor",
             "arrived[message] = torch.empty(tuple(boundary_shape), dtype=boundary_dtype,",
             "arrived[message] = torch.empty(tuple(boundary_shape),",
@@ -381,7 +397,7 @@ DDP = "ddp_from_hooks"
 LAB5: list[Mistake] = [
     Mistake("finish_gradient_sync leaves each bucket's handle behind", "lab5", "ddp_hooks",
             "bucket.handle, bucket.flat, bucket.ready = None, None, 0",
-            "bucket.flat, bucket.ready = None, 0", "ddp_from_hooks", "its handle"),
+            "bucket.flat, bucket.ready = None, 0", "ddp_from_hooks", "holds its handle"),
     Mistake("ZeRO's gather buffer made in the default dtype", "lab5", "zero",
             "buffer = piece.new_empty(shard.padded)", "buffer = torch.empty(shard.padded)",
             "matches_unsharded", "in the default dtype (float32)"),
@@ -629,6 +645,12 @@ RING_STEP = ("                rows, keys, masked = visible_part(cp, rank, (rank 
              "every row\n                    out, lse = block_out, block_lse\n                else:\n"
              + RING_MERGE)
 LAB8: list[Mistake] = [
+    Mistake("backward_step's dq and dkv made in the inputs' dtype", "lab8", "ring_attention",
+            "    grad_q = torch.zeros_like(q, dtype=torch.float32)\n    grad_q[:, :, rows] = grad_q_rows\n"
+            "    grad_kv = torch.zeros_like(kv, dtype=torch.float32)\n",
+            "    grad_q = torch.zeros_like(q)\n    grad_q[:, :, rows] = grad_q_rows\n"
+            "    grad_kv = torch.zeros_like(kv)\n",
+            "backward_step", "so they are made and returned in fp32"),
     Mistake("the ring's running out and lse started like q (its dtype) and merged at every step",
             "lab8", "ring_attention",
             "                if step == 0:  # this rank's own block: every row\n"
@@ -760,6 +782,10 @@ ROUTER_SOFTMAX = "probabilities = self.gate(tokens).float().softmax(dim=-1)"
 EXCHANGE_ALONE = "all_to_all_alone"
 BACKWARD_EXCHANGE = "grad_rows = _exchange(grad, ctx.recv_splits, ctx.send_splits, ctx.group,"
 LAB9: list[Mistake] = [
+    Mistake("the exchange's output buffer keeps only the rows' last dimension", "lab9",
+            "token_exchange", "    received = rows.new_empty((sum(recv_splits), *rows.shape[1:]))\n",
+            "    received = rows.new_empty((sum(recv_splits), rows.shape[-1]))\n",
+            "all_to_all", "the output buffer made with another row shape or dtype"),
     Mistake("the rows exchanged as they come, not made contiguous", "lab9", "token_exchange",
             "    rows = rows.contiguous()\n", "",
             "all_to_all", "a tensor that is not contiguous was handed to all_to_all_single"),
