@@ -140,6 +140,11 @@ def pytest_configure(config):
     except ValueError as error:
         raise pytest.UsageError(str(error)) from None
     config.grading = GradedRun(config)
+    # A graded run on a student's files shows each failure's message and the lines it passed
+    # through, not every frame's arguments (pages of tensors): pytest's short tracebacks.
+    if any(each.folder is not None for each in config.implementations) and \
+            config.option.tbstyle == "auto":
+        config.option.tbstyle = "short"
     if config.grading.implementation.folder is not None and \
             threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupted)

@@ -88,6 +88,7 @@ def run_benchmark(*options):
 
 @pytest.mark.parametrize("options", [[], ["--dtype", "bf16", "--attention", "explicit"]],
                          ids=["fp32-sdpa", "bf16-explicit"])
+@pytest.mark.slow  # the benchmark's command line, end to end
 def test_benchmark_runs_on_the_cpu_and_prints_positive_numbers(options):
     out = run_benchmark("--layers", "1", "--hidden", "32", "--heads", "2", "--seq", "16",
                         "--batch", "2", "--vocab", "64", "--steps", "2", "--warmup", "1",
@@ -150,6 +151,7 @@ def test_planner_is_within_ten_percent_of_the_measured_layer(device, batch, ms):
     assert 0.9 < ms * 1e-3 / predicted < 1.1
 
 
+@pytest.mark.slow  # the benchmark's command line, end to end
 def test_peak_option_overrides_the_nominal_cpu_peak():
     out = run_benchmark("--layers", "1", "--hidden", "16", "--heads", "2", "--seq", "8",
                         "--batch", "2", "--vocab", "32", "--steps", "1", "--warmup", "0",

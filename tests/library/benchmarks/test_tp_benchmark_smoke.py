@@ -8,6 +8,7 @@ from reference_impl.benchmarks import tp_block
 from support.printed_tables import is_number, section
 
 
+@pytest.mark.slow  # the benchmark's command line, end to end
 def test_tp_block_benchmark_prints_every_measurement_and_plots(capsys, tmp_path, backend):
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if backend == "nccl" and gpus < max(tp_block.TP_DEGREES):

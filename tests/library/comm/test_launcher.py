@@ -135,6 +135,7 @@ def test_a_raising_rank_is_reported_with_its_rank_and_traceback(run_on_ranks):
     assert "in rank_one_raises" in message  # the rank's own traceback
 
 
+@pytest.mark.slow  # waits on purpose, for the time limit
 def test_ranks_stuck_in_a_collective_time_out_showing_where(run_on_ranks):
     start = time.monotonic()
     with pytest.raises(LaunchTimeout) as caught:

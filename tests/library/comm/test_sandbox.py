@@ -207,6 +207,7 @@ def test_memory_and_file_size_are_limited():
     assert sandboxed(write_big, 3, world_size=1, file_bytes=2 << 20) == ["OSError"]
 
 
+@pytest.mark.slow  # waits on purpose, for the time limit
 def test_a_stuck_rank_still_shows_where_it_was():
     with pytest.raises(LaunchTimeout) as stuck:
         sandboxed(stuck_forever, timeout=3.0)

@@ -73,7 +73,8 @@ def reference():
     return gpt, dataset, single_device_oracles(gpt, dataset)
 
 
-@pytest.mark.parametrize("world", sorted(MATRIX))
+@pytest.mark.parametrize("world", [pytest.param(world, marks=[pytest.mark.slow] if world > 4 else [])
+                                   for world in sorted(MATRIX)])  # 8 ranks on 2 cores: slow
 def test_compositions_match_single_device_training(run_on_ranks, reference, world):
     gpt, dataset, oracles = reference
     combinations = MATRIX[world]

@@ -13,6 +13,7 @@ from reference_impl.perf.planner.specs import layout_from, model_from
 GPT3 = "layers=96,hidden=12288,heads=96,vocab=51200,seq=2048,tied=1"
 
 
+@pytest.mark.slow  # the planner's command line, end to end
 def test_evaluate_runs_on_the_command_line():
     process = subprocess.run(
         [sys.executable, "-m", "reference_impl.perf.planner", "--evaluate",
