@@ -149,6 +149,7 @@ def results(request, models):
                   timeout=300)
 
 
+@pytest.mark.slow  # nine layouts launched on two cores
 def test_global_norm_and_clipped_adamw_match_one_device(models, oracles, results):
     for label, (gpt, dataset, combinations) in models.items():
         norms, states = oracles[label]
@@ -177,6 +178,7 @@ def test_global_norm_and_clipped_adamw_match_one_device(models, oracles, results
           {name: f"{a:.1e}, {b:.1e}" for name, (a, b) in OBSERVED.items()})
 
 
+@pytest.mark.slow  # nine layouts launched on two cores
 def test_replicated_parameters_counted_twice_give_another_norm(models, oracles, results):
     """Without the rule's "TP rank 0 only", the tp > 1 layouts' norm is measurably wrong: the
     norm test above can fail."""
