@@ -33,6 +33,7 @@ import math
 
 from reference_impl.comm.alpha_beta import ring_all_reduce_seconds
 from reference_impl.memory.model_states import zero_memory_formula
+from reference_impl.memory.recompute import MODES
 
 TP_ALL_REDUCES_PER_LAYER = 4  # Megatron's TP layer: after attention and the MLP, forward and backward
 BACKWARD_SHARE = 2 / 3  # of a stage's time per microbatch: the backward (twice the forward's flops)
@@ -111,8 +112,8 @@ def activation_bytes_with_recompute(s: int, b: int, h: int, a: int, t: int = 1,
     """Table 2's rows for recomputation (Korthikanti et al. 2022, section 5): selective
     recomputation keeps no scores (the attention core runs again in the backward), full
     recomputation only the layer's input, 2sbh (2sbh/t, the shard, with sequence parallelism)."""
-    if recompute not in (None, "selective", "full"):
-        raise ValueError(f"recompute must be None, 'selective' or 'full', got {recompute!r}")
+    if recompute not in MODES:
+        raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")
     if recompute == "full":
         return 2 * s * b * h / (t if sequence_parallel else 1)
     heads = a if recompute is None else 0
