@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.hybrid.data_parallel import all_reduce_mean
+from reference_impl.comm.mean_all_reduce import all_reduce_mean
 from expert_groups import ExpertGroups, experts_of_rank
 from reference_impl.moe.moe_layer import MoELayer, MoEOutput
 from router import Router
@@ -102,7 +102,7 @@ def sync_moe_grads(module: nn.Module, groups: ExpertGroups) -> None:
     copies to sum, and by what to divide, follows from that: the notebook's section 6
     derives it (Megatron-core's DDP does the same for its experts).
 
-    One bucketed all-reduce per group (``hybrid.data_parallel.all_reduce_mean``). Collective
+    One all-reduce per group (``comm.mean_all_reduce.all_reduce_mean``). Collective
     over the groups it uses; call after the backward, before the optimizer step."""
     expert, dense = [], []
     for parameter in module.parameters():

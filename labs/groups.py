@@ -33,7 +33,8 @@ listed fastest-varying first.
 
 * ``sagemaker`` = ``pp-tp-rdp`` (SageMaker's): neighbouring ranks are pipeline stages, GPU1 is
   pp_rank 1. ``python -m reference_impl.comm.groups --world-size 8 --tp 2 --pp 2`` prints the
-  ranking page's 8-GPU table.
+  ranking page's 8-GPU table (``python -m reference_impl.figures.rank_groups``, with the same
+  arguments and ``--plot FILE``, draws it too).
 * ``megatron`` = ``tp-rdp-pp`` (Megatron-LM's default, tp-dp-pp): neighbouring ranks are TP
   peers, so a TP group sits inside one node's fast links. Megatron's "data-parallel group" is
   the RDP_GROUP here, and its "model-parallel group" the MP_GROUP; SageMaker's larger DP_GROUP
@@ -307,10 +308,12 @@ def mesh_group_rank(mesh: torch.Tensor, names: tuple[str, ...], varying: tuple[s
     raise NotImplementedError("lab1: the rank's positions along the `varying` dimensions read as one number in mixed radix, the grid's order of dimensions giving the digits' weights (the notebook: a position in a group follows the same mixed radix, restricted to the axes that vary in it)")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m reference_impl.comm.groups",
-        description="Print every rank's coordinates and groups (SageMaker's notation).")
+def layout_parser(prog: str = "python -m reference_impl.comm.groups",
+                  description: str = "Print every rank's coordinates and groups (SageMaker's "
+                                     "notation).") -> argparse.ArgumentParser:
+    """The command line of a layout: world size, tp, pp, cp and order (:func:`parsed_layout`
+    builds it). ``figures.rank_groups`` adds the file its figure goes to."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--world-size", type=int, required=True)
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     parser.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
@@ -319,20 +322,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--order", default="sagemaker",
                         help="sagemaker (pp-tp-rdp), megatron (tp-rdp-pp), or a permutation "
                              "of tp, pp, rdp, fastest-varying first")
-    parser.add_argument("--plot", metavar="FILE", help="also save a figure of the groups")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parsed_layout(parser: argparse.ArgumentParser, args: argparse.Namespace) -> RankLayout:
+    """The layout the arguments describe; the parser exits with the reason if there is none."""
     try:
-        layout = build_rank_layout(args.world_size, args.tp, args.pp, args.order, args.cp)
+        return build_rank_layout(args.world_size, args.tp, args.pp, args.order, args.cp)
     except ValueError as error:
         parser.error(str(error))
-    if args.plot and args.cp > 1:
-        parser.error(f"--plot draws tp x pp x rdp layouts; --cp {args.cp} has no figure")
-    print(layout.describe())
-    if args.plot:
-        from reference_impl.figures.rank_groups import plot_rank_groups
 
-        plot_rank_groups(layout).savefig(args.plot, dpi=120, bbox_inches="tight")
-        print(f"\nfigure saved to {args.plot}")
+
+def main(argv: list[str] | None = None) -> None:
+    parser = layout_parser()
+    print(parsed_layout(parser, parser.parse_args(argv)).describe())
 
 
 if __name__ == "__main__":

@@ -30,14 +30,14 @@ The generators, p ranks, m microbatches:
   min(p - r, m) microbatches in flight on rank r.
 * ``interleaved.interleaved_one_f_one_b`` (Narayanan et al. 2021, "Efficient Large-Scale
   Language Model Training on GPU Clusters", section 2.2.2): v chunks per rank; the bubble
-  shrinks v times, for v times more point-to-point messages (in a module of its own; importable
-  from here too).
+  shrinks v times, for v times more point-to-point messages (in a module of its own).
 * :func:`zb_h1` (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): the backward split into
   B and W; W passes are postponed to fill the cool-down, bubble (p-1)(T_F + T_B - T_W)
   instead of (p-1)(T_F + T_B + T_W), with 1F1B's peak activation memory (reached on every
   rank: a microbatch's weight-gradient inputs are held until its W).
 
-A schedule can also be written by hand, one string per rank (see :func:`schedule_from_strings`)::
+``named_schedules.build_schedule`` builds any of them by its name. A schedule can also be
+written by hand, one string per rank (see :func:`schedule_from_strings`)::
 
     >>> print(one_f_one_b(2, 3))
     1f1b: p=2 ranks, m=3 microbatches
@@ -115,14 +115,14 @@ def _token(action: Action, chunks: int) -> str:
 
 def naive(p: int) -> Schedule:
     """One microbatch: forward through stages 0..p-1, then backward from p-1 to 0."""
-    _check_positive(ranks=p)
+    check_counts(ranks=p)
     actions = tuple((Action("F", 0, rank), Action("B", 0, rank)) for rank in range(p))
     return Schedule("naive", p, 1, 1, False, actions)
 
 
 def gpipe(p: int, m: int) -> Schedule:
     """GPipe (Huang et al. 2018): every rank runs all m forwards, then all m backwards."""
-    _check_positive(ranks=p, microbatches=m)
+    check_counts(ranks=p, microbatches=m)
     actions = []
     for rank in range(p):
         raise NotImplementedError("lab4: rank's GPipe actions: every microbatch's forward before any backward, in microbatch order, all at the rank's own stage; append them to actions as one tuple")
@@ -136,7 +136,7 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     runs the cool-down backwards. Each backward starts as early as the pipeline allows, so
     rank r holds at most ``min(p - r, m)`` microbatches' activations, instead of GPipe's m.
     """
-    _check_positive(ranks=p, microbatches=m)
+    check_counts(ranks=p, microbatches=m)
     actions = []
     for rank in range(p):
         raise NotImplementedError("lab4: rank's 1F1B actions: start each backward as early as the pipeline allows, so the rank never holds more than min(p - rank, m) microbatches' activations (the last rank runs a backward right after each forward); between the first and the last backward, forwards and backwards alternate, the backward always of the oldest microbatch; append them to actions as one tuple")
@@ -173,38 +173,6 @@ def zb_h1(p: int, m: int) -> Schedule:
     return Schedule("zb-h1", p, m, 1, True, tuple(actions))
 
 
-def _interleaved(p: int, m: int, v: int = 2) -> Schedule:
-    # Imported here: interleaved 1F1B builds on this module (its v = 1 case is one_f_one_b).
-    from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
-    return interleaved_one_f_one_b(p, m, v)
-
-
-SCHEDULES = {
-    "naive": naive,
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
-    "interleaved": _interleaved,
-    "zb-h1": zb_h1,
-}
-
-
-def build_schedule(name: str, p: int, m: int = 1, v: int = 1) -> Schedule:
-    """The schedule ``name`` from :data:`SCHEDULES` for p ranks, m microbatches, v chunks."""
-    if name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
-    if name == "interleaved":
-        return SCHEDULES["interleaved"](p, m, v)
-    if v != 1:
-        raise ValueError(f"schedule {name!r} has one chunk per rank, got v={v}; "
-                         f"use 'interleaved' for v > 1")
-    if name == "naive":
-        if m != 1:
-            raise ValueError(f"the naive schedule runs a single microbatch, got m={m}; "
-                             f"use 'gpipe' or '1f1b' for m > 1")
-        return naive(p)
-    return SCHEDULES[name](p, m)
-
-
 _TOKEN = re.compile(r"^([FBW])(\d+)(?:s(\d+))?$")
 
 
@@ -236,12 +204,8 @@ def schedule_from_strings(rows: list[str], microbatches: int, chunks: int = 1,
     return Schedule(name, len(rows), microbatches, chunks, split_backward, tuple(actions))
 
 
-def _renamed(schedule: Schedule, name: str) -> Schedule:
-    return Schedule(name, schedule.ranks, schedule.microbatches, schedule.chunks,
-                    schedule.split_backward, schedule.actions)
-
-
-def _check_positive(**counts: int) -> None:
+def check_counts(**counts: int) -> None:
+    """Refuse a number of ranks, microbatches or chunks that is not an integer >= 1, naming it."""
     labels = {"ranks": "the number of ranks p", "microbatches": "the number of microbatches m",
               "chunks": "the number of chunks per rank v"}
     for key, value in counts.items():

@@ -39,10 +39,11 @@ default.
 
 Composition (``hybrid/parallelize.py``): ``--sp`` adds sequence parallelism to TP,
 ``--recompute selective|full`` recomputes each block's attention core or the whole block in the
-backward, ``--dp-kind`` chooses how the replicas reduce gradients (``sync``, the default;
-``ddp_hooks``; ``zero1``/``zero2``/``zero3``, AdamW only). They compose with every layout and
+backward, ``--dp-kind`` chooses how the replicas reduce gradients and what they shard (``sync``, the
+default; ``ddp_hooks``; ``zero1``/``zero2``/``zero3``, AdamW only; ``fsdp2``, PyTorch's
+``fully_shard``: ``hybrid/dp_kinds/``). They compose with every layout and
 with each other; what cannot work (``--sp`` without ``--tp`` > 1, ``ddp_hooks``/``zero2``/
-``zero3`` with the ``zb-h1`` schedule, ZeRO with ``--optimizer sgd``) is refused before any rank
+``zero3``/``fsdp2`` with the ``zb-h1`` schedule, ZeRO with ``--optimizer sgd``) is refused before any rank
 starts, with the rule and the numbers:
 
     python -m reference_impl.train --dp 2 --tp 2 --sp --dp-kind zero1 --recompute selective
@@ -65,17 +66,16 @@ function of the step number; the gradients clipped to the global norm ``--clip-g
 disables), counted once under every layout (``hybrid/grad_norm.py``). Each log line prints the
 step's ``grad_norm`` (before clipping) and ``lr``. ZeRO runs the same AdamW on its shards.
 
-Checkpoints (``reference_impl.hybrid.checkpoint``): ``--checkpoint-dir DIR`` writes ``DIR/checkpoint.pt``
-every ``--checkpoint-every`` steps and at the end, in the single-device GPT's names, so it loads
-into any layout or a plain ``model.GPT``. ``--resume`` continues from it (same ``--seed``,
-``--batch``, ``--seq``, ``--vocab``, model shape, optimizer and learning-rate schedule: a run
-meant to be resumed with a larger ``--steps`` passes its final ``--decay-steps``; any layout)
-up to ``--steps`` in total: the losses are those of a run that never stopped. With
-``--resume`` and no checkpoint yet, training starts from step 0 (so a requeued SLURM job can
-always pass ``--resume``).
-Checkpoints work with ``--dp-kind sync`` and ``ddp_hooks``; with ``zero1``-``zero3`` they are
-refused (each replica holds a shard of Adam's state, which the gathered format does not
-collect).
+Checkpoints (``hybrid/checkpoint.py``): ``--checkpoint-dir DIR`` writes ``DIR/checkpoint/``
+every ``--checkpoint-every`` steps and at the end, sharded through
+``torch.distributed.checkpoint``: each rank writes what it holds, under every ``--dp-kind``.
+``--resume`` continues from it (same ``--seed``, ``--batch``, ``--seq``, ``--vocab``, model
+shape, optimizer and learning-rate schedule: a run meant to be resumed with a larger
+``--steps`` passes its final ``--decay-steps``; the same ``--tp``; any dp, pp, cp or
+``--dp-kind``) up to ``--steps`` in total: the losses are those of a run that never stopped.
+With ``--resume`` and no checkpoint yet, training starts from step 0 (so a requeued SLURM job
+can always pass ``--resume``). ``checkpoint.single_device_gpt(DIR)`` loads one into a plain
+``model.GPT``.
 """
 from __future__ import annotations
 
@@ -93,7 +93,8 @@ from reference_impl.comm.device import resolve_backend, wait_for_device
 from reference_impl.comm.launcher import launch, under_torchrun
 from reference_impl.hybrid import checkpoint, parallel_3d, parallelize
 from reference_impl.hybrid.lr_schedule import WarmupCosine, set_lr
-from reference_impl.hybrid.parallel_dims import DP_KINDS, RECOMPUTE_MODES, ZERO_STAGES
+from reference_impl.hybrid.dp_kinds.registry import DP_KINDS, kind_of
+from reference_impl.hybrid.parallel_dims import RECOMPUTE_MODES
 from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig, llama_config
 from reference_impl.precision import PRECISIONS
 
@@ -134,7 +135,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "the backward, the default), ddp_hooks (all-reduces from hooks "
                              "during the backward), zero1/zero2/zero3 (ZeRO: Adam's state, + "
                              "gradients, + parameters sharded over the replicas; --optimizer "
-                             "adamw, no checkpoints)")
+                             "adamw), fsdp2 (PyTorch's fully_shard over the replicas)")
     model = parser.add_argument_group("model and data")
     model.add_argument("--model", choices=("gpt", "llama"), default="gpt",
                        help="gpt (layernorm, GeLU MLP, learned positions: the default) or llama "
@@ -260,16 +261,11 @@ def check_composition(args) -> parallelize.ParallelDims:
     """Refuse, before any rank starts, what the layout, model and optimizer cannot do."""
     dims = parallel_dims(args)
     dims.check_model(model_config(args), args.batch)
-    if args.dp_kind in ZERO_STAGES:
-        if args.optimizer != "adamw":
-            raise ValueError(f"dp_kind {args.dp_kind} shards Adam's state (ZeroOptimizer); got "
-                             f"--optimizer {args.optimizer}: use adamw, or --dp-kind sync or "
-                             f"ddp_hooks")
-        if args.checkpoint_dir:
-            raise ValueError(f"checkpoints with --dp-kind {args.dp_kind} are not supported: "
-                             f"ZeRO keeps each replica's shard of Adam's state, which the "
-                             f"gathered checkpoint format does not collect; use --dp-kind sync "
-                             f"or ddp_hooks to checkpoint")
+    kind_of(args.dp_kind).check_optimizer(make_optimizer(args, [torch.zeros(1)]))
+    saved = checkpoint.read_run(args.checkpoint_dir) if args.resume else None
+    if saved is not None:
+        _check_resumable(saved, args)
+        checkpoint.check_layout(saved, args.tp, args.vocab_parallel)
     return dims
 
 
@@ -335,16 +331,6 @@ def train_one_device(args) -> tuple[list[float], dict]:
                                            lr_at=schedule(args).lr_at)
 
 
-def _steps_on_parameter_devices(optimizer: torch.optim.Optimizer) -> None:
-    """A fused optimizer keeps Adam's ``step`` on the parameter's device; a checkpoint's step
-    (written from any layout) is put there, as ``Optimizer.load_state_dict`` would."""
-    if not any(group.get("fused") for group in optimizer.param_groups):
-        return
-    for parameter, state in optimizer.state.items():
-        if torch.is_tensor(state.get("step")):
-            state["step"] = state["step"].to(parameter.device, torch.float32)
-
-
 def data_info(args) -> dict:
     return {"seed": args.seed, "batch": args.batch, "seq": args.seq, "vocab": args.vocab}
 
@@ -385,19 +371,15 @@ def train_on_rank(args) -> dict:
                                                  cp=args.cp)
     torch.manual_seed(args.seed)
     gpt = GPT(model_config(args))
-    saved = checkpoint.load(args.checkpoint_dir) if args.resume else None
-    start = 0
-    if saved is not None:
-        _check_resumable(saved, args)
-        gpt.load_state_dict(saved["model"])
-        torch.set_rng_state(saved["rng"])
-        start = saved["step"]
     model = parallelize.parallelize_gpt(gpt, dims, context)
     optimizer = parallelize.build_optimizer(model, lambda p: make_optimizer(args, p))
-    if saved is not None:
-        checkpoint.load_optimizer_state(model, optimizer, gpt, saved["optimizer"]["state"])
-        _steps_on_parameter_devices(optimizer)
-    del gpt, saved
+    del gpt
+    saved = checkpoint.read_run(args.checkpoint_dir) if args.resume else None
+    start = 0
+    if saved is not None:  # checked by check_composition
+        checkpoint.load(args.checkpoint_dir, saved, model, optimizer)
+        torch.set_rng_state(saved["rng"])
+        start = saved["step"]
     dataset = parallel_3d.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
 
     backend = dist.get_backend()

@@ -64,8 +64,8 @@ from reference_impl.figures.pipeline_gantt import plot_gantt, save_chrome_trace
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline.calibrated_stages import fitted_costs, run_sleeping
 from reference_impl.pipeline.gpt_stages import build_gpt_stages, gpt_loss
+from reference_impl.pipeline.named_schedules import build_schedule
 from reference_impl.pipeline.pipeline_executor import measured_timeline, run_schedule, split_batch
-from reference_impl.pipeline.pipeline_schedules import build_schedule
 from reference_impl.pipeline.pipeline_simulator import Timeline, bubble_formula, simulate
 
 P = 4

@@ -3,8 +3,8 @@
 Where a rank computes (``device``), the launcher (ranks on CPU or GPU, under the kit or
 torchrun; what travels to and from the ranks in ``rank_payloads``, how they fail in
 ``rank_failures``), the ring collectives and the alpha-beta cost model (lab 0), a tracer of
-every collective, rank layouts and their process groups (lab 1). Their figures are in
-``reference_impl.figures``.
+every collective, a mean of gradients over a group (``mean_all_reduce``), rank layouts and
+their process groups (lab 1). Their figures are in ``reference_impl.figures``.
 """
 from reference_impl.lazy_exports import lazy_exports
 

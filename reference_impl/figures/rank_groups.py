@@ -4,13 +4,18 @@ Ranks are placed on a grid: pipeline stage (pp) left to right, and top to bottom
 replicas (rdp), each a band of its tp ranks. Within a panel, ranks of the same colour form one
 group of that kind; the figure of the SageMaker model parallelism documentation's "Ranking
 Mechanism" page draws the same groups with boundary lines.
+
+    python -m reference_impl.figures.rank_groups --world-size 8 --tp 2 --pp 2 --plot groups.png
+
+prints the layout as ``python -m reference_impl.comm.groups`` does (same arguments) and saves
+its figure.
 """
 from __future__ import annotations
 
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 
-from reference_impl.comm.groups import RankLayout
+from reference_impl.comm.groups import RankLayout, layout_parser, parsed_layout
 from reference_impl.figures.style import ROW_SPINES, cycle_colour, hide_spines, new_figure
 
 _KIND_TITLES = {
@@ -57,3 +62,21 @@ def plot_rank_groups(layout: RankLayout) -> Figure:
 def _row(layout: RankLayout, rdp_rank: int, tp_rank: int) -> float:
     """Vertical position of a rank: replicas top to bottom, a small gap between them."""
     return rdp_rank * layout.tp + tp_rank + 0.25 * rdp_rank
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = layout_parser("python -m reference_impl.figures.rank_groups",
+                           "Print every rank's coordinates and groups, and save a figure of "
+                           "the groups.")
+    parser.add_argument("--plot", metavar="FILE", required=True, help="where the figure goes")
+    args = parser.parse_args(argv)
+    if args.cp > 1:
+        parser.error(f"the figure draws tp x pp x rdp layouts; --cp {args.cp} has no figure")
+    layout = parsed_layout(parser, args)
+    print(layout.describe())
+    plot_rank_groups(layout).savefig(args.plot, dpi=120, bbox_inches="tight")
+    print(f"\nfigure saved to {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

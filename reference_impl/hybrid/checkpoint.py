@@ -1,179 +1,181 @@
-"""Layout-independent checkpoints of a 3D (dp x tp x pp) run.
+"""Sharded checkpoints of a parallel run, through ``torch.distributed.checkpoint`` (DCP): every
+rank writes the part of the state it holds, and a run under another data-parallel layout (dp,
+pp, cp, the data-parallel kind: sync, DDP hooks, ZeRO 1-3, FSDP2) reads back exactly its part.
 
-A checkpoint is **one file in the single-device GPT's names**, whatever the layout that wrote it:
+``DIR/checkpoint/`` holds DCP's files (one per rank and ``.metadata``) and ``run.pt``, the run's
+facts (step, model config, optimizer and schedule, data stream, RNG state, the writer's layout,
+each parameter's shapes and TP split, each parameter's optimizer step count).
 
-    {"format": "gpt-3d-checkpoint/1",
-     "step": 3,                                  # optimizer steps done = data position
-     "config": {"vocab_size": ..., ...},         # ModelConfig fields
-     "model": {"blocks.0.attn.qkv.weight": full tensor, ...},      # GPT.state_dict() names
-     "optimizer": {"kind": "adamw", "hyper": {...}, "schedule": {"lr": ..., ...},
-                   "state": {"blocks.0.attn.qkv.weight": {"exp_avg": full, "step": t}, ...}},
-     "data": {"seed": 0, "batch": 16, "seq": 32, "vocab": 128},    # make_dataset's arguments
-     "rng": torch.get_rng_state(),
-     "layout": {"dp": 2, "tp": 2, "pp": 2}}      # the writer's, for information only
+Each tensor is stored as ``(rows, numel)``: row ``t`` is TP rank ``t``'s shard flattened (one
+row for a parameter replicated over TP); each rank holds a run of a row's elements, as its
+data-parallel kind gives it (``dp_kinds/kind.Piece``). So the rows tie a checkpoint to its TP
+degree (and vocabulary split); everything else may change on resume. :func:`single_device_state`
+joins the rows back into the single-device GPT's tensors, with no process group.
 
-Why gathered and not one shard file per rank: a gathered file loads into **any** layout
-(save 2x2x2, resume 1x2x4) and straight into a single-device ``model.GPT``
-(``GPT(ModelConfig(**ckpt["config"])).load_state_dict(ckpt["model"])``), with no
-re-sharding tool. The price is that rank 0 holds the whole model and optimizer state once
-while saving, which is fine at this course's sizes (a sharded format, as
-``torch.distributed.checkpoint`` writes, is what you would use for a model that does not fit
-in one host's memory).
-
-* :func:`gather_optimizer_state` unshards every optimizer state tensor that has its
-  parameter's shape (Adam's ``exp_avg``/``exp_avg_sq``, SGD's ``momentum_buffer``) exactly as
-  ``parallel_3d.gather_full_state`` unshards the parameter (over the TP group, vocabulary padding
-  dropped, stages collected over the PP group); scalars (Adam's ``step``) are kept as they are.
-* :func:`load_optimizer_state` re-shards them for the *current* layout by the same
-  shard-from-full path as the weights: it builds the 3D model from a GPT whose "weights" are
-  one state tensor (e.g. every ``exp_avg``) and takes the local shards from it. So optimizer
-  state is sharded by exactly the code that shards the parameters, in every layout.
-* :func:`save` is called on every rank (the gathers are collective); only rank 0 writes, to a
-  temporary file then renamed, so a crash mid-write never leaves a broken checkpoint.
-* :func:`load` reads the file on rank 0 only and broadcasts it, so on a multi-node run only
-  rank 0's node needs to see the checkpoint directory.
-
-Files are written with ``torch.save`` and read with ``torch.load(weights_only=True)``: the
-content is tensors, numbers, strings and dicts only.
+A save writes into ``checkpoint.tmp`` and renames it once every rank is done, so a crash never
+leaves a broken checkpoint. DCP reads and writes files on every rank: the directory must be on
+a file system every node sees.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
+import shutil
+import warnings
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
-from reference_impl.hybrid import parallel_3d
+from reference_impl.hybrid.checkpoint_pieces import FlatPiece, PieceLoadPlanner, PieceSavePlanner
 from reference_impl.model import GPT, ModelConfig
-from reference_impl.tp.tp_layers import unshard
 
-FORMAT = "gpt-3d-checkpoint/1"
-FILENAME = "checkpoint.pt"
+FORMAT = "gpt-sharded-checkpoint/2"
+FOLDER, RUN_FILE = "checkpoint", "run.pt"
 _VOCAB_ROWS = ("token_embedding.weight", "lm_head.weight")  # padded to a multiple of tp
 
 
 def checkpoint_path(directory: str) -> str:
-    return os.path.join(directory, FILENAME)
+    return os.path.join(directory, FOLDER)
 
 
-# ---------------------------------------------------------------- gather (save side)
-
-def gather_optimizer_state(model: parallel_3d.Parallel3DModel,
-                           optimizer: torch.optim.Optimizer) -> dict[str, dict]:
-    """{GPT parameter name: {state key: full tensor or scalar}}, on every rank. Collective over
-    the TP and PP groups, like ``parallel_3d.gather_full_state``."""
-    if not isinstance(optimizer, torch.optim.Optimizer):  # e.g. ZeRO's, over RDP shards
-        raise ValueError(f"cannot checkpoint a {type(optimizer).__name__}: the gathered format "
-                         f"reads torch.optim state only (dp_kind sync or ddp_hooks)")
-    groups, vocab = model.context.groups, model.config.vocab_size
-    local = {}
-    for name, parameter in model.named_gpt_parameters():  # same order on every TP peer
-        state = {}
-        for key in sorted(optimizer.state.get(parameter, {})):
-            value = optimizer.state[parameter][key]
-            if torch.is_tensor(value) and value.shape == parameter.shape and value.dim() > 0:
-                full = unshard(value.detach(), parameter, groups.tp).cpu()
-                if name in _VOCAB_ROWS:
-                    full = full[:vocab]
-                state[key] = full.clone()
-            else:
-                state[key] = value.detach().cpu().clone() if torch.is_tensor(value) else value
-        local[name] = state
-    if model.context.pp == 1:
-        return local
-    stages: list = [None] * model.context.pp
-    dist.all_gather_object(stages, local, group=groups.pp)
-    return {name: state for stage in stages for name, state in stage.items()}
+def _tensor_facts(model, parameter) -> dict:
+    """How ``parameter`` (this rank's TP shard) sits in the single-device tensor."""
+    dim, tp = getattr(parameter, "tp_dim", None), model.context.tp
+    return {"local_shape": list(parameter.shape), "tp_dim": dim,
+            "tp_blocks": getattr(parameter, "tp_blocks", 1), "rows": 1 if dim is None else tp}
 
 
-def save(directory: str, model: parallel_3d.Parallel3DModel, optimizer: torch.optim.Optimizer,
-         step: int, optimizer_info: dict, data: dict) -> str | None:
-    """Gather the run's state (every rank must call this) and write it from rank 0.
-
-    ``optimizer_info``: {"kind": "adamw"|"sgd", "hyper": {...}, "schedule": {...}}, checked on
-    load (the learning rate of every step is the schedule's at that step: no scheduler state);
-    ``data``: the dataset's arguments, so a resume can check it continues the same stream.
-    Returns the file's path on rank 0, None elsewhere."""
-    full_model = parallel_3d.gather_full_state(model)
-    full_optimizer = gather_optimizer_state(model, optimizer)
-    if dist.get_rank() != 0:
-        return None
-    context = model.context
-    checkpoint = {
-        "format": FORMAT,
-        "step": step,
-        "config": dataclasses.asdict(model.config),
-        "model": full_model,
-        "optimizer": {**optimizer_info, "state": full_optimizer},
-        "data": dict(data),
-        "rng": torch.get_rng_state(),
-        "layout": {"dp": context.dp, "tp": context.tp, "pp": context.pp},
-    }
-    os.makedirs(directory, exist_ok=True)
-    path = checkpoint_path(directory)
-    temporary = path + ".tmp"
-    torch.save(checkpoint, temporary)
-    os.replace(temporary, path)  # atomic: readers see the old file or the new one
-    return path
+def _pieces(model, optimizer) -> dict[str, FlatPiece]:
+    """{DCP key: what this rank holds}: every parameter and optimizer state tensor."""
+    kind, tp_rank, pieces = model.dp_kind, model.context.coordinates.tp_rank, {}
+    for name, parameter in model.named_gpt_parameters():
+        rows = _tensor_facts(model, parameter)["rows"]
+        held = {f"model/{name}": kind.parameter_piece(model, parameter)}
+        held.update({f"optimizer/{name}/{key}": piece for key, piece in
+                     kind.state_pieces(model, optimizer, parameter).items()})
+        for key, piece in held.items():
+            if piece.flat.numel():  # a ZeRO rank past the last element holds nothing
+                pieces[key] = FlatPiece(piece.flat, tp_rank if rows > 1 else 0, rows,
+                                        piece.start, parameter.numel())
+    return pieces
 
 
-# ---------------------------------------------------------------- load side
-
-def read(path: str) -> dict:
-    """The checkpoint at ``path`` (no process group needed: e.g. for a single-device GPT)."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a {FORMAT} checkpoint")
-    return checkpoint
-
-
-def load(directory: str) -> dict | None:
-    """The checkpoint in ``directory`` on every rank (read on rank 0, broadcast), or None when
-    there is none. Collective over the default group."""
-    box = [None]
+def save(directory: str, model, optimizer, step: int, optimizer_info: dict,
+         data: dict) -> str | None:
+    """Write the run's state at ``step`` (every rank calls this; each writes its part).
+    ``optimizer_info``: {"kind", "hyper", "schedule"}; ``data``: the dataset's arguments.
+    Returns the checkpoint's path on rank 0, None elsewhere."""
+    final = checkpoint_path(directory)
+    temporary = final + ".tmp"
     if dist.get_rank() == 0:
-        path = checkpoint_path(directory)
-        box[0] = read(path) if os.path.exists(path) else None
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+        shutil.rmtree(temporary, ignore_errors=True)
+        os.makedirs(temporary)
+    dist.barrier()
+    dcp.save(_pieces(model, optimizer), checkpoint_id=temporary, planner=PieceSavePlanner())
+    kind = model.dp_kind
+    mine = {name: (_tensor_facts(model, p), kind.steps(optimizer, p),
+                   sorted(kind.state_pieces(model, optimizer, p)))
+            for name, p in model.named_gpt_parameters()}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if dist.get_rank() == 0:
+        facts = {name: fact for rank in everyone for name, fact in rank.items()}
+        context, dims = model.context, model.dims
+        torch.save({
+            "format": FORMAT, "step": step, "config": dataclasses.asdict(model.config),
+            "optimizer": dict(optimizer_info), "data": dict(data), "rng": torch.get_rng_state(),
+            "layout": {"dp": context.dp, "tp": context.tp, "pp": context.pp, "cp": context.cp,
+                       "dp_kind": dims.dp_kind, "vocab_parallel": dims.vocab_parallel},
+            "tensors": {name: fact[0] for name, fact in facts.items()},
+            "steps": {name: fact[1] for name, fact in facts.items()},
+            "state_keys": {name: fact[2] for name, fact in facts.items()},
+        }, os.path.join(temporary, RUN_FILE))
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(temporary, final)
+    dist.barrier()
+    return final if dist.get_rank() == 0 else None
 
 
-def single_device_gpt(checkpoint: dict) -> GPT:
+def read_run(directory: str) -> dict | None:
+    """The run's facts of the checkpoint in ``directory`` (None when there is none)."""
+    path = os.path.join(checkpoint_path(directory), RUN_FILE)
+    if not os.path.exists(path):
+        return None
+    run = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(run, dict) or run.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a {FORMAT} checkpoint")
+    return run
+
+
+def check_layout(run: dict, tp: int, vocab_parallel: bool) -> None:
+    """A checkpoint's rows are its TP shards: the TP degree and vocabulary split must match."""
+    saved = run["layout"]
+    here = {"tp": tp, "vocab_parallel": vocab_parallel}
+    for what, value in here.items():
+        if saved[what] != value:
+            raise ValueError(
+                f"cannot resume: the checkpoint was written with {what} = {saved[what]}, this "
+                f"run has {what} = {value}; a sharded checkpoint keeps its TP shards, so it "
+                f"resumes under another dp, pp, cp or data-parallel kind, not another tp")
+
+
+def load(directory: str, run: dict, model, optimizer) -> None:
+    """Read this rank's part of the checkpoint into ``model`` and ``optimizer`` (every rank
+    calls this), whatever data-parallel layout wrote it."""
+    check_layout(run, model.context.tp, model.dims.vocab_parallel)
+    kind = model.dp_kind
+    for name, parameter in model.named_gpt_parameters():
+        kind.start_state(optimizer, parameter, run["state_keys"][name], run["steps"][name])
+    with torch.no_grad():
+        dcp.load(_pieces(model, optimizer), checkpoint_id=checkpoint_path(directory),
+                 planner=PieceLoadPlanner())
+
+
+# ---------------------------------------------------------------- one device, no group
+
+def _join(rows: torch.Tensor, facts: dict) -> torch.Tensor:
+    """The single-device tensor from its TP shards' rows (``tp_layers.shard``'s inverse: each
+    shard holds its piece of every block, the full tensor lists block by block)."""
+    shards = [row.view(facts["local_shape"]) for row in rows]
+    if facts["tp_dim"] is None:
+        return shards[0]
+    dim, blocks = facts["tp_dim"], facts["tp_blocks"]
+    pieces = [shard.chunk(blocks, dim=dim) for shard in shards]
+    return torch.cat([pieces[t][b] for b in range(blocks) for t in range(len(shards))], dim=dim)
+
+
+def single_device_state(directory: str) -> tuple[dict, dict, dict]:
+    """(the run's facts, the GPT's ``state_dict``, {name: {optimizer state key: tensor,
+    "step": n}}) of the checkpoint in ``directory``, read in this process alone."""
+    run = read_run(directory)
+    if run is None:
+        raise FileNotFoundError(f"no checkpoint in {directory}")
+    path = checkpoint_path(directory)
+    reader = dcp.FileSystemReader(path)
+    stored = reader.read_metadata().state_dict_metadata
+    rows = {key: torch.empty(meta.size, dtype=meta.properties.dtype)
+            for key, meta in stored.items()}
+    with warnings.catch_warnings():  # DCP warns that it reads in one process: meant here
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(rows, storage_reader=reader, no_dist=True)
+    vocab = run["config"]["vocab_size"]
+
+    def full(key: str, name: str) -> torch.Tensor:
+        tensor = _join(rows[key], run["tensors"][name])
+        return tensor[:vocab] if name in _VOCAB_ROWS else tensor
+
+    model = {name: full(f"model/{name}", name) for name in run["tensors"]}
+    optimizer = {name: {**{key: full(f"optimizer/{name}/{key}", name) for key in keys},
+                        "step": run["steps"][name]}
+                 for name, keys in run["state_keys"].items()}
+    return run, model, optimizer
+
+
+def single_device_gpt(directory: str) -> GPT:
     """A plain ``model.GPT`` with the checkpoint's weights."""
-    gpt = GPT(ModelConfig(**checkpoint["config"]))
-    gpt.load_state_dict(checkpoint["model"])
+    run, state, _ = single_device_state(directory)
+    gpt = GPT(ModelConfig(**run["config"]))
+    gpt.load_state_dict(state)
     return gpt
-
-
-def load_optimizer_state(model: parallel_3d.Parallel3DModel, optimizer: torch.optim.Optimizer,
-                         gpt: GPT, full_state: dict[str, dict], **build_options) -> None:
-    """Put ``full_state`` (from :func:`gather_optimizer_state`, any layout) into ``optimizer``,
-    sharded for ``model``'s layout. ``gpt`` is a GPT of the model's shape and
-    ``build_options`` the ``build_3d_gpt`` arguments ``model`` was built with."""
-    local = dict(model.named_gpt_parameters())
-    missing = set(local) - set(full_state)
-    if missing:
-        raise ValueError(f"the checkpoint has no optimizer state for {sorted(missing)}")
-    keys = sorted({key for state in full_state.values() for key in state})
-    for key in keys:
-        tensors = {name: state[key] for name, state in full_state.items()
-                   if key in state and torch.is_tensor(state[key]) and state[key].dim() > 0}
-        shards = {}
-        if tensors:  # shard-from-full: a GPT whose weights are this state tensor
-            carrier = copy.deepcopy(gpt)
-            carrier.load_state_dict(tensors, strict=False)
-            sharded = parallel_3d.build_3d_gpt(carrier, model.context, model.schedule.microbatches,
-                                          model.schedule, vocab_parallel=model.vocab_parallel,
-                                          **build_options)
-            shards = dict(sharded.named_gpt_parameters())
-        for name, parameter in local.items():
-            value = full_state[name].get(key)
-            if value is None:
-                continue
-            if name in tensors:
-                value = shards[name].detach().clone().to(parameter.device)
-            elif torch.is_tensor(value):
-                value = value.clone()
-            optimizer.state[parameter][key] = value

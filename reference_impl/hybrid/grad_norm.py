@@ -14,9 +14,9 @@ exactly one rank, and sum over the ranks that hold different pieces:
 * pipeline stages hold different parameters: the sum runs over MP_GROUP (TP x PP, one copy of
   the model);
 * data-parallel replicas and context-parallel ranks hold the same averaged gradient after
-  ``finish_gradients``, so they are not summed over; except under ZeRO, where each rank of
-  the ZeRO group (RDP, or RDP x CP) holds a different shard of it (``model.zero.shards[p].grad``,
-  zero padding included): then the sum runs over that group too.
+  ``finish_gradients``, so they are not summed over; except under a sharding kind (ZeRO,
+  FSDP2), where each rank of its group (RDP, or RDP x CP) holds a different shard of it (the
+  kind's ``gradient``, ZeRO's zero padding included): then the sum runs over that group too.
 
 Every rank ends with the same norm and scales the gradients it holds (a 0-d tensor on the
 device: the host never waits for it).
@@ -31,9 +31,8 @@ EPSILON = 1e-6  # in the clipping coefficient, as torch.nn.utils.clip_grad_norm_
 
 def held_gradients(model) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
     """(parameter, the gradient this rank holds for it) after ``finish_gradients``: ``.grad``,
-    or under ZeRO the rank's shard of the averaged gradient."""
-    shards = model.zero.shards if model.zero is not None else None
-    pairs = ((p, shards[p].grad if shards is not None else p.grad) for p in model.parameters())
+    or under a sharding kind the rank's shard of the averaged gradient."""
+    pairs = ((p, model.dp_kind.gradient(model, p)) for p in model.parameters())
     return [(p, grad) for p, grad in pairs if grad is not None]
 
 
@@ -44,10 +43,10 @@ def owns(parameter: torch.nn.Parameter, tp_rank: int) -> bool:
 
 
 def norm_groups(model) -> list:
-    """The groups whose ranks hold different pieces of the gradient: MP (TP x PP), and under
-    ZeRO its group (each rank a different shard). Those of one rank are skipped."""
-    groups = [model.context.groups.mp] + ([model.zero.group] if model.zero is not None else [])
-    return [group for group in groups if dist.get_world_size(group) > 1]
+    """The groups whose ranks hold different pieces of the gradient: MP (TP x PP), and under a
+    sharding kind its group (each rank a different shard). Those of one rank are skipped."""
+    groups = [model.context.groups.mp, model.dp_kind.shard_group(model)]
+    return [group for group in groups if group is not None and dist.get_world_size(group) > 1]
 
 
 def global_grad_norm(model) -> torch.Tensor:

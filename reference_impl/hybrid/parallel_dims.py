@@ -9,15 +9,14 @@ from dataclasses import dataclass
 
 from reference_impl.hybrid.context_parallel import check_context_parallel
 from reference_impl.hybrid.data_parallel import DEFAULT_BUCKET_BYTES
+from reference_impl.hybrid.dp_kinds.registry import kind_of
 from reference_impl.model import ModelConfig
-from reference_impl.pipeline.pipeline_schedules import Schedule, build_schedule
+from reference_impl.pipeline.named_schedules import build_schedule
+from reference_impl.pipeline.pipeline_schedules import Schedule
 from reference_impl.precision import check_precision
 from reference_impl.tp.llama_tp import check_tensor_parallel
 
 RECOMPUTE_MODES = ("none", "selective", "full")
-DP_KINDS = ("sync", "ddp_hooks", "zero1", "zero2", "zero3")
-ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
-HOOK_KINDS = ("ddp_hooks", "zero2", "zero3")  # reduce from post-accumulate-grad hooks
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class ParallelDims:
     cp: int = 1  # context parallelism: ranks sharing each sequence (CP_GROUP size)
     sp: bool = False  # sequence parallelism inside the TP group
     recompute: str = "none"  # none | selective | full
-    dp_kind: str = "sync"  # sync | ddp_hooks | zero1 | zero2 | zero3
+    dp_kind: str = "sync"  # a name in dp_kinds.registry.KINDS
     schedule: str | Schedule = "1f1b"
     microbatches: int | None = None  # per replica and step (default: pp)
     chunks: int = 1  # model chunks per rank (interleaved)
@@ -48,21 +47,14 @@ class ParallelDims:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name, choices in (("recompute", RECOMPUTE_MODES), ("dp_kind", DP_KINDS)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"{name} must be one of {', '.join(choices)}, got "
-                                 f"{getattr(self, name)!r}")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got "
+                             f"{self.recompute!r}")
         check_precision(self.precision)
         if self.sp and self.tp == 1:
             raise ValueError("sequence parallelism needs tp > 1 (got tp = 1): it splits the "
                              "sequence over the tensor-parallel group")
-        schedule = self.build_schedule()
-        if self.dp_kind in HOOK_KINDS and schedule.split_backward:
-            raise ValueError(
-                f"dp_kind {self.dp_kind} with the {schedule.name} schedule: {self.dp_kind} "
-                f"reduces each gradient from a post-accumulate-grad hook, and a split backward's "
-                f"W adds the linear layers' weight gradients without autograd, so no hook fires; "
-                f"use dp_kind sync or zero1, or a schedule without W (gpipe, 1f1b, interleaved)")
+        kind_of(self.dp_kind).check_schedule(self.build_schedule())
 
     @property
     def world_size(self) -> int:

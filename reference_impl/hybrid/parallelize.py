@@ -24,26 +24,21 @@ The steps, in the order :func:`parallelize_gpt` runs them:
   load-balanced share of the sequence, and the gradients below are reduced over RDP x CP.
 * :func:`apply_recompute`: ``memory/recompute.py`` on every block, ``selective`` (the attention
   core) or ``full`` (the whole block; same paper, section 5).
-* :func:`apply_dp`: how the replicas' gradients become the global batch's (``dp_kind``):
-
-      sync       after the backward, a bucketed all-reduce over RDP (``data_parallel``)
-      ddp_hooks  all-reduces launched from gradient hooks during the backward (Li et al.
-                 2020, "PyTorch Distributed"), in the last micro-batch's backward
-      zero1..3   ``ZeroOptimizer`` over RDP (Rajbhandari et al. 2020, "ZeRO"), made by
-                 :func:`build_optimizer`: Adam's state, + gradients, + parameters sharded
-
-  Under every kind the sequence-parallel parameters' gradients (layernorms, row biases) are
-  then summed over the TP group (:func:`finish_gradients`); ``grad_norm.py`` clips the result
-  by the global norm, counting each piece of the gradient once under every layout.
+* :func:`apply_dp`: the data-parallel kind (``dp_kinds/``: sync, ddp_hooks, zero1..3, fsdp2),
+  its hooks or its sharding; :func:`build_optimizer` asks it for the optimizer and
+  :func:`finish_gradients` for what is left of its reduction. Under every kind the
+  sequence-parallel parameters' gradients (layernorms, row biases) are then summed over the TP
+  group; ``grad_norm.py`` clips the result by the global norm, counting each piece of the
+  gradient once under every layout.
 
 What does not compose is refused by :class:`ParallelDims` with the rule and the numbers:
 ``sp`` without ``tp > 1``; a sequence, head count or hidden size that ``tp`` does not divide;
 KV heads ``tp`` neither divides nor is divided by (``llama_tp.kv_head_layout``); ``cp`` with
 learned positions or a sequence not divisible by 2cp (``context_parallel.py``); selective
 recomputation of grouped-query attention (``recompute.py`` re-implements the GPT's attention);
-the hook-driven kinds (ddp_hooks, zero2, zero3) with a split-backward schedule (zb-h1: its W
-adds the weight gradients without autograd, so no hook sees them); ZeRO with another optimizer
-than Adam or AdamW (:func:`build_optimizer`). Everything else composes, zero3 with full recomputation
+the hook-driven kinds (ddp_hooks, zero2, zero3, fsdp2) with a split-backward schedule (zb-h1:
+its W adds the weight gradients without autograd, so no hook sees them); ZeRO with another
+optimizer than Adam or AdamW. Everything else composes, zero3 with full recomputation
 included (a layer recomputed in the backward gathers its parameters again, as in its forward).
 """
 from __future__ import annotations
@@ -56,11 +51,9 @@ from torch import nn
 
 from reference_impl.comm.device import current_device
 from reference_impl.hybrid.context_parallel import (context_parallel_attention)
-from reference_impl.hybrid.data_parallel import (SyncReport,
-                                                 all_reduce_mean, sync_gradients)
-from reference_impl.hybrid.ddp_hooks import OverlappingDataParallel
-from reference_impl.hybrid.parallel_dims import DP_KINDS, RECOMPUTE_MODES, ZERO_STAGES, ParallelDims
-from reference_impl.hybrid.zero import ZeroOptimizer
+from reference_impl.hybrid.data_parallel import SyncReport, all_reduce_mean
+from reference_impl.hybrid.dp_kinds.registry import kind_of
+from reference_impl.hybrid.parallel_dims import RECOMPUTE_MODES, ParallelDims
 from reference_impl.memory.recompute import recompute
 from reference_impl.model import Block, ModelConfig
 from reference_impl.pipeline.gpt_stages import Stage, gpt_loss
@@ -142,8 +135,8 @@ class Parallel3DModel(nn.Module):
         self.bucket_bytes = dims.bucket_bytes
         self.stages = nn.ModuleDict()
         self.names: dict[int, str] = {}  # id(parameter) -> the single-device GPT's name
-        self.gradient_hooks: OverlappingDataParallel | None = None  # ddp_hooks
-        self.zero: ZeroOptimizer | None = None  # zero1-3, set by build_optimizer
+        self.dp_kind = kind_of(dims.dp_kind)
+        self.dp_state = None  # what the kind keeps: its hooks, ZeroOptimizer, device mesh
 
     def stage_modules(self) -> dict[int, nn.Module]:
         return {int(s): module for s, module in self.stages.items()}
@@ -173,12 +166,9 @@ class Parallel3DModel(nn.Module):
             yield self.names[id(parameter)], parameter
 
     def local_values(self) -> dict[int, torch.Tensor]:
-        """{id(parameter): its value on this rank}; under ZeRO-3 all-gathered over RDP
-        (collective there), since between layers a parameter's storage is empty."""
-        if self.zero is None or self.zero.stage < 3:
-            return {id(p): p.detach() for p in self.parameters()}
-        gathered = self.zero.full_state_dict()
-        return {id(p): gathered[name] for name, p in self.named_parameters()}
+        """{id(parameter): its value on this rank, whole over RDP}; collective where the
+        data-parallel kind shards parameters (ZeRO-3, FSDP2)."""
+        return self.dp_kind.full_values(self)
 
 
 # ---------------------------------------------------------------- the steps
@@ -229,33 +219,10 @@ def apply_recompute(model: Parallel3DModel, mode: str) -> None:
             recompute(stage, mode)
 
 
-class _AccumulatingDataParallel(OverlappingDataParallel):
-    """DDP hooks for a step of ``microbatches`` backwards: a parameter counts as ready at its
-    last micro-batch's gradient, so the buckets travel during the last backward, with the
-    whole step's gradient (as Megatron-LM overlaps its reduction with a pipeline's last
-    backward; ``no_sync`` for the others)."""
-
-    def __init__(self, module, group, bucket_bytes: int, microbatches: int):
-        super().__init__(module, group, bucket_bytes)
-        self.microbatches, self._arrived = microbatches, {}
-
-    def _gradient_ready(self, param: nn.Parameter) -> None:
-        arrived = self._arrived.get(param, 0) + 1
-        self._arrived[param] = arrived % self.microbatches
-        if arrived == self.microbatches:
-            super()._gradient_ready(param)
-
-
-def apply_dp(model: Parallel3DModel, kind: str) -> None:
-    """Prepare the gradient reduction ``kind`` over the RDP group, RDP x CP with context
-    parallelism (ddp_hooks: install the hooks; sync: nothing, :func:`finish_gradients`
-    reduces; zero: :func:`build_optimizer`)."""
-    if kind not in DP_KINDS:
-        raise ValueError(f"dp_kind must be one of {', '.join(DP_KINDS)}, got {kind!r}")
-    if kind == "ddp_hooks":  # kept beside the model, not as a submodule of it
-        object.__setattr__(model, "gradient_hooks", _AccumulatingDataParallel(
-            model.stages, model.gradient_groups.rdp, model.bucket_bytes or 0,
-            model.schedule.microbatches))
+def apply_dp(model: Parallel3DModel) -> None:
+    """Prepare the data-parallel kind's reduction over RDP (RDP x CP with context parallelism):
+    its hooks or its sharding (``dp_kinds/``)."""
+    model.dp_kind.wrap(model)
 
 
 def parallelize_gpt(gpt: nn.Module, dims: ParallelDims, context) -> Parallel3DModel:
@@ -272,58 +239,29 @@ def parallelize_gpt(gpt: nn.Module, dims: ParallelDims, context) -> Parallel3DMo
     apply_tp(model, stage_layers, dims.sp)
     apply_cp(model)
     apply_recompute(model, dims.recompute)
-    apply_dp(model, dims.dp_kind)
+    apply_dp(model)
     return model
 
 
 # ---------------------------------------------------------------- optimizer and gradients
 
-SHARDABLE = (torch.optim.Adam, torch.optim.AdamW)  # what ZeroOptimizer computes
-
-
 def build_optimizer(model: Parallel3DModel, make_optimizer):
-    """``make_optimizer(model.parameters())``; for zero1-3 a ``ZeroOptimizer`` over RDP (RDP x
-    CP with context parallelism) with that Adam's or AdamW's parameter groups and
-    hyperparameters instead (ZeRO shards Adam's state: another optimizer, or Adam with
-    amsgrad or maximize, is refused)."""
-    optimizer = make_optimizer(model.parameters())
-    kind = model.dims.dp_kind
-    if kind not in ZERO_STAGES:
-        return optimizer
-    settings = optimizer.defaults
-    if type(optimizer) not in SHARDABLE or settings.get("amsgrad") or settings.get("maximize"):
-        raise ValueError(f"dp_kind {kind} shards Adam's state (ZeroOptimizer: Adam or AdamW, "
-                         f"without amsgrad or maximize); got {type(optimizer).__name__}: use "
-                         f"Adam or AdamW, or dp_kind sync or ddp_hooks")
-    model.zero = ZeroOptimizer(model, model.gradient_groups.rdp, ZERO_STAGES[kind],
-                               lr=settings["lr"], betas=settings["betas"], eps=settings["eps"],
-                               weight_decay=settings["weight_decay"],
-                               decoupled_weight_decay=settings.get("decoupled_weight_decay",
-                                                                   False),
-                               param_groups=optimizer.param_groups)
-    return model.zero
+    """``make_optimizer(model.parameters())``, or what the data-parallel kind makes of it
+    (ZeRO: a ``ZeroOptimizer`` with that Adam's groups and settings, on shards)."""
+    return model.dp_kind.build_optimizer(model, make_optimizer)
 
 
 def finish_gradients(model: Parallel3DModel, convention: str = "megatron") -> SyncReport | None:
-    """After the schedule's backwards: make every gradient the global batch's (what is left of
-    ``dp_kind``'s reduction), sum the sequence-parallel parameters' gradients over TP, and under
-    ZeRO-1 average over RDP into the gradient shards (``ZeroOptimizer.reduce_gradients``), so
-    that every kind ends with what the step will use (``grad_norm.py`` reads it). ``sync``
-    returns its report, the others None."""
-    kind, report = model.dims.dp_kind, None
-    if convention != "megatron" and kind != "sync":
-        raise ValueError(f"convention {convention!r} is for dp_kind sync only (got {kind})")
-    if kind == "sync":
-        report = sync_gradients(list(model.stages.values()), model.gradient_groups,
-                                convention, model.bucket_bytes)
-    elif kind == "ddp_hooks":
-        model.gradient_hooks.finish_gradient_sync()
+    """After the schedule's backwards: what is left of the data-parallel kind's reduction, then
+    the sequence-parallel parameters' gradients summed over TP, so that every kind ends with
+    the gradient the step will use (``grad_norm.py`` reads it). ``sync`` returns its report."""
+    kind = model.dp_kind
+    if convention != "megatron" and kind.name != "sync":
+        raise ValueError(f"convention {convention!r} is for dp_kind sync only (got {kind.name})")
+    report = kind.reduce(model, convention)
     if model.dims.sp:
-        sharded = model.zero is not None and model.zero.stage >= 2  # ZeRO keeps the shard
-        grads = [model.zero.shards[p].grad if sharded else p.grad for p in model.parameters()
+        grads = [kind.gradient(model, p) for p in model.parameters()
                  if getattr(p, "sequence_parallel", False)]
         all_reduce_mean([g for g in grads if g is not None], model.context.groups.tp, 1,
                         model.bucket_bytes)
-    if model.zero is not None:
-        model.zero.reduce_gradients()
     return report

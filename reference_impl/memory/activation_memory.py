@@ -73,6 +73,11 @@ FP32 = 4  # bytes per element of the fp32 activations (and of bf16 runs' residua
 INDEX = 8  # bytes per token index (int64) that an embedding or the loss keeps
 
 
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded parameter's (DTensor's, under FSDP2) local tensor; a tensor itself."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 class SavedActivations:
     """Context manager: the bytes autograd saves for the backward while it is open.
 
@@ -87,7 +92,7 @@ class SavedActivations:
     """
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()):
-        self.exclude = {tensor.untyped_storage().data_ptr() for tensor in exclude}
+        self.exclude = {_local(tensor).untyped_storage().data_ptr() for tensor in exclude}
         self.storages: dict[int, int] = {}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 

@@ -2,8 +2,10 @@
 alpha-beta prediction of the communication.
 
     python -m reference_impl.perf.scaling [--sizes 1 2 4 --hidden 128 --heads 8 --seq 64 --batch 8
-                                      --repeats 5 --dtype fp32|bf16 --attention explicit|sdpa
-                                      --plot FILE]
+                                      --repeats 5 --dtype fp32|bf16 --attention explicit|sdpa]
+
+``python -m reference_impl.figures.scaling --plot FILE`` (the same options) also
+plots the efficiencies and the communication.
 
 The course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism", lab step 3: "benchmark
 on N devices vs the 1-device baseline; compute scaling efficiency".
@@ -252,38 +254,10 @@ def format_table(rows: list[ScalingRow]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[ScalingRow], title: str = ""):
-    """Efficiency against N (strong and weak, TP and DP) and the measured vs predicted
-    communication: a matplotlib Figure (no pyplot)."""
-    from reference_impl.figures.style import GREY_50, GRID_ALPHA, new_figure
-
-    figure = new_figure(10, 3.8)
-    efficiency, comm = figure.subplots(1, 2)
-    for method, marker in (("TP", "o"), ("DP", "s"), ("PP", "^")):
-        mine = [r for r in rows if r.method == method]
-        ns = [r.n for r in mine]
-        efficiency.plot(ns, [r.strong_eff for r in mine], marker + "-", label=f"{method} strong")
-        efficiency.plot(ns, [r.weak_eff for r in mine], marker + "--", label=f"{method} weak")
-        predicted = [r for r in mine if r.predicted_s is not None]
-        comm.plot([r.n for r in predicted], [1e3 * r.comm_s for r in predicted], marker + "-",
-                  label=f"{method} measured")
-        comm.plot([r.n for r in predicted], [1e3 * r.predicted_s for r in predicted],
-                  marker + ":", label=f"{method} alpha-beta")
-    efficiency.axhline(1.0, color=GREY_50, linestyle="--", linewidth=1)
-    efficiency.set(xlabel="ranks N", ylabel="efficiency", title="scaling efficiency",
-                   xticks=sorted({r.n for r in rows}), ylim=(0, None))
-    comm.set(xlabel="ranks N", ylabel="all-reduce time per step (ms)",
-             title="communication: measured vs predicted", xticks=sorted({r.n for r in rows}))
-    for axes in (efficiency, comm):
-        axes.grid(alpha=GRID_ALPHA)
-        axes.legend(fontsize="small")
-    if title:
-        figure.suptitle(title)
-    return figure
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def scaling_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The command line of a measurement (:func:`measure_and_print` runs it);
+    ``figures.scaling`` adds the file its plot goes to."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--heads", type=int, default=8)
@@ -296,8 +270,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="default bf16 on GPUs, fp32 on CPU ranks")
     parser.add_argument("--attention", choices=ATTENTION_KERNELS, default=None,
                         help="default sdpa on GPUs, explicit on CPU ranks")
-    parser.add_argument("--plot", metavar="FILE", help="write the plot to FILE (PNG)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def measure_and_print(args: argparse.Namespace) -> list[ScalingRow]:
+    """Measure what the parsed command line asks for, print the table, return its rows."""
     defaults = default_kernels(resolve_backend(args.backend, max(args.sizes)))
     precision, attention = args.dtype or defaults[0], args.attention or defaults[1]
     rows = measure(tuple(args.sizes), args.hidden, args.heads, args.seq, args.batch,
@@ -306,10 +283,11 @@ def main(argv: list[str] | None = None) -> None:
           f"{precision}, attention {attention}; os.cpu_count() = {os.cpu_count()}, "
           f"{args.threads} thread(s) per rank")
     print(format_table(rows))
-    if args.plot:
-        plot(rows, f"hidden {args.hidden}, seq {args.seq}, batch {args.batch}").savefig(
-            args.plot, dpi=120)
-        print(f"plot written to {args.plot}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    measure_and_print(scaling_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

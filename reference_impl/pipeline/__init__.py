@@ -6,9 +6,9 @@ beside the executor. Figures and traces: ``reference_impl.figures.pipeline_gantt
 from reference_impl.lazy_exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "pipeline_schedules": ["Action", "Schedule", "build_schedule", "gpipe", "naive",
-        "one_f_one_b", "zb_h1"],
+    "pipeline_schedules": ["Action", "Schedule", "gpipe", "naive", "one_f_one_b", "zb_h1"],
     "interleaved": ["interleaved_one_f_one_b"],
+    "named_schedules": ["build_schedule"],
     "pipeline_messages": ["exchange_plan", "messages"],
     "pipeline_validator": ["ScheduleError", "validate"],
     "pipeline_simulator": ["Timeline", "bubble_formula", "simulate"],

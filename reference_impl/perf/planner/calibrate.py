@@ -18,18 +18,18 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from reference_impl.perf.planner import calibrate_cluster
 from reference_impl.perf.planner.hardware import peak_tflops as datasheet_peak
-from reference_impl.perf.step_timing import mean_seconds
 from reference_impl.perf.planner.layer_efficiency import (CALIBRATION_SHAPES, describe, fit,
                                                           fit_errors)
+from reference_impl.perf.planner.layer_workload import TINY, layer_step
 from reference_impl.perf.planner.model_spec import ModelSpec
+from reference_impl.perf.step_timing import mean_seconds
 
 FULL_GRID = dict(shapes=("llama-7b", "llama3-70b", "gpt3-175b"), seqs=(2048, 4096, 8192),
                  micro_batches=(1, 2, 4), tps=(1, 2, 4, 8))
 DRY_RUN_GRID = dict(shapes=("tiny",), seqs=(32, 64), micro_batches=(1, 2), tps=(1, 2))
-TINY = ModelSpec("tiny", 1, 128, 4, 256, 64, kv_heads=2, ffn_hidden=256, gated_mlp=True)
 
 
 def layer_flops(shape: ModelSpec, seq: int, micro_batch: int, tp: int) -> float:
@@ -38,41 +38,10 @@ def layer_flops(shape: ModelSpec, seq: int, micro_batch: int, tp: int) -> float:
     return 6 * local * micro_batch * seq + 12 * micro_batch * seq * seq * shape.hidden / tp
 
 
-def _layer_step(shape: ModelSpec, seq: int, micro_batch: int, tp: int, device, dtype):
-    """Weights and input of one TP rank's layer, and a function running forward + backward."""
-    h, head_dim = shape.hidden, shape.hidden // shape.heads
-    heads, kv_heads = shape.heads // tp, (shape.kv_heads or shape.heads) // tp
-    generator = torch.Generator().manual_seed(0)
-
-    def weight(k, n):
-        return (torch.randn(k, n, generator=generator) / k ** 0.5).to(device, dtype).requires_grad_()
-
-    qkv = weight(h, (heads + 2 * kv_heads) * head_dim)
-    proj = weight(heads * head_dim, h)
-    up = weight(h, 2 * shape.ffn // tp)
-    down = weight(shape.ffn // tp, h)
-    x = torch.randn(micro_batch, seq, h, generator=generator).to(device, dtype).requires_grad_()
-
-    def step():
-        y = F.rms_norm(x, (h,)) @ qkv
-        q, k, v = y.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
-        q = q.view(micro_batch, seq, heads, head_dim).transpose(1, 2)
-        k = k.view(micro_batch, seq, kv_heads, head_dim).transpose(1, 2)
-        v = v.view(micro_batch, seq, kv_heads, head_dim).transpose(1, 2)
-        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                   enable_gqa=kv_heads != heads)
-        x1 = x + attention.transpose(1, 2).reshape(micro_batch, seq, -1) @ proj
-        gate, value = (F.rms_norm(x1, (h,)) @ up).chunk(2, -1)
-        out = x1 + (F.silu(gate) * value) @ down
-        out.sum().backward()
-
-    return step
-
-
 def measure_row(shape: ModelSpec, seq: int, micro_batch: int, tp: int, device, dtype,
                 warmups: int = 2, steps: int = 6) -> float:
     """Mean seconds of one layer's forward + backward."""
-    return mean_seconds(_layer_step(shape, seq, micro_batch, tp, device, dtype), device,
+    return mean_seconds(layer_step(shape, seq, micro_batch, tp, device, dtype), device,
                         warmups, steps)
 
 
@@ -123,7 +92,6 @@ def main(argv: list[str] | None = None) -> None:
                              "load instead (calibrate_cluster.py; torchrun for a real group)")
     args = parser.parse_args(argv)
     if args.cluster_terms:
-        from reference_impl.perf.planner import calibrate_cluster
         print(calibrate_cluster.report(calibrate_cluster.measure(args.dry_run)))
         return
     table = calibrate(args.out, args.dry_run, args.peak_tflops)

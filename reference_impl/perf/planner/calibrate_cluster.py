@@ -21,8 +21,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from reference_impl.perf.planner.calibrate import TINY, _layer_step
 from reference_impl.perf.planner.layer_efficiency import CALIBRATION_SHAPES
+from reference_impl.perf.planner.layer_workload import TINY, layer_step
 from reference_impl.perf.step_timing import mean_seconds
 
 BUCKET_ELEMENTS = 40_000_000   # Megatron-LM's smallest gradient bucket, fp32 (dp_collectives)
@@ -70,7 +70,7 @@ def measure(dry_run: bool = False) -> dict:
         shape, seq, elements = CALIBRATION_SHAPES["llama3-70b"], 4096, BUCKET_ELEMENTS
     made = _group(device)
     try:
-        layer = _layer_step(shape, seq, 1, 1 if dry_run else 8, device, dtype)
+        layer = layer_step(shape, seq, 1, 1 if dry_run else 8, device, dtype)
         bucket = torch.ones(elements, dtype=torch.float32, device=device)
 
         def both():

@@ -121,8 +121,8 @@ def test_model_shapes_the_dimensions_cannot_split_are_refused(fields, config, ba
 @pytest.mark.parametrize("argv, message", [
     (["--dp", "2", "--dp-kind", "zero1", "--optimizer", "sgd"],
      "dp_kind zero1 shards Adam's state"),
-    (["--dp", "2", "--dp-kind", "zero2", "--checkpoint-dir", "unused"],
-     "checkpoints with --dp-kind zero2"),
+    (["--dp", "2", "--pp", "2", "--dp-kind", "fsdp2", "--schedule", "zb-h1"],
+     "dp_kind fsdp2 with the zb-h1 schedule"),
     (["--sp"], "sequence parallelism needs tp > 1"),
     (["--tp", "2", "--sp", "--seq", "9"], "seq_len 9 is not divisible by tp = 2"),
 ])

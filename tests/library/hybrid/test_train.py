@@ -213,8 +213,9 @@ def test_resume_equals_not_stopping_in_any_layout(tmp_path):
 def test_checkpoint_loads_into_single_device_gpt(tmp_path):
     argv = ["--steps", "3", *ADAM]
     train.main(["--dp", "1", "--tp", "2", "--pp", "2", *argv, "--checkpoint-dir", str(tmp_path)])
-    saved = checkpoint.read(checkpoint.checkpoint_path(str(tmp_path)))
-    assert saved["step"] == 3 and saved["layout"] == {"dp": 1, "tp": 2, "pp": 2}
+    saved, _, saved_optimizer = checkpoint.single_device_state(str(tmp_path))  # no group
+    assert saved["step"] == 3
+    assert {key: saved["layout"][key] for key in ("dp", "tp", "pp")} == {"dp": 1, "tp": 2, "pp": 2}
 
     # The same 3 steps on one device, keeping the optimizer to compare its state too.
     args = train.parse_args(argv)
@@ -230,15 +231,15 @@ def test_checkpoint_loads_into_single_device_gpt(tmp_path):
         set_lr(optimizer, train.schedule(args).lr_at(number))
         optimizer.step()
 
-    loaded = checkpoint.single_device_gpt(saved)  # load_state_dict, strict
+    loaded = checkpoint.single_device_gpt(str(tmp_path))  # load_state_dict, strict
     for name, parameter in reference.named_parameters():
         assert (parameter - initial[name]).abs().max() > 100 * ATOL, f"{name} barely moved"
         assert_close(loaded.state_dict()[name], parameter.detach(), f"{name} (checkpoint)",
                      atol=ATOL)
         for key in ("exp_avg", "exp_avg_sq"):
-            assert_close(saved["optimizer"]["state"][name][key], optimizer.state[parameter][key],
+            assert_close(saved_optimizer[name][key], optimizer.state[parameter][key],
                          f"Adam {key} of {name} (checkpoint)", atol=ATOL)
-        assert int(saved["optimizer"]["state"][name]["step"]) == 3
+        assert saved_optimizer[name]["step"] == 3
     with torch.no_grad():
         assert_close(gpt_loss(loaded(dataset[3][0]), dataset[3][1]),
                      gpt_loss(reference(dataset[3][0]), dataset[3][1]),
@@ -339,3 +340,31 @@ def test_optimizer_updates_all_parameters_at_once():
     assert train.make_optimizer(args, parameters).defaults["foreach"] is True  # CPU
     args = train.parse_args(["--optimizer", "sgd"])
     assert train.make_optimizer(args, parameters).defaults["foreach"] is True
+
+
+def test_the_slurm_script_checkpoints_every_data_parallel_kind(tmp_path):
+    """``slurm/train_3d.sbatch`` on one node of 2 CPU ranks (``srun`` and ``scontrol`` stand-ins
+    on PATH): an FSDP2 run checkpoints, a requeued ZeRO-3 run resumes from it, and the losses
+    are single-device training's."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "srun").write_text('#!/bin/bash\nshift\nSLURM_NODEID=0 exec "$@"\n')
+    (shims / "scontrol").write_text("#!/bin/bash\necho 127.0.0.1\n")
+    for shim in shims.iterdir():
+        shim.chmod(0o755)
+    env = {"PATH": f"{shims}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node0",
+           "SLURM_NNODES": "1", "SLURM_JOB_ID": uuid.uuid4().hex[:8], "SLURM_JOB_NAME": "t",
+           "GPUS_PER_NODE": "2", "PYTHON": sys.executable, "RDZV_PORT": str(free_port()),
+           "CHECKPOINT_DIR": str(tmp_path / "ckpt")}
+    argv = ["--dp", "2", *ADAM]
+    script = str(REPO / "reference_impl" / "slurm" / "train_3d.sbatch")
+    printed = []
+    for kind, steps in (("fsdp2", "3"), ("zero3", "6")):
+        [(code, stdout, stderr)] = run_processes(
+            [["bash", script, *argv, "--dp-kind", kind, "--steps", steps]], extra_env=env)
+        assert code == 0, f"--dp-kind {kind}:\n{stdout}\n{stderr}"
+        printed += [float(m.group(3)) for m in map(STEP_LINE.match, stdout.splitlines()) if m]
+    expected, _ = single_device(["--steps", "6", *argv])
+    assert_close(torch.tensor(printed), torch.tensor(expected),
+                 "the losses of an fsdp2 job (steps 1..3) and a zero3 job resumed from its "
+                 "checkpoint (4..6)", atol=ATOL)

@@ -1,10 +1,12 @@
-"""Scaling (``reference_impl.perf.scaling``) at tiny sizes: the table, the plot and the alpha-beta
-prediction with its error are produced. Times are never asserted."""
+"""Scaling (``reference_impl.perf.scaling``) at tiny sizes: the table, the plot
+(``reference_impl.figures.scaling``) and the alpha-beta prediction with its error are produced.
+Times are never asserted."""
 import math
 
 import pytest
 
-from reference_impl.perf.scaling import ScalingRow, format_table, main, measure, plot
+from reference_impl.figures.scaling import main, plot_scaling
+from reference_impl.perf.scaling import ScalingRow, format_table, measure
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def test_prediction_and_error_are_reported(rows):
 
 
 def test_plot_is_a_figure_with_two_panels(rows, tmp_path):
-    figure = plot(rows, "tiny")
+    figure = plot_scaling(rows, "tiny")
     assert len(figure.axes) == 2
     figure.savefig(tmp_path / "scaling.png")
     assert (tmp_path / "scaling.png").stat().st_size > 0

@@ -22,7 +22,8 @@ from reference_impl.comm.rank_failures import RankFailure
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline.pipeline_executor import gpt_loss, pipeline_train_step, run_schedule, \
     split_batch
-from reference_impl.pipeline.pipeline_schedules import SCHEDULES, build_schedule, schedule_from_strings
+from reference_impl.pipeline.named_schedules import SCHEDULES, build_schedule
+from reference_impl.pipeline.pipeline_schedules import schedule_from_strings
 from reference_impl.pipeline.pipeline_simulator import simulate
 from reference_impl.pipeline.pipeline_validator import ScheduleError
 

@@ -22,7 +22,7 @@ import torch
 from reference_impl.pipeline.calibrated_stages import run_sleeping
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline.pipeline_executor import measured_timeline, pipeline_train_step
-from reference_impl.pipeline.pipeline_schedules import build_schedule
+from reference_impl.pipeline.named_schedules import build_schedule
 from reference_impl.pipeline.pipeline_simulator import bubble_formula, simulate
 
 P = 4

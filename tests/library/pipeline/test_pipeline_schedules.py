@@ -3,9 +3,9 @@ per-rank orders derived by hand from the papers' rules, and bad input is refused
 import pytest
 
 from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
+from reference_impl.pipeline.named_schedules import SCHEDULES, build_schedule
 from reference_impl.pipeline.pipeline_schedules import (
-    SCHEDULES, Action, build_schedule, gpipe, naive, one_f_one_b,
-    schedule_from_strings, zb_h1)
+    Action, gpipe, naive, one_f_one_b, schedule_from_strings, zb_h1)
 from reference_impl.pipeline.pipeline_validator import validate
 
 SIZES = [(p, m) for p in range(1, 6) for m in range(1, 10)]

@@ -4,9 +4,9 @@ and with the activation memory each schedule is known to hold."""
 import pytest
 
 from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
+from reference_impl.pipeline.named_schedules import build_schedule
 from reference_impl.pipeline.pipeline_schedules import (
-    Action, build_schedule, gpipe, naive, one_f_one_b,
-    schedule_from_strings, zb_h1)
+    Action, gpipe, naive, one_f_one_b, schedule_from_strings, zb_h1)
 from reference_impl.pipeline.pipeline_simulator import (
     TimedAction, Timeline, bubble_formula, makespan_formula, simulate)
 from reference_impl.pipeline.pipeline_validator import ScheduleError

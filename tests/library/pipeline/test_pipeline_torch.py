@@ -19,7 +19,7 @@ from reference_impl.comm.device import current_device
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline.gpt_stages import build_gpt_stages, gpt_loss
 from reference_impl.pipeline.pipeline_executor import pipeline_train_step
-from reference_impl.pipeline.pipeline_schedules import build_schedule
+from reference_impl.pipeline.named_schedules import build_schedule
 
 pipelining = pytest.importorskip("torch.distributed.pipelining")
 

@@ -5,9 +5,9 @@ import pytest
 
 from reference_impl.pipeline import pipeline_validator
 from reference_impl.pipeline.interleaved import interleaved_one_f_one_b
+from reference_impl.pipeline.named_schedules import SCHEDULES, build_schedule
 from reference_impl.pipeline.pipeline_schedules import (
-    SCHEDULES, Schedule, build_schedule, one_f_one_b,
-    schedule_from_strings, zb_h1)
+    Schedule, one_f_one_b, schedule_from_strings, zb_h1)
 from reference_impl.pipeline.pipeline_messages import (exchange_plan, input_message, messages,
                                                        output_message)
 from reference_impl.pipeline.pipeline_validator import ScheduleError, check_rendezvous, validate

@@ -6,7 +6,7 @@ its simulated makespan is the closed form the lab teaches, wherever the module d
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from reference_impl.pipeline.pipeline_schedules import build_schedule
+from reference_impl.pipeline.named_schedules import build_schedule
 from reference_impl.pipeline.pipeline_simulator import makespan_formula, simulate
 from reference_impl.pipeline.pipeline_validator import validate
 
