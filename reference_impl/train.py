@@ -95,7 +95,9 @@ from reference_impl.hybrid import checkpoint, parallel_3d, parallelize
 from reference_impl.hybrid.lr_schedule import WarmupCosine, set_lr
 from reference_impl.hybrid.dp_kinds.registry import DP_KINDS, kind_of
 from reference_impl.hybrid.parallel_dims import RECOMPUTE_MODES
+from reference_impl.hybrid.expert_parallel_blocks import check_expert_layout
 from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig, llama_config
+from reference_impl.moe.moe_blocks import check_experts, with_experts
 from reference_impl.precision import PRECISIONS
 
 DEFAULT_LR = {"adamw": 3e-4, "sgd": 0.1}
@@ -113,6 +115,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     layout.add_argument("--cp", type=int, default=1,
                         help="context parallelism: ranks sharing each sequence, ring attention "
                              "over them (needs --model llama and --seq divisible by 2 x --cp)")
+    layout.add_argument("--ep", type=int, default=1,
+                        help="expert parallelism: ranks of each replica group sharing a MoE "
+                             "block's experts (needs --experts divisible by it, --dp divisible "
+                             "by it, --dp-kind sync)")
     layout.add_argument("--order", default="megatron", choices=("megatron", "sagemaker"),
                         help="rank order of the layout (default: megatron, tp fastest)")
     layout.add_argument("--schedule", default="1f1b",
@@ -144,6 +150,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     model.add_argument("--kv-heads", type=int, default=None,
                        help="KV heads of grouped-query attention, a divisor of --heads (default: "
                             "--heads for gpt, --heads // 2 for llama)")
+    model.add_argument("--experts", type=int, default=0,
+                       help="a mixture of this many expert MLPs in every block (default 0: "
+                            "dense); --ep splits them over ranks")
+    model.add_argument("--top-k", type=int, default=2,
+                       help="experts each token is routed to (with --experts; default 2)")
     model.add_argument("--layers", type=int, default=4)
     model.add_argument("--hidden", type=int, default=64)
     model.add_argument("--heads", type=int, default=4)
@@ -194,7 +205,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     run.add_argument("--timeout", type=float, default=1800.0,
                      help="seconds before a stuck collective ends the run")
     args = parser.parse_args(argv)
-    for name in ("dp", "tp", "pp", "cp", "steps", "batch", "layers", "hidden", "heads", "seq",
+    for name in ("dp", "tp", "pp", "cp", "ep", "top_k", "steps", "batch", "layers", "hidden", "heads", "seq",
                  "vocab", "log_every", "chunks"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -252,7 +263,7 @@ def check_world_size(args, world: int) -> None:
 def parallel_dims(args) -> parallelize.ParallelDims:
     """The composition the flags ask for (a ValueError names a combination that cannot work)."""
     return parallelize.ParallelDims(
-        dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, sp=args.sp, recompute=args.recompute,
+        dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp, recompute=args.recompute,
         dp_kind=args.dp_kind, schedule=args.schedule, microbatches=args.microbatches,
         chunks=args.chunks, vocab_parallel=args.vocab_parallel, precision=args.dtype)
 
@@ -261,6 +272,9 @@ def check_composition(args) -> parallelize.ParallelDims:
     """Refuse, before any rank starts, what the layout, model and optimizer cannot do."""
     dims = parallel_dims(args)
     dims.check_model(model_config(args), args.batch)
+    if args.experts:
+        check_experts(args.experts, args.top_k)
+    check_expert_layout(args.experts, dims)
     kind_of(args.dp_kind).check_optimizer(make_optimizer(args, [torch.zeros(1)]))
     saved = checkpoint.read_run(args.checkpoint_dir) if args.resume else None
     if saved is not None:
@@ -277,6 +291,13 @@ def model_config(args) -> ModelConfig:
     if args.kv_heads is not None:
         fields["kv_heads"] = args.kv_heads
     return llama_config(**fields) if args.model == "llama" else ModelConfig(**fields)
+
+
+def build_gpt(args) -> GPT:
+    """The model of the flags, from the current RNG state: ``model_config``'s, with
+    ``--experts`` every block's MLP a mixture of experts (``moe/moe_blocks.py``)."""
+    gpt = GPT(model_config(args))
+    return with_experts(gpt, args.experts, args.top_k) if args.experts else gpt
 
 
 def optimizer_info(args) -> dict:
@@ -324,7 +345,7 @@ def train_one_device(args) -> tuple[list[float], dict]:
     GPT, batches, optimizer, schedule and clipping, so the same losses as the trainer's, in any
     layout (the tests' oracle). Returns the losses and the final parameters by name."""
     torch.manual_seed(args.seed)
-    gpt = GPT(model_config(args))
+    gpt = build_gpt(args)
     dataset = parallel_3d.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
     return parallel_3d.train_single_device(gpt, dataset, lambda p: make_optimizer(args, p),
                                            args.dtype, max_norm=args.clip_grad,
@@ -342,9 +363,11 @@ def _check_resumable(saved: dict, args) -> None:
         return {key: value for key, value in config.items() if key != "attention"}
 
     wanted = {"config": shape(dataclasses.asdict(model_config(args))), "data": data_info(args),
+              "experts": [args.experts, args.top_k] if args.experts else [0, 0],
               "optimizer kind": args.optimizer,
               "learning-rate schedule": dataclasses.asdict(schedule(args))}
     found = {"config": shape(saved["config"]), "data": saved["data"],
+             "experts": saved["experts"],
              "optimizer kind": saved["optimizer"]["kind"],
              "learning-rate schedule": saved["optimizer"].get("schedule")}
     for what, value in wanted.items():
@@ -370,7 +393,7 @@ def train_on_rank(args) -> dict:
     context = parallel_3d.initialize_parallelism(args.dp, args.tp, args.pp, order=args.order,
                                                  cp=args.cp)
     torch.manual_seed(args.seed)
-    gpt = GPT(model_config(args))
+    gpt = build_gpt(args)
     model = parallelize.parallelize_gpt(gpt, dims, context)
     optimizer = parallelize.build_optimizer(model, lambda p: make_optimizer(args, p))
     del gpt
@@ -387,6 +410,8 @@ def train_on_rank(args) -> dict:
     _say(f"training dp {args.dp} x tp {args.tp}{cp} x pp {args.pp} = {dist.get_world_size()} "
          f"ranks ({backend}), {args.model}, {args.schedule} with {args.microbatches} "
          f"micro-batches, {args.dtype}, " + ("sp, " if args.sp else "")
+         + (f"{args.experts} experts (top {args.top_k}) over ep {args.ep}, " if args.experts
+            else "")
          + f"dp-kind {args.dp_kind}, recompute {args.recompute}, "
          + (f"steps {start + 1}..{args.steps}" if start < args.steps else "no steps left")
          + (f" (resumed at step {start})" if start else ""))

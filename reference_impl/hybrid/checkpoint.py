@@ -3,7 +3,7 @@ rank writes the part of the state it holds, and a run under another data-paralle
 pp, cp, the data-parallel kind: sync, DDP hooks, ZeRO 1-3, FSDP2) reads back exactly its part.
 
 ``DIR/checkpoint/`` holds DCP's files (one per rank and ``.metadata``) and ``run.pt``, the run's
-facts (step, model config, optimizer and schedule, data stream, RNG state, the writer's layout,
+facts (step, model config and experts, optimizer and schedule, data stream, RNG state, the writer's layout,
 each parameter's shapes and TP split, each parameter's optimizer step count).
 
 Each tensor is stored as ``(rows, numel)``: row ``t`` is TP rank ``t``'s shard flattened (one
@@ -28,7 +28,9 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from reference_impl.hybrid.checkpoint_pieces import FlatPiece, PieceLoadPlanner, PieceSavePlanner
+from reference_impl.hybrid.expert_parallel_blocks import experts_of
 from reference_impl.model import GPT, ModelConfig
+from reference_impl.moe.moe_blocks import with_experts
 
 FORMAT = "gpt-sharded-checkpoint/2"
 FOLDER, RUN_FILE = "checkpoint", "run.pt"
@@ -84,6 +86,7 @@ def save(directory: str, model, optimizer, step: int, optimizer_info: dict,
         context, dims = model.context, model.dims
         torch.save({
             "format": FORMAT, "step": step, "config": dataclasses.asdict(model.config),
+            "experts": list(experts_of(model.stages)),
             "optimizer": dict(optimizer_info), "data": dict(data), "rng": torch.get_rng_state(),
             "layout": {"dp": context.dp, "tp": context.tp, "pp": context.pp, "cp": context.cp,
                        "dp_kind": dims.dp_kind, "vocab_parallel": dims.vocab_parallel},
@@ -177,5 +180,7 @@ def single_device_gpt(directory: str) -> GPT:
     """A plain ``model.GPT`` with the checkpoint's weights."""
     run, state, _ = single_device_state(directory)
     gpt = GPT(ModelConfig(**run["config"]))
+    if run["experts"][0]:
+        with_experts(gpt, *run["experts"])
     gpt.load_state_dict(state)
     return gpt

@@ -12,7 +12,8 @@ exactly one rank, and sum over the ranks that hold different pieces:
   embedding, replicated KV heads, everything with ``--no-vocab-parallel``; the
   sequence-parallel ones once ``finish_gradients`` summed them) by TP rank 0 only;
 * pipeline stages hold different parameters: the sum runs over MP_GROUP (TP x PP, one copy of
-  the model);
+  the model); so do the ranks of an EP group for their experts: those squares are summed over
+  the EP group first;
 * data-parallel replicas and context-parallel ranks hold the same averaged gradient after
   ``finish_gradients``, so they are not summed over; except under a sharding kind (ZeRO,
   FSDP2), where each rank of its group (RDP, or RDP x CP) holds a different shard of it (the
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from reference_impl.hybrid.expert_parallel_blocks import expert_gradients
 
 EPSILON = 1e-6  # in the clipping coefficient, as torch.nn.utils.clip_grad_norm_
 
@@ -49,15 +52,25 @@ def norm_groups(model) -> list:
     return [group for group in groups if group is not None and dist.get_world_size(group) > 1]
 
 
+def _squares(gradients: list[torch.Tensor], device) -> torch.Tensor:
+    """The sum of the gradients' squared elements (fp32, 0-d)."""
+    if not gradients:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    return torch.nn.utils.get_total_norm(gradients, foreach=True).float() ** 2
+
+
 def global_grad_norm(model) -> torch.Tensor:
     """The 2-norm of the single-device model's whole gradient (fp32, 0-d, on the device), on
     every rank. Collective over :func:`norm_groups`."""
     tp_rank = model.context.coordinates.tp_rank
-    owned = [grad for p, grad in held_gradients(model) if owns(p, tp_rank)]
-    device = owned[0].device if owned else next(model.parameters()).device
-    squares = torch.zeros((), dtype=torch.float32, device=device)
-    if owned:
-        squares = squares + torch.nn.utils.get_total_norm(owned, foreach=True).float() ** 2
+    owned = [(p, grad) for p, grad in held_gradients(model) if owns(p, tp_rank)]
+    device = owned[0][1].device if owned else next(model.parameters()).device
+    dense, expert = expert_gradients(owned)
+    squares = _squares(dense, device)
+    if model.expert_groups is not None:  # each EP rank holds other experts: sum over EP
+        experts = _squares(expert, device)
+        dist.all_reduce(experts, group=model.expert_groups.ep)
+        squares = squares + experts
     for group in norm_groups(model):
         dist.all_reduce(squares, group=group)
     return squares.sqrt()

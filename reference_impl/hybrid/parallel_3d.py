@@ -203,11 +203,15 @@ def gather_full_state(model: Parallel3DModel) -> dict[str, torch.Tensor]:
         if name in ("token_embedding.weight", "lm_head.weight"):
             full = full[:model.config.vocab_size]  # drop the vocabulary's padding rows
         local[name] = full.clone()
-    if model.context.pp == 1:
-        return local
-    stages: list = [None] * model.context.pp
-    dist.all_gather_object(stages, local, group=groups.pp)
-    return {name: tensor for stage in stages for name, tensor in stage.items()}
+    pieces = [(model.context.pp, groups.pp)]
+    if model.expert_groups is not None:  # each EP rank holds other experts
+        pieces.insert(0, (model.expert_groups.ep_size, model.expert_groups.ep))
+    for size, group in pieces:
+        if size > 1:
+            parts: list = [None] * size
+            dist.all_gather_object(parts, local, group=group)
+            local = {name: tensor for part in parts for name, tensor in part.items()}
+    return local
 
 
 # ---------------------------------------------------------------- data and the oracle

@@ -27,6 +27,7 @@ class ParallelDims:
     tp: int = 1
     pp: int = 1
     cp: int = 1  # context parallelism: ranks sharing each sequence (CP_GROUP size)
+    ep: int = 1  # expert parallelism: ranks of a replica group sharing each MoE block's experts
     sp: bool = False  # sequence parallelism inside the TP group
     recompute: str = "none"  # none | selective | full
     dp_kind: str = "sync"  # a name in dp_kinds.registry.KINDS
@@ -43,7 +44,7 @@ class ParallelDims:
             object.__setattr__(self, "chunks", self.schedule.chunks)
         elif self.microbatches is None:
             object.__setattr__(self, "microbatches", self.pp)
-        for name in ("dp", "tp", "pp", "cp", "microbatches", "chunks"):
+        for name in ("dp", "tp", "pp", "cp", "ep", "microbatches", "chunks"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")

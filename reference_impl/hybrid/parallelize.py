@@ -53,9 +53,11 @@ from reference_impl.comm.device import current_device
 from reference_impl.hybrid.context_parallel import (context_parallel_attention)
 from reference_impl.hybrid.data_parallel import SyncReport, all_reduce_mean
 from reference_impl.hybrid.dp_kinds.registry import kind_of
+from reference_impl.hybrid.expert_parallel_blocks import apply_ep, check_expert_layout, experts_of
 from reference_impl.hybrid.parallel_dims import RECOMPUTE_MODES, ParallelDims
 from reference_impl.memory.recompute import recompute
 from reference_impl.model import Block, ModelConfig
+from reference_impl.moe.expert_parallel import sync_moe_grads
 from reference_impl.pipeline.gpt_stages import Stage, gpt_loss
 from reference_impl.pipeline.pipeline_partition import (GPTEmbedding, GPTHead, gpt_layers,
                                                         layer_sizes, partition)
@@ -108,6 +110,8 @@ def tensor_parallel_layer(layer: nn.Module, group, vocab_parallel: bool = True,
                           sp: bool = False) -> nn.Module:
     """The TP (with ``sp``: sequence-parallel) version of one of ``gpt_layers``' layers."""
     if isinstance(layer, Block):  # the GPT's ParallelBlock, or the Llama parts' (llama_tp)
+        if experts_of(layer)[0]:  # MoE blocks run with tp = 1 (check_expert_layout)
+            return copy.deepcopy(layer)
         return parallel_block(layer, group, sp)
     if isinstance(layer, GPTEmbedding):
         return TPEmbedding(layer, group) if vocab_parallel else copy.deepcopy(layer)
@@ -137,6 +141,7 @@ class Parallel3DModel(nn.Module):
         self.names: dict[int, str] = {}  # id(parameter) -> the single-device GPT's name
         self.dp_kind = kind_of(dims.dp_kind)
         self.dp_state = None  # what the kind keeps: its hooks, ZeroOptimizer, device mesh
+        self.expert_groups = None  # with ep > 1: this rank's DP, EP and EDP groups
 
     def stage_modules(self) -> dict[int, nn.Module]:
         return {int(s): module for s, module in self.stages.items()}
@@ -159,6 +164,11 @@ class Parallel3DModel(nn.Module):
         RDP x CP when there is context parallelism (each CP rank one more data shard)."""
         groups = self.context.groups
         return groups if self.dims.cp == 1 else dataclasses.replace(groups, rdp=groups.rdp_cp)
+
+    def remap_names(self, before: dict[str, torch.Tensor]) -> None:
+        """After a step replaced parameters (``before``: ``named_parameters()`` from before
+        it), give each new parameter the single-device name of the one at its place."""
+        self.names = {id(p): self.names[id(before[name])] for name, p in self.named_parameters()}
 
     def named_gpt_parameters(self):
         """(single-device GPT name, this rank's parameter) for every local parameter."""
@@ -234,11 +244,13 @@ def parallelize_gpt(gpt: nn.Module, dims: ParallelDims, context) -> Parallel3DMo
         raise ValueError("dims are dp x tp x cp x pp = {} x {} x {} x {}, the context was laid "
                          "out for {} x {} x {} x {}".format(*wanted, *laid_out))
     dims.check_model(gpt.config)
+    check_expert_layout(experts_of(gpt)[0], dims)
     schedule, stage_layers = apply_pp(gpt, dims, context)
     model = Parallel3DModel(gpt.config, context, dims, schedule)
     apply_tp(model, stage_layers, dims.sp)
     apply_cp(model)
     apply_recompute(model, dims.recompute)
+    apply_ep(model, dims.ep)
     apply_dp(model)
     return model
 
@@ -255,10 +267,13 @@ def finish_gradients(model: Parallel3DModel, convention: str = "megatron") -> Sy
     """After the schedule's backwards: what is left of the data-parallel kind's reduction, then
     the sequence-parallel parameters' gradients summed over TP, so that every kind ends with
     the gradient the step will use (``grad_norm.py`` reads it). ``sync`` returns its report."""
-    kind = model.dp_kind
+    kind, report = model.dp_kind, None
     if convention != "megatron" and kind.name != "sync":
         raise ValueError(f"convention {convention!r} is for dp_kind sync only (got {kind.name})")
-    report = kind.reduce(model, convention)
+    if model.expert_groups is None:
+        report = kind.reduce(model, convention)
+    else:  # dense over the replicas, experts over EDP (dp_kind sync: check_expert_layout)
+        sync_moe_grads(model.stages, model.expert_groups)
     if model.dims.sp:
         grads = [kind.gradient(model, p) for p in model.parameters()
                  if getattr(p, "sequence_parallel", False)]

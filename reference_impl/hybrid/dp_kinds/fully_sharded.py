@@ -41,8 +41,7 @@ class FullyShardedFSDP2(DataParallelKind):
                     fully_shard(module, mesh=mesh)
             fully_shard(stage, mesh=mesh)
         _carry_marks(before, model)
-        model.names = {id(p): model.names[id(before[name])]
-                       for name, p in model.named_parameters()}
+        model.remap_names(before)
         model.dp_state = mesh
 
     def reduce(self, model, convention: str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from reference_impl.moe.expert_split import check_expert_split
 from reference_impl.perf.planner.framework_memory import STAGES, check_accounting
 from reference_impl.perf.planner.hardware import Cluster
 from reference_impl.perf.planner.layer_efficiency import ATTENTION_KERNELS
@@ -86,7 +87,7 @@ def check_layout(model: ModelSpec, cluster: Cluster, layout: Layout) -> None:
     if model.seq_len % (2 * cp if cp > 1 else 1):
         raise ValueError(f"cp {cp} needs the sequence {model.seq_len} split in 2 cp chunks "
                          f"(load balance): {model.seq_len} is not divisible by 2 x {cp}")
-    check_expert_parallel(model, layout.ep, dp)
+    check_expert_split(model.experts, layout.ep, dp, model.name)
     if layout.attention not in ATTENTION_KERNELS:
         raise ValueError(f"attention must be one of {ATTENTION_KERNELS}, got {layout.attention!r}")
     if cp > 1 and layout.attention != "flash":
@@ -108,17 +109,6 @@ def check_layout(model: ModelSpec, cluster: Cluster, layout: Layout) -> None:
     if layout.recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of none, selective, full, got {layout.recompute!r}")
     check_accounting(layout.accounting, layout.zero)
-
-
-def check_expert_parallel(model: ModelSpec, ep: int, dp: int) -> None:
-    """ep > 1 needs experts, and ep must divide both dp (EP ranks are data-parallel ranks for
-    everything but the experts) and the experts (each EP rank holds E / ep of them)."""
-    if ep == 1:
-        return
-    if not model.experts:
-        raise ValueError(f"ep {ep} needs a mixture-of-experts model; {model.name} is dense")
-    if dp % ep or model.experts % ep:
-        raise ValueError(f"ep {ep} must divide dp {dp} and the {model.experts} experts")
 
 
 def expert_parallel_degrees(model: ModelSpec, dp: int) -> list[int]:

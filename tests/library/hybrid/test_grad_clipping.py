@@ -254,6 +254,7 @@ def test_the_checkpoint_records_the_schedule_and_a_resume_must_keep_it():
     assert info["schedule"] == {"lr": 3e-4, "min_lr": pytest.approx(3e-5), "warmup_steps": 2,
                                 "decay_steps": 6}
     saved = {"config": vars(train.model_config(args)), "data": train.data_info(args),
+             "experts": [0, 0],
              "optimizer": info, "step": 3}
     train._check_resumable(saved, train.parse_args(argv))  # no error
     with pytest.raises(ValueError, match="the checkpoint's learning-rate schedule"):
