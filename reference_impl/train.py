@@ -93,11 +93,11 @@ from reference_impl.comm.device import resolve_backend, wait_for_device
 from reference_impl.comm.launcher import launch, under_torchrun
 from reference_impl.hybrid import checkpoint, parallel_3d, parallelize
 from reference_impl.hybrid.lr_schedule import WarmupCosine, set_lr
-from reference_impl.hybrid.dp_kinds.registry import DP_KINDS, kind_of
-from reference_impl.hybrid.parallel_dims import RECOMPUTE_MODES
-from reference_impl.hybrid.expert_parallel_blocks import check_expert_layout
+from reference_impl.hybrid.dp_kinds.registry import DP_KINDS
+from reference_impl.hybrid.training_plan import RECOMPUTE_MODES, TrainingPlan
 from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig, llama_config
-from reference_impl.moe.moe_blocks import check_experts, with_experts
+from reference_impl.moe.moe_blocks import with_experts
+from reference_impl.moe.router import check_router
 from reference_impl.precision import PRECISIONS
 
 DEFAULT_LR = {"adamw": 3e-4, "sgd": 0.1}
@@ -260,27 +260,29 @@ def check_world_size(args, world: int) -> None:
             f"the product of the degrees equal the number of processes")
 
 
-def parallel_dims(args) -> parallelize.ParallelDims:
-    """The composition the flags ask for (a ValueError names a combination that cannot work)."""
-    return parallelize.ParallelDims(
-        dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, sp=args.sp, recompute=args.recompute,
-        dp_kind=args.dp_kind, schedule=args.schedule, microbatches=args.microbatches,
-        chunks=args.chunks, vocab_parallel=args.vocab_parallel, precision=args.dtype)
+def training_plan(args) -> TrainingPlan:
+    """The plan the flags ask for (a ValueError names a combination that cannot work)."""
+    return TrainingPlan(
+        dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep, order=args.order,
+        sp=args.sp, recompute=args.recompute, dp_kind=args.dp_kind, schedule=args.schedule,
+        microbatches=args.microbatches, chunks=args.chunks, vocab_parallel=args.vocab_parallel,
+        precision=args.dtype)
 
 
-def check_composition(args) -> parallelize.ParallelDims:
-    """Refuse, before any rank starts, what the layout, model and optimizer cannot do."""
-    dims = parallel_dims(args)
-    dims.check_model(model_config(args), args.batch)
+def check_composition(args) -> TrainingPlan:
+    """The plan, checked once, in the process that starts the run (before any rank starts):
+    the layout, the model, the batch, the optimizer and a checkpoint to resume; the ranks
+    trust it."""
+    plan = training_plan(args)
     if args.experts:
-        check_experts(args.experts, args.top_k)
-    check_expert_layout(args.experts, dims)
-    kind_of(args.dp_kind).check_optimizer(make_optimizer(args, [torch.zeros(1)]))
+        check_router(args.hidden, args.experts, args.top_k, None)
+    plan.check(model_config(args), args.batch, args.experts,
+               optimizer=make_optimizer(args, [torch.zeros(1)]))
     saved = checkpoint.read_run(args.checkpoint_dir) if args.resume else None
     if saved is not None:
         _check_resumable(saved, args)
         checkpoint.check_layout(saved, args.tp, args.vocab_parallel)
-    return dims
+    return plan
 
 
 def model_config(args) -> ModelConfig:
@@ -384,18 +386,16 @@ def _say(*parts) -> None:
         print(*parts, flush=True)
 
 
-def train_on_rank(args) -> dict:
-    """The training run, on one rank of an initialised default group of dp*tp*cp*pp ranks.
-    Returns {"start_step", "losses" and "grad_norms" (this run's steps, the global gradient
-    norms before clipping), "seconds"} (the same on every rank)."""
-    check_world_size(args, dist.get_world_size())
-    dims = check_composition(args)
-    context = parallel_3d.initialize_parallelism(args.dp, args.tp, args.pp, order=args.order,
-                                                 cp=args.cp)
+def train_on_rank(args, plan: TrainingPlan) -> dict:
+    """The training run, on one rank of an initialised default group of dp*tp*cp*pp ranks,
+    under ``plan`` as :func:`check_composition` checked it (the ranks trust it). Returns
+    {"start_step", "losses" and "grad_norms" (this run's steps, the global gradient norms
+    before clipping), "seconds"} (the same on every rank)."""
+    context = plan.dims.build()
     torch.manual_seed(args.seed)
     gpt = build_gpt(args)
-    model = parallelize.parallelize_gpt(gpt, dims, context)
-    optimizer = parallelize.build_optimizer(model, lambda p: make_optimizer(args, p))
+    model = parallelize.parallelize_gpt(gpt, plan, context)
+    optimizer = parallelize.build_optimizer(model, make_optimizer(args, model.parameters()))
     del gpt
     saved = checkpoint.read_run(args.checkpoint_dir) if args.resume else None
     start = 0
@@ -456,14 +456,14 @@ def _run_under_torchrun(args) -> dict:
     """One rank of a torchrun job: init from the environment, train, destroy the group."""
     world = int(os.environ["WORLD_SIZE"])
     check_world_size(args, world)  # before any rendezvous: every rank fails the same way
-    check_composition(args)
+    plan = check_composition(args)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend = resolve_backend(args.backend, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
     dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
     try:
-        return train_on_rank(args)
+        return train_on_rank(args, plan)
     finally:
         dist.destroy_process_group()
 
@@ -474,8 +474,8 @@ def main(argv=None) -> dict:
     if under_torchrun():
         return _run_under_torchrun(args)
     # No torchrun: run the dp*tp*cp*pp ranks here (laptop mode), once the flags compose.
-    check_composition(args)
-    results = launch(train_on_rank, world_size_of(args), args, backend=args.backend,
+    plan = check_composition(args)
+    results = launch(train_on_rank, world_size_of(args), args, plan, backend=args.backend,
                      timeout=args.timeout)
     return results[0]
 

@@ -9,7 +9,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "data_parallel": ["GradientSync", "gradient_plan", "sync_gradients"],
     "ddp_hooks": ["OverlappingDataParallel"],
     "zero": ["ZeroOptimizer", "model_state_bytes", "zero_memory_formula"],
-    "parallel_dims": ["ParallelDims"],
+    "training_plan": ["TrainingPlan"],
     "dp_kinds.registry": ["KINDS", "kind_of"],
     "parallelize": ["apply_dp", "apply_pp", "apply_recompute", "apply_tp",
         "build_optimizer", "finish_gradients", "parallelize_gpt"],

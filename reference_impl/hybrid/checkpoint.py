@@ -83,13 +83,13 @@ def save(directory: str, model, optimizer, step: int, optimizer_info: dict,
     dist.all_gather_object(everyone, mine)
     if dist.get_rank() == 0:
         facts = {name: fact for rank in everyone for name, fact in rank.items()}
-        context, dims = model.context, model.dims
+        context, plan = model.context, model.plan
         torch.save({
             "format": FORMAT, "step": step, "config": dataclasses.asdict(model.config),
             "experts": list(experts_of(model.stages)),
             "optimizer": dict(optimizer_info), "data": dict(data), "rng": torch.get_rng_state(),
             "layout": {"dp": context.dp, "tp": context.tp, "pp": context.pp, "cp": context.cp,
-                       "dp_kind": dims.dp_kind, "vocab_parallel": dims.vocab_parallel},
+                       "dp_kind": plan.dp_kind, "vocab_parallel": plan.vocab_parallel},
             "tensors": {name: fact[0] for name, fact in facts.items()},
             "steps": {name: fact[1] for name, fact in facts.items()},
             "state_keys": {name: fact[2] for name, fact in facts.items()},
@@ -127,7 +127,7 @@ def check_layout(run: dict, tp: int, vocab_parallel: bool) -> None:
 def load(directory: str, run: dict, model, optimizer) -> None:
     """Read this rank's part of the checkpoint into ``model`` and ``optimizer`` (every rank
     calls this), whatever data-parallel layout wrote it."""
-    check_layout(run, model.context.tp, model.dims.vocab_parallel)
+    check_layout(run, model.context.tp, model.plan.vocab_parallel)
     kind = model.dp_kind
     for name, parameter in model.named_gpt_parameters():
         kind.start_state(optimizer, parameter, run["state_keys"][name], run["steps"][name])

@@ -21,7 +21,7 @@ share of every sample's tokens: the load-balanced layout of ``cp/load_balance.py
   every ``dp_kind`` (ZeRO shards over dp x cp ranks, as Megatron-core's distributed optimizer).
   Each CP rank is one more data shard; no separate CP sync is needed.
 
-What does not compose is refused (:func:`check_context_parallel`): the GPT's learned position
+What does not compose is refused (``training_plan.check_context_parallel``): the GPT's learned position
 embedding (it would number each rank's tokens 0..seq/cp-1; the rotary attention is given their
 global places), a sequence not divisible into 2cp chunks, or whose CP shard ``tp`` does not
 divide under sequence parallelism.
@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from reference_impl.cp.cp_attention import ContextParallelAttention
-from reference_impl.cp.load_balance import check_sequence, shard_sequence
-from reference_impl.model import Block, ModelConfig
+from reference_impl.cp.load_balance import shard_sequence
+from reference_impl.model import Block
 from reference_impl.tp.llama_tp import ParallelGroupedQueryAttention, enter_tp_region
 
 
@@ -49,23 +49,6 @@ class TensorParallelContextAttention(ContextParallelAttention):
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
         return enter_tp_region(x, self.tp_group, self.sequence_parallel)
-
-
-def check_context_parallel(config: ModelConfig, cp: int, tp: int = 1, sp: bool = False) -> None:
-    """Refuse, with the rule and the numbers, a model ``cp`` ranks cannot split."""
-    if cp == 1:
-        return
-    if config.positions != "rotary":
-        raise ValueError(f"context parallelism (cp = {cp}) needs rotary positions (model."
-                         f"llama_config, or ModelConfig positions='rotary'), got positions "
-                         f"{config.positions!r}: a CP rank holds two chunks from different places "
-                         f"of the sequence, and only the rotary attention is given their global "
-                         f"positions, not the learned position embedding")
-    check_sequence(config.seq_len, cp)
-    if sp and (config.seq_len // cp) % tp:
-        raise ValueError(f"seq_len {config.seq_len} / cp {cp} = {config.seq_len // cp} tokens per "
-                         f"CP rank are not divisible by tp = {tp}: sequence parallelism splits "
-                         f"them over the tensor-parallel group")
 
 
 def context_parallel_attention(stages: nn.ModuleDict, group, variant: str = "ring") -> int:

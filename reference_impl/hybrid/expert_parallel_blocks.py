@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from reference_impl.moe.expert_groups import create_expert_groups
 from reference_impl.moe.expert_parallel import ExpertParallelMoE, is_expert_parameter
-from reference_impl.moe.expert_split import check_expert_split
 from reference_impl.moe.moe_blocks import MoEFeedForward
 
 
@@ -18,29 +17,6 @@ def experts_of(module) -> tuple[int, int]:
         if isinstance(layer, MoEFeedForward):
             return layer.moe.num_experts, layer.moe.router.top_k
     return 0, 0
-
-
-def check_expert_layout(experts: int, dims) -> None:
-    """What composes with a mixture of ``experts`` under ``dims``, each rule with its numbers
-    (``experts`` = 0: a dense model)."""
-    ep = dims.ep
-    check_expert_split(experts, ep, dims.dp)
-    if not experts:
-        return
-    for name, size in (("tp", dims.tp), ("cp", dims.cp)):
-        if size > 1:
-            raise ValueError(f"experts with {name} = {size}: the kit's MoE blocks are neither "
-                             f"tensor- nor context-parallel; use {name} = 1 (experts compose "
-                             f"with dp, ep and pp)")
-    if ep == 1:
-        return
-    if dims.dp_kind != "sync":
-        raise ValueError(f"ep = {ep} with dp_kind {dims.dp_kind}: the ranks of an EP group "
-                         f"hold different experts, which only dp_kind sync reduces apart from "
-                         f"the dense parameters; use dp_kind sync")
-    if dims.recompute != "none":
-        raise ValueError(f"ep = {ep} with recompute {dims.recompute}: recomputing a block "
-                         f"would run its all-to-alls again in the backward; use recompute none")
 
 
 def apply_ep(model, ep: int) -> None:

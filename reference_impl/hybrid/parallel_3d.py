@@ -58,16 +58,16 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from reference_impl.comm.groups import RankCoordinates, RankLayout, build_rank_layout
 from reference_impl.comm.device import current_device
-from reference_impl.comm.process_groups import ParallelGroups, create_process_groups
+from reference_impl.comm.parallel_dims import ParallelContext, ParallelDims
 from reference_impl.hybrid.context_parallel import context_shard
 from reference_impl.hybrid.data_parallel import DEFAULT_BUCKET_BYTES, SyncReport
 from reference_impl.hybrid.grad_norm import clip_grad_norm_
 from reference_impl.hybrid.lr_schedule import set_lr
 from reference_impl.hybrid.parallelize import (  # noqa: F401 (TPEmbedding, TPHead: exported)
-    Parallel3DModel, ParallelDims, TPEmbedding, TPHead, finish_gradients, parallelize_gpt,
+    Parallel3DModel, TPEmbedding, TPHead, finish_gradients, parallelize_gpt,
     tensor_parallel_layer)
+from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.model import GPT
 from reference_impl.pipeline.gpt_stages import gpt_loss
 from reference_impl.pipeline.pipeline_executor import run_schedule, split_batch
@@ -78,47 +78,11 @@ from reference_impl.tp.tp_layers import unshard
 
 # ---------------------------------------------------------------- the context
 
-@dataclass(frozen=True)
-class ParallelContext:
-    """The layout, this rank's process groups and its coordinates."""
-
-    dp: int  # model replicas (RDP_GROUP size)
-    tp: int
-    pp: int
-    layout: RankLayout
-    groups: ParallelGroups
-    cp: int = 1  # context parallelism: ranks sharing each sequence
-
-    @property
-    def coordinates(self) -> RankCoordinates:
-        return self.groups.coordinates
-
-    @property
-    def replica(self) -> int:
-        """Which slice of the global batch this rank's replica trains on: its rdp_rank."""
-        return self.coordinates.rdp_rank
-
-    def describe(self) -> str:
-        cp = f"cp_rank {self.coordinates.cp_rank} of {self.cp}, " if self.cp > 1 else ""
-        return (f"rank {self.coordinates.rank}: replica {self.replica} of {self.dp}, "
-                f"tp_rank {self.coordinates.tp_rank} of {self.tp}, {cp}"
-                f"stage {self.coordinates.pp_rank} of {self.pp}")
-
-
 def initialize_parallelism(dp: int, tp: int = 1, pp: int = 1, order: str = "megatron",
                            cp: int = 1) -> ParallelContext:
     """Lay out ``dp * tp * cp * pp`` ranks and create their process groups (call on every
-    rank); ``cp`` > 1 adds the context-parallel axis (``groups.py``: tp-cp-dp-pp)."""
-    if not dist.is_initialized():
-        raise RuntimeError("initialize_parallelism needs an initialised default process group "
-                           "(run it inside reference_impl.comm.launcher.launch or under torchrun)")
-    world = dist.get_world_size()
-    if dp * tp * cp * pp != world:
-        degrees = (f"dp * tp * pp = {dp} * {tp} * {pp}" if cp == 1 else
-                   f"dp * tp * cp * pp = {dp} * {tp} * {cp} * {pp}")
-        raise ValueError(f"{degrees} = {dp * tp * cp * pp}, but there are {world} ranks")
-    layout = build_rank_layout(world, tp, pp, order, cp=cp)
-    return ParallelContext(dp, tp, pp, layout, create_process_groups(layout), cp)
+    rank): ``comm.parallel_dims.ParallelDims(...).build()``."""
+    return ParallelDims(dp, tp, pp, cp, order=order).build()
 
 
 # ---------------------------------------------------------------- the model
@@ -129,10 +93,10 @@ def build_3d_gpt(gpt: GPT, context: ParallelContext, microbatches: int,
                  precision: str = "fp32") -> Parallel3DModel:
     """This rank's part of ``gpt`` under ``context``: ``parallelize.parallelize_gpt`` with
     dp x tp x pp only (no sp, no recomputation, dp_kind sync)."""
-    dims = ParallelDims(context.dp, context.tp, context.pp, schedule=schedule,
+    plan = TrainingPlan(context.dp, context.tp, context.pp, schedule=schedule,
                         microbatches=microbatches, chunks=chunks, vocab_parallel=vocab_parallel,
                         precision=precision, bucket_bytes=bucket_bytes)
-    return parallelize_gpt(gpt, dims, context)
+    return parallelize_gpt(gpt, plan, context)
 
 
 # ---------------------------------------------------------------- training

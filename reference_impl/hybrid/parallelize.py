@@ -1,10 +1,11 @@
 """Compose the kit's parallelisms on the course's GPT, one small step each (the API shape of
 torchtitan's ``parallelize_llama``: apply_pp, apply_tp, apply_ac, apply_fsdp / apply_ddp).
 
-    dims = ParallelDims(dp=2, tp=2, sp=True, dp_kind="zero1", recompute="selective")
-    context = parallel_3d.initialize_parallelism(dims.dp, dims.tp, dims.pp, cp=dims.cp)
-    model = parallelize_gpt(gpt, dims, context)             # this rank's part of gpt
-    optimizer = build_optimizer(model, lambda params: torch.optim.AdamW(params, lr=3e-4))
+    plan = TrainingPlan(dp=2, tp=2, sp=True, dp_kind="zero1", recompute="selective")
+    plan.check(gpt.config)                                  # once, where the run starts
+    context = plan.dims.build()                             # on every rank: groups, mesh
+    model = parallelize_gpt(gpt, plan, context)             # this rank's part of gpt
+    optimizer = build_optimizer(model, torch.optim.AdamW(model.parameters(), lr=3e-4))
     loss = parallel_3d.train_step(model, tokens, targets, optimizer, max_norm=1.0)
 
 The steps, in the order :func:`parallelize_gpt` runs them:
@@ -31,7 +32,7 @@ The steps, in the order :func:`parallelize_gpt` runs them:
   group; ``grad_norm.py`` clips the result by the global norm, counting each piece of the
   gradient once under every layout.
 
-What does not compose is refused by :class:`ParallelDims` with the rule and the numbers:
+What does not compose is refused by ``training_plan.TrainingPlan`` with the rule and the numbers:
 ``sp`` without ``tp > 1``; a sequence, head count or hidden size that ``tp`` does not divide;
 KV heads ``tp`` neither divides nor is divided by (``llama_tp.kv_head_layout``); ``cp`` with
 learned positions or a sequence not divisible by 2cp (``context_parallel.py``); selective
@@ -53,8 +54,8 @@ from reference_impl.comm.device import current_device
 from reference_impl.hybrid.context_parallel import (context_parallel_attention)
 from reference_impl.hybrid.data_parallel import SyncReport, all_reduce_mean
 from reference_impl.hybrid.dp_kinds.registry import kind_of
-from reference_impl.hybrid.expert_parallel_blocks import apply_ep, check_expert_layout, experts_of
-from reference_impl.hybrid.parallel_dims import RECOMPUTE_MODES, ParallelDims
+from reference_impl.hybrid.expert_parallel_blocks import apply_ep, experts_of
+from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.memory.recompute import recompute
 from reference_impl.model import Block, ModelConfig
 from reference_impl.moe.expert_parallel import sync_moe_grads
@@ -110,7 +111,7 @@ def tensor_parallel_layer(layer: nn.Module, group, vocab_parallel: bool = True,
                           sp: bool = False) -> nn.Module:
     """The TP (with ``sp``: sequence-parallel) version of one of ``gpt_layers``' layers."""
     if isinstance(layer, Block):  # the GPT's ParallelBlock, or the Llama parts' (llama_tp)
-        if experts_of(layer)[0]:  # MoE blocks run with tp = 1 (check_expert_layout)
+        if experts_of(layer)[0]:  # MoE blocks run with tp = 1 (training_plan.check_experts)
             return copy.deepcopy(layer)
         return parallel_block(layer, group, sp)
     if isinstance(layer, GPTEmbedding):
@@ -132,14 +133,14 @@ class Parallel3DModel(nn.Module):
     """This rank's pipeline stage(s) of a GPT, made of TP layers, with what a step needs.
     Made empty by :func:`parallelize_gpt`, then filled by its ``apply_*`` steps."""
 
-    def __init__(self, config: ModelConfig, context, dims: ParallelDims, schedule: Schedule):
+    def __init__(self, config: ModelConfig, context, plan: TrainingPlan, schedule: Schedule):
         super().__init__()
-        self.context, self.config, self.dims, self.schedule = context, config, dims, schedule
-        self.precision, self.vocab_parallel = dims.precision, dims.vocab_parallel
-        self.bucket_bytes = dims.bucket_bytes
+        self.context, self.config, self.plan, self.schedule = context, config, plan, schedule
+        self.precision, self.vocab_parallel = plan.precision, plan.vocab_parallel
+        self.bucket_bytes = plan.bucket_bytes
         self.stages = nn.ModuleDict()
         self.names: dict[int, str] = {}  # id(parameter) -> the single-device GPT's name
-        self.dp_kind = kind_of(dims.dp_kind)
+        self.dp_kind = kind_of(plan.dp_kind)
         self.dp_state = None  # what the kind keeps: its hooks, ZeroOptimizer, device mesh
         self.expert_groups = None  # with ep > 1: this rank's DP, EP and EDP groups
 
@@ -148,7 +149,7 @@ class Parallel3DModel(nn.Module):
 
     def boundary_shape(self, micro_batch: int, seq_len: int) -> tuple[int, int, int]:
         """The shape of what pipeline stages exchange: a sequence shard under sp."""
-        return (micro_batch, seq_len // self.context.tp if self.dims.sp else seq_len,
+        return (micro_batch, seq_len // self.context.tp if self.plan.sp else seq_len,
                 self.config.hidden)
 
     def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -163,7 +164,7 @@ class Parallel3DModel(nn.Module):
         """The groups for the data-parallel reduction: the context's, with RDP standing for
         RDP x CP when there is context parallelism (each CP rank one more data shard)."""
         groups = self.context.groups
-        return groups if self.dims.cp == 1 else dataclasses.replace(groups, rdp=groups.rdp_cp)
+        return groups if self.plan.cp == 1 else dataclasses.replace(groups, rdp=groups.rdp_cp)
 
     def remap_names(self, before: dict[str, torch.Tensor]) -> None:
         """After a step replaced parameters (``before``: ``named_parameters()`` from before
@@ -183,9 +184,9 @@ class Parallel3DModel(nn.Module):
 
 # ---------------------------------------------------------------- the steps
 
-def apply_pp(gpt: nn.Module, dims: ParallelDims, context) -> tuple[Schedule, dict]:
+def apply_pp(gpt: nn.Module, plan: TrainingPlan, context) -> tuple[Schedule, dict]:
     """The schedule and this rank's layers: {stage: [(index in gpt_layers, layer), ...]}."""
-    schedule = dims.build_schedule()
+    schedule = plan.build_schedule()
     layers = gpt_layers(gpt)  # shares gpt's parameters; apply_tp copies or shards
     ranges = partition(layer_sizes(layers), schedule.stages)
     return schedule, {s: [(i, layers[i]) for i in ranges[s]]
@@ -214,14 +215,12 @@ def apply_tp(model: Parallel3DModel, stage_layers: dict, sp: bool = False) -> No
 def apply_cp(model: Parallel3DModel) -> None:
     """With ``cp`` > 1: every block's attention to ring attention over the CP group
     (``context_parallel.apply_cp``); nothing with cp = 1."""
-    if model.dims.cp > 1:
+    if model.plan.cp > 1:
         context_parallel_attention(model.stages, model.context.groups.cp)
 
 
 def apply_recompute(model: Parallel3DModel, mode: str) -> None:
     """Activation recomputation on every block of ``model``'s stages (none: nothing)."""
-    if mode not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {mode!r}")
     if mode == "none":
         return
     for stage in model.stages.values():
@@ -235,32 +234,30 @@ def apply_dp(model: Parallel3DModel) -> None:
     model.dp_kind.wrap(model)
 
 
-def parallelize_gpt(gpt: nn.Module, dims: ParallelDims, context) -> Parallel3DModel:
-    """This rank's part of ``gpt`` under ``dims`` (laid out by ``context``, from
-    ``parallel_3d.initialize_parallelism(dims.dp, dims.tp, dims.pp, cp=dims.cp)``)."""
-    wanted = (dims.dp, dims.tp, dims.cp, dims.pp)
-    laid_out = (context.dp, context.tp, context.cp, context.pp)
-    if laid_out != wanted:
-        raise ValueError("dims are dp x tp x cp x pp = {} x {} x {} x {}, the context was laid "
-                         "out for {} x {} x {} x {}".format(*wanted, *laid_out))
-    dims.check_model(gpt.config)
-    check_expert_layout(experts_of(gpt)[0], dims)
-    schedule, stage_layers = apply_pp(gpt, dims, context)
-    model = Parallel3DModel(gpt.config, context, dims, schedule)
-    apply_tp(model, stage_layers, dims.sp)
+def parallelize_gpt(gpt: nn.Module, plan: TrainingPlan, context) -> Parallel3DModel:
+    """This rank's part of ``gpt`` under ``plan``, laid out by ``context``
+    (``plan.dims.build()``). The plan is checked against ``gpt`` unless it was already."""
+    sizes = [(dims.dp, dims.tp, dims.cp, dims.pp) for dims in (plan.dims, context.dims)]
+    if sizes[0] != sizes[1]:
+        raise ValueError(f"the plan is {plan.dims.describe()}, the context was laid out for "
+                         f"{context.dims.describe()}")
+    plan.check(gpt.config, experts=experts_of(gpt)[0])
+    schedule, stage_layers = apply_pp(gpt, plan, context)
+    model = Parallel3DModel(gpt.config, context, plan, schedule)
+    apply_tp(model, stage_layers, plan.sp)
     apply_cp(model)
-    apply_recompute(model, dims.recompute)
-    apply_ep(model, dims.ep)
+    apply_recompute(model, plan.recompute)
+    apply_ep(model, plan.ep)
     apply_dp(model)
     return model
 
 
 # ---------------------------------------------------------------- optimizer and gradients
 
-def build_optimizer(model: Parallel3DModel, make_optimizer):
-    """``make_optimizer(model.parameters())``, or what the data-parallel kind makes of it
-    (ZeRO: a ``ZeroOptimizer`` with that Adam's groups and settings, on shards)."""
-    return model.dp_kind.build_optimizer(model, make_optimizer)
+def build_optimizer(model: Parallel3DModel, optimizer: torch.optim.Optimizer):
+    """The optimizer to step with: ``optimizer`` (over ``model.parameters()``), or what the
+    data-parallel kind makes of it (ZeRO: a ``ZeroOptimizer`` with its groups and settings)."""
+    return model.dp_kind.build_optimizer(model, optimizer)
 
 
 def finish_gradients(model: Parallel3DModel, convention: str = "megatron") -> SyncReport | None:
@@ -272,9 +269,9 @@ def finish_gradients(model: Parallel3DModel, convention: str = "megatron") -> Sy
         raise ValueError(f"convention {convention!r} is for dp_kind sync only (got {kind.name})")
     if model.expert_groups is None:
         report = kind.reduce(model, convention)
-    else:  # dense over the replicas, experts over EDP (dp_kind sync: check_expert_layout)
+    else:  # dense over the replicas, experts over EDP (dp_kind sync: check_experts)
         sync_moe_grads(model.stages, model.expert_groups)
-    if model.dims.sp:
+    if model.plan.sp:
         grads = [kind.gradient(model, p) for p in model.parameters()
                  if getattr(p, "sequence_parallel", False)]
         all_reduce_mean([g for g in grads if g is not None], model.context.groups.tp, 1,

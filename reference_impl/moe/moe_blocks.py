@@ -28,16 +28,9 @@ class MoEFeedForward(nn.Module):
         return result.output
 
 
-def check_experts(experts: int, top_k: int) -> None:
-    if experts < 1 or not 1 <= top_k <= experts:
-        raise ValueError(f"a mixture of experts needs experts >= 1 and 1 <= top_k <= experts, "
-                         f"got experts = {experts}, top_k = {top_k}")
-
-
 def with_experts(gpt: GPT, experts: int, top_k: int) -> GPT:
     """``gpt`` with every block's MLP a mixture of ``experts`` GeLU MLPs of the block's inner
     size, ``top_k`` of them per token (the model's RNG stream: the same on every rank)."""
-    check_experts(experts, top_k)
     config = gpt.config
     for block in gpt.blocks:
         block.mlp = MoEFeedForward(MoELayer(config.hidden, config.ffn_size, experts, top_k))

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.llama_blocks import GroupedQueryAttention, SwiGLU
-from reference_impl.model import MLP, Block, CausalSelfAttention, ModelConfig
+from reference_impl.model import MLP, Block, CausalSelfAttention
 from reference_impl.tp.sequence_parallel import (SEQ_DIM, SequenceParallelBlock,
                                                  SequenceParallelColumnLinear,
                                                  SequenceParallelRowLinear,
@@ -190,11 +190,3 @@ def parallel_block(block: Block, group=None, sequence_parallel: bool = False) ->
     if isinstance(block.attn, CausalSelfAttention) and isinstance(block.mlp, MLP):
         return SequenceParallelBlock(block, group) if sequence_parallel else ParallelBlock(block, group)
     return ParallelLlamaBlock(block, group, sequence_parallel)
-
-
-def check_tensor_parallel(config: ModelConfig, tp: int) -> None:
-    """Refuse a configuration whose KV heads or MLP ``tp`` ranks cannot split."""
-    if config.grouped_query_attention:
-        kv_head_layout(config.heads, config.kv_heads or config.heads, tp)
-    if config.ffn_size % tp:
-        raise ValueError(f"the MLP's inner size {config.ffn_size} is not divisible by tp = {tp}")

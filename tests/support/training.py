@@ -17,7 +17,7 @@ import torch
 from reference_impl import train
 from reference_impl.checks import assert_close
 from reference_impl.hybrid import parallel_3d as hybrid
-from reference_impl.hybrid.parallel_dims import ParallelDims
+from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.hybrid.parallelize import build_optimizer, parallelize_gpt
 from reference_impl.model import GPT
 
@@ -34,14 +34,13 @@ def make_optimizer(name, precision="fp32"):
 
 
 def train_combinations(gpt, dataset, combinations):
-    """On every rank: each combination's (name, ParallelDims fields, optimizer) losses and
+    """On every rank: each combination's (name, TrainingPlan fields, optimizer) losses and
     gathered weights, one after another."""
     results = {}
     for name, fields, optimizer in combinations:
-        dims = ParallelDims(**fields)
-        context = hybrid.initialize_parallelism(dims.dp, dims.tp, dims.pp, cp=dims.cp)
-        model = parallelize_gpt(gpt, dims, context)
-        optim = build_optimizer(model, make_optimizer(optimizer, dims.precision))
+        plan = TrainingPlan(**fields)
+        model = parallelize_gpt(gpt, plan, plan.dims.build())
+        optim = build_optimizer(model, make_optimizer(optimizer, plan.precision)(model.parameters()))
         losses = [hybrid.train_step(model, tokens, targets, optim).item()
                   for tokens, targets in dataset]
         results[name] = (losses, hybrid.gather_full_state(model))

@@ -9,10 +9,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
-from reference_impl.comm.device import current_device
 from reference_impl.hybrid.dp_kinds.kind import DataParallelKind, Piece
 from reference_impl.model import Block
 
@@ -32,8 +30,8 @@ class FullyShardedFSDP2(DataParallelKind):
 
     def wrap(self, model) -> None:
         """Each block its own FSDP unit, then each stage (its embedding, head), on the mesh of
-        the replicas (RDP, or RDP x CP)."""
-        mesh = DeviceMesh.from_group(model.gradient_groups.rdp, current_device().type)
+        the replicas (RDP, or RDP x CP: the context's ``replica_mesh``)."""
+        mesh = model.context.replica_mesh()
         before = dict(model.named_parameters())
         for stage in model.stages.values():
             for module in stage.modules():

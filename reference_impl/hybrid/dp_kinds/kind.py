@@ -44,8 +44,8 @@ class DataParallelKind:
     def wrap(self, model) -> None:
         """After TP, CP and recomputation: what the backward needs (hooks, sharding)."""
 
-    def build_optimizer(self, model, make_optimizer) -> torch.optim.Optimizer:
-        optimizer = make_optimizer(model.parameters())
+    def build_optimizer(self, model, optimizer) -> torch.optim.Optimizer:
+        """The optimizer to step with, from one made over ``model.parameters()``."""
         self.check_optimizer(optimizer)
         return optimizer
 

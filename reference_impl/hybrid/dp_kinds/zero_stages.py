@@ -25,10 +25,9 @@ class ZeroStage(DataParallelKind):
                              f"{type(optimizer).__name__}: use Adam or AdamW (--optimizer "
                              f"adamw), or another dp_kind")
 
-    def build_optimizer(self, model, make_optimizer):
+    def build_optimizer(self, model, optimizer):
         """That Adam's parameter groups and hyperparameters, on RDP (x CP) shards."""
-        optimizer = super().build_optimizer(model, make_optimizer)
-        settings = optimizer.defaults
+        settings = super().build_optimizer(model, optimizer).defaults
         model.dp_state = ZeroOptimizer(
             model, model.gradient_groups.rdp, self.stage, lr=settings["lr"],
             betas=settings["betas"], eps=settings["eps"], weight_decay=settings["weight_decay"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from reference_impl.moe.expert_split import check_expert_split
+from reference_impl.comm.parallel_dims import check_expert_split
 from reference_impl.perf.planner.framework_memory import STAGES, check_accounting
 from reference_impl.perf.planner.hardware import Cluster
 from reference_impl.perf.planner.layer_efficiency import ATTENTION_KERNELS

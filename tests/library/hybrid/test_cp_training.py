@@ -15,7 +15,7 @@ import torch
 from reference_impl import train
 from reference_impl.cp.cp_attention import ContextParallelAttention
 from reference_impl.hybrid import parallel_3d as hybrid
-from reference_impl.hybrid.parallel_dims import ParallelDims
+from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.hybrid.parallelize import parallelize_gpt
 from reference_impl.model import ModelConfig, llama_config
 from support.training import (assert_the_trainer_trains_as_one_device, check,
@@ -23,7 +23,7 @@ from support.training import (assert_the_trainer_trains_as_one_device, check,
 
 STEPS, BATCH = 2, 8
 CONFIG = llama_config(vocab_size=32, seq_len=16, hidden=16, heads=4, kv_heads=2, layers=2)
-# world size -> [(name, ParallelDims fields, optimizer)]
+# world size -> [(name, TrainingPlan fields, optimizer)]
 MATRIX = {
     2: [("cp2", dict(cp=2), "adam")],
     4: [
@@ -53,7 +53,7 @@ def test_cp_compositions_match_single_device_training(run_on_ranks, world):
 
 
 def cp_layers_and_shard(gpt, tokens):
-    dims = ParallelDims(cp=2, tp=2)
+    dims = TrainingPlan(cp=2, tp=2)
     context = hybrid.initialize_parallelism(1, 2, 1, cp=2)
     model = parallelize_gpt(gpt, dims, context)
     layers = sum(isinstance(module, ContextParallelAttention) for module in model.modules())
@@ -89,7 +89,7 @@ def test_the_trainer_refuses_what_cp_cannot_split(argv, message):
 
 def test_dims_refuse_a_context_of_another_cp():
     with pytest.raises(ValueError, match="cp must be an integer >= 1, got 0"):
-        ParallelDims(cp=0)
-    assert ParallelDims(dp=2, tp=2, cp=2, pp=2).world_size == 16
+        TrainingPlan(cp=0)
+    assert TrainingPlan(dp=2, tp=2, cp=2, pp=2).world_size == 16
     with pytest.raises(ValueError, match="needs rotary positions"):
-        ParallelDims(cp=2).check_model(ModelConfig(seq_len=16))
+        TrainingPlan(cp=2).check(ModelConfig(seq_len=16))

@@ -14,7 +14,7 @@ from reference_impl.checks import assert_close
 from reference_impl.hybrid import parallel_3d as hybrid
 from reference_impl.hybrid.dp_kinds.kind import DataParallelKind
 from reference_impl.hybrid.dp_kinds.registry import KINDS, kind_of
-from reference_impl.hybrid.parallel_dims import ParallelDims
+from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.hybrid.parallelize import build_optimizer, parallelize_gpt
 from reference_impl.hybrid.zero import padded_numel
 from reference_impl.memory.model_states import zero_memory_formula
@@ -38,7 +38,7 @@ def test_every_kind_is_in_the_registry_under_its_name_and_the_trainer_offers_the
 @pytest.mark.parametrize("name", [name for name, kind in KINDS.items() if kind.reduces_in_hooks])
 def test_kinds_that_reduce_in_hooks_refuse_a_split_backward(name):
     with pytest.raises(ValueError, match=f"dp_kind {name} with the zb-h1 schedule"):
-        ParallelDims(dp=2, pp=2, dp_kind=name, schedule="zb-h1")
+        TrainingPlan(dp=2, pp=2, dp_kind=name, schedule="zb-h1")
 
 
 @pytest.mark.parametrize("flags", [
@@ -65,9 +65,9 @@ def fsdp2_and_zero3_on_rank(gpt, dataset):
     model-state bytes on this rank after the last step (gradients still held)."""
     results = {}
     for kind in ("fsdp2", "zero3"):
-        dims = ParallelDims(dp=2, dp_kind=kind)
-        model = parallelize_gpt(gpt, dims, hybrid.initialize_parallelism(2))
-        optimizer = build_optimizer(model, make_optimizer("adam"))
+        plan = TrainingPlan(dp=2, dp_kind=kind)
+        model = parallelize_gpt(gpt, plan, plan.dims.build())
+        optimizer = build_optimizer(model, make_optimizer("adam")(model.parameters()))
         losses = []
         for tokens, targets in dataset:
             losses.append(hybrid.train_step(model, tokens, targets, optimizer).item())

@@ -35,7 +35,7 @@ from reference_impl.comm.launcher import launch
 from reference_impl.hybrid import grad_norm
 from reference_impl.hybrid import parallel_3d as hybrid
 from reference_impl.hybrid.lr_schedule import WarmupCosine, set_lr
-from reference_impl.hybrid.parallel_dims import ParallelDims
+from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.hybrid.parallelize import build_optimizer, parallelize_gpt
 from reference_impl.model import ModelConfig, llama_config
 from reference_impl.pipeline.gpt_stages import gpt_loss
@@ -48,7 +48,7 @@ OPTIMISATION = ["--lr", "1e-2", "--adam-eps", "1e-4", "--weight-decay", "0.1"]
 SCHEDULE = WarmupCosine(lr=1e-2, min_lr=1e-3, warmup_steps=1, decay_steps=STEPS)
 GPT_CONFIG = ModelConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2)
 LLAMA_CONFIG = llama_config(vocab_size=30, seq_len=16, hidden=16, heads=4, kv_heads=2, layers=2)
-# model -> (config, [(name, ParallelDims fields)]), all on 4 ranks
+# model -> (config, [(name, TrainingPlan fields)]), all on 4 ranks
 MATRIX = {
     "gpt": (GPT_CONFIG, [
         ("dp2-tp2-sync", dict(dp=2, tp=2)),
@@ -76,10 +76,9 @@ def make_adamw(parameters):
 def clipped_run(gpt, dataset, fields):
     """On every rank: the layout's global norm of every step and its weights (gathered to the
     single-device names) after step 1 and after the last step."""
-    dims = ParallelDims(**fields)
-    context = hybrid.initialize_parallelism(dims.dp, dims.tp, dims.pp, cp=dims.cp)
-    model = parallelize_gpt(gpt, dims, context)
-    optimizer = build_optimizer(model, make_adamw)
+    plan = TrainingPlan(**fields)
+    model = parallelize_gpt(gpt, plan, plan.dims.build())
+    optimizer = build_optimizer(model, make_adamw(model.parameters()))
     norms, states = [], []
     for number, (tokens, targets) in enumerate(dataset, start=1):
         set_lr(optimizer, SCHEDULE.lr_at(number))

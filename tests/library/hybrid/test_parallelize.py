@@ -22,7 +22,7 @@ import torch
 
 from reference_impl import train
 from reference_impl.hybrid import parallel_3d as hybrid
-from reference_impl.hybrid.parallel_dims import ParallelDims
+from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.model import GPT, ModelConfig
 from support.training import (assert_the_trainer_trains_as_one_device, check,
                               single_device_oracles, train_combinations)
@@ -31,7 +31,7 @@ STEPS, BATCH = 3, 8
 CONFIG = ModelConfig(vocab_size=32, seq_len=8, hidden=16, heads=2, layers=2)
 TIMEOUT = 120  # one launch of 8 ranks on 2 cores takes seconds, far from this
 
-# (name, ParallelDims fields, optimizer); the world is dp * tp * pp
+# (name, TrainingPlan fields, optimizer); the world is dp * tp * pp
 MATRIX = {
     4: [
         ("tp2-sp-zero1-selective", dict(dp=2, tp=2, sp=True, dp_kind="zero1",
@@ -101,13 +101,14 @@ REFUSED = [
 @pytest.mark.parametrize("fields, message", REFUSED, ids=[m[:30] for _, m in REFUSED])
 def test_combinations_that_cannot_work_are_refused(fields, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        ParallelDims(**fields)
+        TrainingPlan(**fields)
 
 
 @pytest.mark.parametrize("fields, config, batch, message", [
     (dict(tp=4, sp=True), ModelConfig(seq_len=10, heads=4, hidden=32), None,
      "seq_len 10 is not divisible by tp = 4"),
-    (dict(tp=4), ModelConfig(heads=2, hidden=32), None, "heads 2 is not divisible by tp = 4"),
+    (dict(tp=4), ModelConfig(heads=2, hidden=32), None,
+     "heads 2 is not divisible by the tensor-parallel size tp = 4"),
     (dict(dp=2, microbatches=3), ModelConfig(), 8,
      "the global batch of 8 samples is not divisible by dp x microbatches = 2 x 3"),
     (dict(pp=4, chunks=2, schedule="interleaved"), ModelConfig(layers=2), None,
@@ -115,7 +116,7 @@ def test_combinations_that_cannot_work_are_refused(fields, message):
 ])
 def test_model_shapes_the_dimensions_cannot_split_are_refused(fields, config, batch, message):
     with pytest.raises(ValueError, match=message):
-        ParallelDims(**fields).check_model(config, batch)
+        TrainingPlan(**fields).check(config, batch)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from reference_impl.hybrid.parallel_dims import ParallelDims
+from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.llama_blocks import RMSNorm, GroupedQueryAttention, SwiGLU
 from reference_impl.model import GPT, Block, CausalSelfAttention, ModelConfig, llama_config
 from reference_impl.pipeline.pipeline_partition import gpt_layers
@@ -186,7 +186,7 @@ def test_kv_heads_are_split_replicated_or_refused(heads, kv_heads, tp, expected)
 ])
 def test_the_parallel_dimensions_refuse_what_they_cannot_split(fields, config, message):
     with pytest.raises(ValueError, match=message):
-        ParallelDims(**fields).check_model(config)
+        TrainingPlan(**fields).check(config)
 
 
 def test_replicated_kv_heads_take_a_part_of_their_gradient_from_each_rank():

@@ -20,7 +20,7 @@ from support.training import (assert_the_trainer_trains_as_one_device, check,
 STEPS, BATCH = 2, 8
 SPLIT = llama_config(vocab_size=32, seq_len=8, hidden=16, heads=4, kv_heads=2, layers=2)
 REPLICATED = llama_config(vocab_size=32, seq_len=8, hidden=16, heads=4, kv_heads=1, layers=2)
-# config -> [(name, ParallelDims fields, optimizer)], on 4 ranks
+# config -> [(name, TrainingPlan fields, optimizer)], on 4 ranks
 MATRIX = {
     "kv split": (SPLIT, [
         ("tp2-sp-zero1", dict(dp=2, tp=2, sp=True, dp_kind="zero1"), "adam"),
