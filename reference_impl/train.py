@@ -15,11 +15,13 @@ GPUs):
 
     python -m reference_impl.train --dp 2 --tp 2 --pp 1 --steps 5
 
-Both paths run the same code (:func:`train_on_rank`): ``parallel_3d.initialize_parallelism``,
-``parallelize.parallelize_gpt`` from a GPT initialised with ``--seed``, ``parallel_3d.train_step`` on the
-deterministic ``parallel_3d.make_dataset(seed, steps, batch, seq, vocab)``, so the losses printed
-are the single-device GPT's losses on the same batches (``tests/library/hybrid/test_train.py``). Only global
-rank 0 prints: a header, one line per ``--log-every`` steps (step, loss, global gradient norm,
+The flags become a ``TrainingPlan`` (``hybrid/training_plan.py``), checked once before any rank
+starts (:func:`check_composition`). Both paths then run the same code (:func:`train_on_rank`):
+the plan's layout (``plan.dims.build()``), ``parallelize.parallelize_gpt`` from a GPT
+initialised with ``--seed``, ``parallel_3d.train_step`` on the deterministic
+``parallel_3d.make_dataset(seed, steps, batch, seq, vocab)``, so the losses printed are the
+single-device GPT's losses on the same batches (``tests/library/hybrid/test_train.py``). Only
+global rank 0 prints: a header, one line per ``--log-every`` steps (step, loss, global gradient norm,
 learning rate, tokens/s, elapsed) and a final line.
 
 At GPU speed: the host waits for the GPU only where it has to read something, when a line is
@@ -54,6 +56,12 @@ them, the gradients reduced over dp x cp. It needs the rotary positions of ``--m
 and ``--seq`` divisible by 2N, and composes with ``--tp``, ``--sp``, ``--pp`` and ``--dp``:
 
     python -m reference_impl.train --model llama --cp 2 --tp 2 --steps 3
+
+``--experts E --top-k K`` makes every block's MLP a mixture of E experts (``moe/moe_blocks.py``)
+and ``--ep N`` splits them over EP groups of N replicas (``hybrid/expert_parallel_blocks.py``),
+with ``--dp`` and ``--pp``:
+
+    python -m reference_impl.train --model llama --experts 4 --top-k 2 --ep 2 --dp 2 --steps 3
 
 Optimisation, as nanoGPT, torchtitan and Megatron-LM train (the defaults converge at
 realistic sizes: a 0.5B-parameter Llama, seq 2048, bf16, from loss 10.3 to 6.1 in 30 steps on

@@ -53,7 +53,6 @@ from torch import nn
 from reference_impl.comm.device import current_device
 from reference_impl.hybrid.context_parallel import (context_parallel_attention)
 from reference_impl.hybrid.data_parallel import SyncReport, all_reduce_mean
-from reference_impl.hybrid.dp_kinds.registry import kind_of
 from reference_impl.hybrid.expert_parallel_blocks import apply_ep, experts_of
 from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.memory.recompute import recompute
@@ -140,7 +139,7 @@ class Parallel3DModel(nn.Module):
         self.bucket_bytes = plan.bucket_bytes
         self.stages = nn.ModuleDict()
         self.names: dict[int, str] = {}  # id(parameter) -> the single-device GPT's name
-        self.dp_kind = kind_of(plan.dp_kind)
+        self.dp_kind = plan.kind
         self.dp_state = None  # what the kind keeps: its hooks, ZeroOptimizer, device mesh
         self.expert_groups = None  # with ep > 1: this rank's DP, EP and EDP groups
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from reference_impl.comm.parallel_dims import ParallelDims, check_expert_split
 from reference_impl.cp.load_balance import check_sequence
 from reference_impl.hybrid.data_parallel import DEFAULT_BUCKET_BYTES
+from reference_impl.hybrid.dp_kinds.kind import DataParallelKind
 from reference_impl.hybrid.dp_kinds.registry import kind_of
 from reference_impl.memory.recompute import MODES
 from reference_impl.model import ModelConfig
@@ -41,6 +42,8 @@ class TrainingPlan:
     vocab_parallel: bool = True
     precision: str = "fp32"
     bucket_bytes: int | None = DEFAULT_BUCKET_BYTES
+    dims: ParallelDims = field(init=False, repr=False)  # the sizes and order, checked
+    kind: DataParallelKind = field(init=False, repr=False, compare=False)  # dp_kind's strategy
     checked: tuple = field(default=(), init=False, compare=False, repr=False)
 
     def __post_init__(self):
@@ -53,7 +56,9 @@ class TrainingPlan:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        self.dims  # the sizes and order, checked by the layout
+        object.__setattr__(self, "dims", ParallelDims(self.dp, self.tp, self.pp, self.cp,
+                                                      self.ep, self.order))
+        object.__setattr__(self, "kind", kind_of(self.dp_kind))
         if self.recompute not in RECOMPUTE_MODES:
             raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got "
                              f"{self.recompute!r}")
@@ -61,11 +66,7 @@ class TrainingPlan:
         if self.sp and self.tp == 1:
             raise ValueError("sequence parallelism needs tp > 1 (got tp = 1): it splits the "
                              "sequence over the tensor-parallel group")
-        kind_of(self.dp_kind).check_schedule(self.build_schedule())
-
-    @property
-    def dims(self) -> ParallelDims:
-        return ParallelDims(self.dp, self.tp, self.pp, self.cp, self.ep, self.order)
+        self.kind.check_schedule(self.build_schedule())
 
     @property
     def world_size(self) -> int:
@@ -99,7 +100,7 @@ class TrainingPlan:
                              f"microbatches = {self.dp} x {self.microbatches}: every replica "
                              f"cuts its slice into micro-batches of equal size")
         if optimizer is not None:
-            kind_of(self.dp_kind).check_optimizer(optimizer)
+            self.kind.check_optimizer(optimizer)
 
 
 def check_tensor_parallel(config: ModelConfig, tp: int) -> None:
