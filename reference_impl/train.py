@@ -18,14 +18,14 @@ GPUs):
 The flags become a ``TrainingPlan`` (``hybrid/training_plan.py``), checked once before any rank
 starts (:func:`check_composition`). Both paths then run the same code (:func:`train_on_rank`):
 the plan's layout (``plan.dims.build()``), ``parallelize.parallelize_gpt`` from a GPT
-initialised with ``--seed``, ``parallel_3d.train_step`` on the deterministic
-``parallel_3d.make_dataset(seed, steps, batch, seq, vocab)``, so the losses printed are the
+initialised with ``--seed``, ``parallel_gpt.train_step`` on the deterministic
+``parallel_gpt.make_dataset(seed, steps, batch, seq, vocab)``, so the losses printed are the
 single-device GPT's losses on the same batches (``tests/library/hybrid/test_train.py``). Only
 global rank 0 prints: a header, one line per ``--log-every`` steps (step, loss, global gradient norm,
 learning rate, tokens/s, elapsed) and a final line.
 
 At GPU speed: the host waits for the GPU only where it has to read something, when a line is
-logged. ``parallel_3d.train_step`` returns the loss as a 0-d tensor on the device and runs the
+logged. ``parallel_gpt.train_step`` returns the loss as a 0-d tensor on the device and runs the
 pipeline schedule untimed (no barrier, no per-action sync), for any ``--pp``; the trainer reads
 the loss (``.item()``) only on the steps it logs, so between log lines the steps are queued
 without a host sync. The optimizer updates all parameters in one go: AdamW and SGD with
@@ -99,7 +99,7 @@ import torch.distributed as dist
 
 from reference_impl.comm.device import resolve_backend, wait_for_device
 from reference_impl.comm.launcher import launch, under_torchrun
-from reference_impl.hybrid import checkpoint, parallel_3d, parallelize
+from reference_impl.hybrid import checkpoint, parallel_gpt, parallelize
 from reference_impl.hybrid.lr_schedule import WarmupCosine, set_lr
 from reference_impl.hybrid.dp_kinds.registry import DP_KINDS
 from reference_impl.hybrid.training_plan import RECOMPUTE_MODES, TrainingPlan
@@ -351,13 +351,13 @@ def make_optimizer(args, parameters) -> torch.optim.Optimizer:
 
 
 def train_one_device(args) -> tuple[list[float], dict]:
-    """This command line's run on one device (``parallel_3d.train_single_device``): the same
+    """This command line's run on one device (``parallel_gpt.train_single_device``): the same
     GPT, batches, optimizer, schedule and clipping, so the same losses as the trainer's, in any
     layout (the tests' oracle). Returns the losses and the final parameters by name."""
     torch.manual_seed(args.seed)
     gpt = build_gpt(args)
-    dataset = parallel_3d.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
-    return parallel_3d.train_single_device(gpt, dataset, lambda p: make_optimizer(args, p),
+    dataset = parallel_gpt.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
+    return parallel_gpt.train_single_device(gpt, dataset, lambda p: make_optimizer(args, p),
                                            args.dtype, max_norm=args.clip_grad,
                                            lr_at=schedule(args).lr_at)
 
@@ -411,7 +411,7 @@ def train_on_rank(args, plan: TrainingPlan) -> dict:
         checkpoint.load(args.checkpoint_dir, saved, model, optimizer)
         torch.set_rng_state(saved["rng"])
         start = saved["step"]
-    dataset = parallel_3d.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
+    dataset = parallel_gpt.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
 
     backend = dist.get_backend()
     cp = f" x cp {args.cp}" if args.cp > 1 else ""
@@ -431,7 +431,7 @@ def train_on_rank(args, plan: TrainingPlan) -> dict:
     for step in range(start, args.steps):
         done, window_steps = step + 1, window_steps + 1
         set_lr(optimizer, lr_at(done))  # a function of the step: the same after a resume
-        result = parallel_3d.train_step(model, *dataset[step], optimizer, return_report=True,
+        result = parallel_gpt.train_step(model, *dataset[step], optimizer, return_report=True,
                                         max_norm=args.clip_grad)
         losses.append(result.loss)
         norms.append(result.grad_norm)

@@ -13,6 +13,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "dp_kinds.registry": ["KINDS", "kind_of"],
     "parallelize": ["apply_dp", "apply_pp", "apply_recompute", "apply_tp",
         "build_optimizer", "finish_gradients", "parallelize_gpt"],
-    "parallel_3d": ["ParallelContext", "build_3d_gpt", "gather_full_state",
+    "parallel_gpt": ["ParallelContext", "build_3d_gpt", "gather_full_state",
         "initialize_parallelism", "make_dataset", "train_single_device", "train_step"],
 })

@@ -12,7 +12,7 @@ share of every sample's tokens: the load-balanced layout of ``cp/load_balance.py
   positions from the tokens' global places, ring attention over the whole sequence. The model's
   attention is already the TP one (this rank's heads; a TP group of one without tp), so it is
   :class:`TensorParallelContextAttention`: the same shards, no copy, its input entering the TP
-  region (``llama_tp.enter_tp_region``: with sequence parallelism the all-gather of the CP
+  region (``sequence_parallel.enter_tp_region``: with sequence parallelism the all-gather of the CP
   shard's tokens) before the ring.
 * **Loss and gradients.** A rank's loss is the mean over its tokens, and every rank holds the
   same number (seq/cp per sample), so the global batch's mean loss is the mean over the dp x cp
@@ -34,7 +34,8 @@ from torch import nn
 from reference_impl.cp.cp_attention import ContextParallelAttention
 from reference_impl.cp.load_balance import shard_sequence
 from reference_impl.model import Block
-from reference_impl.tp.llama_tp import ParallelGroupedQueryAttention, enter_tp_region
+from reference_impl.tp.llama_tp import ParallelGroupedQueryAttention
+from reference_impl.tp.sequence_parallel import enter_tp_region
 
 
 class TensorParallelContextAttention(ContextParallelAttention):

@@ -6,7 +6,7 @@ torchtitan's ``parallelize_llama``: apply_pp, apply_tp, apply_ac, apply_fsdp / a
     context = plan.dims.build()                             # on every rank: groups, mesh
     model = parallelize_gpt(gpt, plan, context)             # this rank's part of gpt
     optimizer = build_optimizer(model, torch.optim.AdamW(model.parameters(), lr=3e-4))
-    loss = parallel_3d.train_step(model, tokens, targets, optimizer, max_norm=1.0)
+    loss = parallel_gpt.train_step(model, tokens, targets, optimizer, max_norm=1.0)
 
 The steps, in the order :func:`parallelize_gpt` runs them:
 
@@ -14,14 +14,14 @@ The steps, in the order :func:`parallelize_gpt` runs them:
   stages by parameter count and keeps this rank's layers (references: nothing copied yet).
 * :func:`apply_tp` turns each kept layer into its tensor-parallel version, shard-from-full, on
   ``current_device()``: ``ParallelBlock`` (``SequenceParallelBlock`` with ``sp``) or, for a
-  block with Llama parts (``llama_blocks``), ``llama_tp.ParallelLlamaBlock``, the
+  block with Llama parts (``llama_blocks``), ``parallel_blocks.ParallelPartsBlock``, the
   vocabulary-parallel embedding and head. With ``sp`` (Korthikanti et al. 2022, "Reducing
   Activation Recomputation in Large Transformer Models", section 4.2.2) everything between the
   embedding and the final layernorm is this rank's sequence shard: the embedding's output is
   split along the sequence (``scatter_to_tp``), the head's input gathered (``gather_from_tp``),
   so pipeline stages exchange (micro_batch, seq / tp, hidden).
 * :func:`apply_cp` (with ``cp`` > 1, ``context_parallel.py``): each block's attention becomes
-  ring attention over the CP group; :func:`parallel_3d.train_step` gives each CP rank its
+  ring attention over the CP group; :func:`parallel_gpt.train_step` gives each CP rank its
   load-balanced share of the sequence, and the gradients below are reduced over RDP x CP.
 * :func:`apply_recompute`: ``memory/recompute.py`` on every block, ``selective`` (the attention
   core) or ``full`` (the whole block; same paper, section 5).
@@ -62,7 +62,7 @@ from reference_impl.pipeline.gpt_stages import Stage, gpt_loss
 from reference_impl.pipeline.pipeline_partition import (GPTEmbedding, GPTHead, gpt_layers,
                                                         layer_sizes, partition)
 from reference_impl.pipeline.pipeline_schedules import Schedule
-from reference_impl.tp.llama_tp import parallel_block
+from reference_impl.tp.parallel_blocks import parallel_block
 from reference_impl.tp.sequence_parallel import SEQ_DIM
 from reference_impl.tp.tp_collectives import gather_from_tp, scatter_to_tp
 from reference_impl.tp.vocab_parallel import (ParallelLMHead, VocabParallelEmbedding,
@@ -128,7 +128,7 @@ def _gpt_prefix(layer_index: int, layers: int) -> str:
 
 # ---------------------------------------------------------------- the model
 
-class Parallel3DModel(nn.Module):
+class ParallelGPT(nn.Module):
     """This rank's pipeline stage(s) of a GPT, made of TP layers, with what a step needs.
     Made empty by :func:`parallelize_gpt`, then filled by its ``apply_*`` steps."""
 
@@ -192,7 +192,7 @@ def apply_pp(gpt: nn.Module, plan: TrainingPlan, context) -> tuple[Schedule, dic
                       for s in schedule.stages_of(context.coordinates.pp_rank)}
 
 
-def apply_tp(model: Parallel3DModel, stage_layers: dict, sp: bool = False) -> None:
+def apply_tp(model: ParallelGPT, stage_layers: dict, sp: bool = False) -> None:
     """Each layer to its TP version on ``current_device()``, as ``model``'s stages; with
     ``sp``, the sequence split after the embedding and gathered before the head."""
     device, group = current_device(), model.context.groups.tp
@@ -211,14 +211,14 @@ def apply_tp(model: Parallel3DModel, stage_layers: dict, sp: bool = False) -> No
         model.stages[str(s)] = Stage(*modules)
 
 
-def apply_cp(model: Parallel3DModel) -> None:
+def apply_cp(model: ParallelGPT) -> None:
     """With ``cp`` > 1: every block's attention to ring attention over the CP group
     (``context_parallel.apply_cp``); nothing with cp = 1."""
     if model.plan.cp > 1:
         context_parallel_attention(model.stages, model.context.groups.cp)
 
 
-def apply_recompute(model: Parallel3DModel, mode: str) -> None:
+def apply_recompute(model: ParallelGPT, mode: str) -> None:
     """Activation recomputation on every block of ``model``'s stages (none: nothing)."""
     if mode == "none":
         return
@@ -227,13 +227,13 @@ def apply_recompute(model: Parallel3DModel, mode: str) -> None:
             recompute(stage, mode)
 
 
-def apply_dp(model: Parallel3DModel) -> None:
+def apply_dp(model: ParallelGPT) -> None:
     """Prepare the data-parallel kind's reduction over RDP (RDP x CP with context parallelism):
     its hooks or its sharding (``dp_kinds/``)."""
     model.dp_kind.wrap(model)
 
 
-def parallelize_gpt(gpt: nn.Module, plan: TrainingPlan, context) -> Parallel3DModel:
+def parallelize_gpt(gpt: nn.Module, plan: TrainingPlan, context) -> ParallelGPT:
     """This rank's part of ``gpt`` under ``plan``, laid out by ``context``
     (``plan.dims.build()``). The plan is checked against ``gpt`` unless it was already."""
     sizes = [(dims.dp, dims.tp, dims.cp, dims.pp) for dims in (plan.dims, context.dims)]
@@ -242,7 +242,7 @@ def parallelize_gpt(gpt: nn.Module, plan: TrainingPlan, context) -> Parallel3DMo
                          f"{context.dims.describe()}")
     plan.check(gpt.config, experts=experts_of(gpt)[0])
     schedule, stage_layers = apply_pp(gpt, plan, context)
-    model = Parallel3DModel(gpt.config, context, plan, schedule)
+    model = ParallelGPT(gpt.config, context, plan, schedule)
     apply_tp(model, stage_layers, plan.sp)
     apply_cp(model)
     apply_recompute(model, plan.recompute)
@@ -253,13 +253,13 @@ def parallelize_gpt(gpt: nn.Module, plan: TrainingPlan, context) -> Parallel3DMo
 
 # ---------------------------------------------------------------- optimizer and gradients
 
-def build_optimizer(model: Parallel3DModel, optimizer: torch.optim.Optimizer):
+def build_optimizer(model: ParallelGPT, optimizer: torch.optim.Optimizer):
     """The optimizer to step with: ``optimizer`` (over ``model.parameters()``), or what the
     data-parallel kind makes of it (ZeRO: a ``ZeroOptimizer`` with its groups and settings)."""
     return model.dp_kind.build_optimizer(model, optimizer)
 
 
-def finish_gradients(model: Parallel3DModel, convention: str = "megatron") -> SyncReport | None:
+def finish_gradients(model: ParallelGPT, convention: str = "megatron") -> SyncReport | None:
     """After the schedule's backwards: what is left of the data-parallel kind's reduction, then
     the sequence-parallel parameters' gradients summed over TP, so that every kind ends with
     the gradient the step will use (``grad_norm.py`` reads it). ``sync`` returns its report."""

@@ -45,14 +45,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.llama_blocks import GroupedQueryAttention, SwiGLU
-from reference_impl.model import MLP, Block, CausalSelfAttention
-from reference_impl.tp.sequence_parallel import (SEQ_DIM, SequenceParallelBlock,
-                                                 SequenceParallelColumnLinear,
-                                                 SequenceParallelRowLinear,
-                                                 _mark_sequence_parallel)
-from reference_impl.tp.tp_attention import ParallelBlock, ParallelSelfAttention
-from reference_impl.tp.tp_collectives import copy_to_tp, gather_from_sp
-from reference_impl.tp.tp_layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
+from reference_impl.tp.sequence_parallel import (SequenceParallelColumnLinear,
+                                                 SequenceParallelRowLinear, enter_tp_region)
+from reference_impl.tp.tp_collectives import copy_to_tp
+from reference_impl.tp.tp_layers import ColumnParallelLinear, RowParallelLinear
 
 
 def kv_head_layout(heads: int, kv_heads: int, tp: int) -> str:
@@ -67,13 +63,6 @@ def kv_head_layout(heads: int, kv_heads: int, tp: int) -> str:
     raise ValueError(f"kv_heads {kv_heads} and tp = {tp}: the KV heads are split over the "
                      f"tensor-parallel ranks when tp divides kv_heads, or replicated when "
                      f"kv_heads divides tp; {tp} does not divide {kv_heads}, nor does {kv_heads} divide {tp}")
-
-
-def enter_tp_region(x, group=None, sequence_parallel: bool = False):
-    """The attention's input, entering the TP region once for q, k and v: with
-    ``sequence_parallel`` all-gathered along the sequence (every head needs every token), else
-    ``copy_to_tp`` (one all-reduce of its gradient)."""
-    return gather_from_sp(x, SEQ_DIM, group) if sequence_parallel else copy_to_tp(x, group)
 
 
 class SharedInputColumnLinear(ColumnParallelLinear):
@@ -145,48 +134,3 @@ class ParallelSwiGLU(SwiGLU):
         else:
             self.gate_up = ColumnParallelLinear(mlp.gate_up, group, blocks=2)
             self.down = RowParallelLinear(mlp.down, group, input_is_parallel=True)
-
-
-def parallel_attention(attention: nn.Module, group=None, sequence_parallel: bool = False):
-    """The TP (or SP) version of a block's attention, grouped-query or the GPT's."""
-    if isinstance(attention, GroupedQueryAttention):
-        return ParallelGroupedQueryAttention(attention, group, sequence_parallel)
-    parallel = ParallelSelfAttention(attention, group)
-    if sequence_parallel:  # the SP collectives around the same shards, as SequenceParallelBlock
-        parallel.qkv = SequenceParallelColumnLinear(attention.qkv, group, blocks=3)
-        parallel.proj = SequenceParallelRowLinear(attention.proj, group)
-    return parallel
-
-
-def parallel_mlp(mlp: nn.Module, group=None, sequence_parallel: bool = False):
-    """The TP (or SP) version of a block's MLP, SwiGLU or the GPT's."""
-    if isinstance(mlp, SwiGLU):
-        return ParallelSwiGLU(mlp, group, sequence_parallel)
-    parallel = ParallelMLP(mlp, group)
-    if sequence_parallel:
-        parallel.fc1 = SequenceParallelColumnLinear(mlp.fc1, group)
-        parallel.fc2 = SequenceParallelRowLinear(mlp.fc2, group)
-    return parallel
-
-
-class ParallelLlamaBlock(Block):
-    """``model.Block``'s forward with any of its parts (RMSNorm or layernorm, grouped-query or
-    GPT attention, SwiGLU or GeLU MLP) tensor-parallel; the norms are copies, whole on every
-    rank. With ``sequence_parallel`` the SP block: input and output this rank's shard of the
-    sequence (dim 1); after the backward, call ``sync_sequence_parallel_grads``."""
-
-    def __init__(self, block: Block, group=None, sequence_parallel: bool = False):
-        nn.Module.__init__(self)
-        self.ln1, self.ln2 = copy.deepcopy((block.ln1, block.ln2))  # whole, trained apart
-        self.attn = parallel_attention(block.attn, group, sequence_parallel)
-        self.mlp = parallel_mlp(block.mlp, group, sequence_parallel)
-        if sequence_parallel:
-            _mark_sequence_parallel(*self.ln1.parameters(), *self.ln2.parameters())
-
-
-def parallel_block(block: Block, group=None, sequence_parallel: bool = False) -> Block:
-    """The TP (with ``sequence_parallel``: SP) version of a block: the GPT's own classes for a
-    block of GPT attention and GeLU MLP, else :class:`ParallelLlamaBlock`."""
-    if isinstance(block.attn, CausalSelfAttention) and isinstance(block.mlp, MLP):
-        return SequenceParallelBlock(block, group) if sequence_parallel else ParallelBlock(block, group)
-    return ParallelLlamaBlock(block, group, sequence_parallel)

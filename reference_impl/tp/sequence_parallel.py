@@ -39,7 +39,7 @@ from torch import nn
 
 from reference_impl.model import Block
 from reference_impl.tp.tp_attention import ParallelBlock
-from reference_impl.tp.tp_collectives import gather_from_sp, reduce_scatter_to_sp
+from reference_impl.tp.tp_collectives import copy_to_tp, gather_from_sp, reduce_scatter_to_sp
 from reference_impl.tp.tp_layers import ColumnParallelLinear, RowParallelLinear
 
 SEQ_DIM = 1  # of (batch, seq, hidden)
@@ -98,3 +98,10 @@ def sync_sequence_parallel_grads(module: nn.Module, group=None) -> None:
     dist.all_reduce(flat, group=group)
     for grad, summed in zip(grads, flat.split([grad.numel() for grad in grads])):
         grad.copy_(summed.view_as(grad))
+
+
+def enter_tp_region(x, group=None, sequence_parallel: bool = False):
+    """The attention's input, entering the TP region once for q, k and v: with
+    ``sequence_parallel`` all-gathered along the sequence (every head needs every token), else
+    ``copy_to_tp`` (one all-reduce of its gradient)."""
+    return gather_from_sp(x, SEQ_DIM, group) if sequence_parallel else copy_to_tp(x, group)

@@ -16,7 +16,7 @@ import torch
 
 from reference_impl import train
 from reference_impl.checks import assert_close
-from reference_impl.hybrid import parallel_3d as hybrid
+from reference_impl.hybrid import parallel_gpt as hybrid
 from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.hybrid.parallelize import build_optimizer, parallelize_gpt
 from reference_impl.model import GPT

@@ -38,7 +38,7 @@ from reference_impl import train
 from reference_impl.checks import assert_close
 from reference_impl.comm.device import current_device
 from reference_impl.equivalence import one_step_pairs
-from reference_impl.hybrid import parallel_3d as hybrid
+from reference_impl.hybrid import parallel_gpt as hybrid
 from reference_impl.hybrid.zero import ZeroOptimizer
 from reference_impl.model import GPT, MLP, Block, ModelConfig
 from reference_impl.pipeline.pipeline_executor import gpt_loss, pipeline_train_step

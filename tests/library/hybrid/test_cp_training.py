@@ -14,7 +14,7 @@ import torch
 
 from reference_impl import train
 from reference_impl.cp.cp_attention import ContextParallelAttention
-from reference_impl.hybrid import parallel_3d as hybrid
+from reference_impl.hybrid import parallel_gpt as hybrid
 from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.hybrid.parallelize import parallelize_gpt
 from reference_impl.model import ModelConfig, llama_config

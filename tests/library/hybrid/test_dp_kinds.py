@@ -11,7 +11,7 @@ import torch
 
 from reference_impl import train
 from reference_impl.checks import assert_close
-from reference_impl.hybrid import parallel_3d as hybrid
+from reference_impl.hybrid import parallel_gpt as hybrid
 from reference_impl.hybrid.dp_kinds.kind import DataParallelKind
 from reference_impl.hybrid.dp_kinds.registry import KINDS, kind_of
 from reference_impl.hybrid.training_plan import TrainingPlan

@@ -33,7 +33,7 @@ from reference_impl import train
 from reference_impl.checks import assert_close
 from reference_impl.comm.launcher import launch
 from reference_impl.hybrid import grad_norm
-from reference_impl.hybrid import parallel_3d as hybrid
+from reference_impl.hybrid import parallel_gpt as hybrid
 from reference_impl.hybrid.lr_schedule import WarmupCosine, set_lr
 from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.hybrid.parallelize import build_optimizer, parallelize_gpt

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from reference_impl.hybrid import parallel_3d as hybrid
+from reference_impl.hybrid import parallel_gpt as hybrid
 from reference_impl.checks import assert_close
 from reference_impl.hybrid.data_parallel import all_reduce_mean, gradient_plan, sync_gradients
 from reference_impl.comm.groups import build_rank_layout

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from reference_impl import train
-from reference_impl.hybrid import parallel_3d as hybrid
+from reference_impl.hybrid import parallel_gpt as hybrid
 from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.model import GPT, ModelConfig
 from support.training import (assert_the_trainer_trains_as_one_device, check,

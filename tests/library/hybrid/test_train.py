@@ -37,7 +37,7 @@ import pytest
 import torch
 
 from reference_impl import train
-from reference_impl.hybrid import checkpoint, parallel_3d as hybrid
+from reference_impl.hybrid import checkpoint, parallel_gpt as hybrid
 from reference_impl.hybrid.lr_schedule import set_lr
 from reference_impl.checks import assert_close
 from reference_impl.model import GPT
@@ -266,7 +266,7 @@ def test_bad_layout_from_the_command_line():
 # ---------------------------------------------------------------- the trainer at GPU speed
 
 def _host_reads_during_a_step(argv):
-    """On every rank: one ``parallel_3d.train_step``, counting what would make the host wait
+    """On every rank: one ``parallel_gpt.train_step``, counting what would make the host wait
     for a GPU: reading a tensor (``item``, ``tolist``, ``float``), a barrier, the executor's
     ``wait_for_device``. Returns (the count per kind, the loss it returned)."""
     import torch.distributed as dist

@@ -12,7 +12,7 @@ losses 8.2e-5 and weights 1.4e-2 of their scales (printed with ``-s``).
 import pytest
 
 from reference_impl import train
-from reference_impl.hybrid import parallel_3d as hybrid
+from reference_impl.hybrid import parallel_gpt as hybrid
 from reference_impl.model import llama_config
 from support.training import (assert_the_trainer_trains_as_one_device, check,
                               gpt_with_uneven_norms, single_device_oracles, train_combinations)

@@ -19,8 +19,8 @@ from reference_impl.comm.device import current_device
 from reference_impl.equivalence import assert_equivalent, one_step_pairs, parameters_of, source_pairs
 from reference_impl.llama_blocks import GroupedQueryAttention, SwiGLU
 from reference_impl.model import Block, llama_config
-from reference_impl.tp.llama_tp import (ParallelGroupedQueryAttention, ParallelLlamaBlock,
-                                        ParallelSwiGLU, ReplicatedHeads)
+from reference_impl.tp.llama_tp import ParallelGroupedQueryAttention, ParallelSwiGLU, ReplicatedHeads
+from reference_impl.tp.parallel_blocks import ParallelPartsBlock
 from reference_impl.tp.sequence_parallel import sync_sequence_parallel_grads
 from reference_impl.tp.tp_collectives import all_gather_along
 from reference_impl.tp.tp_layers import full_state
@@ -53,7 +53,7 @@ def build(kind: str, kv_heads: int = 4) -> torch.nn.Module:
 
 
 PARALLEL = {"swiglu": ParallelSwiGLU, "attention": ParallelGroupedQueryAttention,
-            "block": ParallelLlamaBlock}
+            "block": ParallelPartsBlock}
 
 
 def tensor_parallel_pairs(kind, kv_heads, group):
@@ -72,7 +72,7 @@ def sequence_parallel_pairs(kind, kv_heads, group):
     ``sync_sequence_parallel_grads``, weights after an SGD step."""
     tp, rank = dist.get_world_size(group), dist.get_rank(group)
     reference = build(kind, kv_heads)
-    sp = ParallelLlamaBlock(reference, group, sequence_parallel=True)
+    sp = ParallelPartsBlock(reference, group, sequence_parallel=True)
     x, upstream = random(SHAPE, seed=1), random(SHAPE, seed=2)
     x = x.clone().requires_grad_()
     y = reference(x)

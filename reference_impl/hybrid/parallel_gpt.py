@@ -1,4 +1,5 @@
-"""3D parallelism: the course's GPT trained with data x tensor x pipeline parallelism.
+"""The course's GPT under a layout (lab 5's API): dp x tp x pp, and whatever else the plan
+composes (``parallelize.py``).
 
 The composition, in the spirit of the high-level API of ApX Machine Learning's masterclass on
 hybrid parallelism:
@@ -65,7 +66,7 @@ from reference_impl.hybrid.data_parallel import DEFAULT_BUCKET_BYTES, SyncReport
 from reference_impl.hybrid.grad_norm import clip_grad_norm_
 from reference_impl.hybrid.lr_schedule import set_lr
 from reference_impl.hybrid.parallelize import (  # noqa: F401 (TPEmbedding, TPHead: exported)
-    Parallel3DModel, TPEmbedding, TPHead, finish_gradients, parallelize_gpt,
+    ParallelGPT, TPEmbedding, TPHead, finish_gradients, parallelize_gpt,
     tensor_parallel_layer)
 from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.model import GPT
@@ -90,7 +91,7 @@ def initialize_parallelism(dp: int, tp: int = 1, pp: int = 1, order: str = "mega
 def build_3d_gpt(gpt: GPT, context: ParallelContext, microbatches: int,
                  schedule: str | Schedule = "1f1b", chunks: int = 1, vocab_parallel: bool = True,
                  bucket_bytes: int | None = DEFAULT_BUCKET_BYTES,
-                 precision: str = "fp32") -> Parallel3DModel:
+                 precision: str = "fp32") -> ParallelGPT:
     """This rank's part of ``gpt`` under ``context``: ``parallelize.parallelize_gpt`` with
     dp x tp x pp only (no sp, no recomputation, dp_kind sync)."""
     plan = TrainingPlan(context.dp, context.tp, context.pp, schedule=schedule,
@@ -116,7 +117,7 @@ class StepResult:
     grad_norm: torch.Tensor | None = None  # 0-d, the global gradient norm (with max_norm)
 
 
-def train_step(model: Parallel3DModel, tokens: torch.Tensor, targets: torch.Tensor,
+def train_step(model: ParallelGPT, tokens: torch.Tensor, targets: torch.Tensor,
                optimizer: torch.optim.Optimizer, *, convention: str = "megatron",
                return_report: bool = False,
                max_norm: float | None = None) -> torch.Tensor | StepResult:
@@ -157,7 +158,7 @@ def train_step(model: Parallel3DModel, tokens: torch.Tensor, targets: torch.Tens
     return result if return_report else result.loss
 
 
-def gather_full_state(model: Parallel3DModel) -> dict[str, torch.Tensor]:
+def gather_full_state(model: ParallelGPT) -> dict[str, torch.Tensor]:
     """The single-device GPT's parameters by name (CPU tensors), on every rank. Collective over
     the TP and PP groups (every rank must call it)."""
     groups, values = model.context.groups, model.local_values()
