@@ -1,89 +1,17 @@
-"""The reference 3D trainer: the course's GPT on dp x tp x pp (x cp) ranks, from the command line.
-
-Under torchrun (one process per GPU; NCCL on GPUs, gloo on CPU), one node:
+"""The reference trainer: the course's GPT (or Llama-style model, with ``--experts`` a mixture
+of experts) under any layout the kit composes, from the command line.
 
     torchrun --nproc-per-node 8 -m reference_impl.train --dp 2 --tp 2 --pp 2 --steps 20
-
-several nodes (run on every node, NODE_RANK = 0, 1, ...; HOST = node 0's hostname):
-
-    torchrun --nnodes 2 --nproc-per-node 8 --node-rank NODE_RANK --rdzv-backend c10d \\
-        --rdzv-endpoint HOST:29500 --rdzv-id myjob -m reference_impl.train --dp 4 --tp 2 --pp 2
-
-On a laptop, without torchrun, the same command runs the dp * tp * cp * pp ranks itself
-(``launcher.launch``: gloo ranks on the CPU, or one NCCL rank per GPU when there are enough
-GPUs):
-
-    python -m reference_impl.train --dp 2 --tp 2 --pp 1 --steps 5
+    python -m reference_impl.train --dp 2 --tp 2 --steps 5     # laptop: dp*tp*cp*pp CPU ranks
 
 The flags become a ``TrainingPlan`` (``hybrid/training_plan.py``), checked once before any rank
-starts (:func:`check_composition`). Both paths then run the same code (:func:`train_on_rank`):
-the plan's layout (``plan.dims.build()``), ``parallelize.parallelize_gpt`` from a GPT
-initialised with ``--seed``, ``parallel_gpt.train_step`` on the deterministic
-``parallel_gpt.make_dataset(seed, steps, batch, seq, vocab)``, so the losses printed are the
-single-device GPT's losses on the same batches (``tests/library/hybrid/test_train.py``). Only
-global rank 0 prints: a header, one line per ``--log-every`` steps (step, loss, global gradient norm,
-learning rate, tokens/s, elapsed) and a final line.
-
-At GPU speed: the host waits for the GPU only where it has to read something, when a line is
-logged. ``parallel_gpt.train_step`` returns the loss as a 0-d tensor on the device and runs the
-pipeline schedule untimed (no barrier, no per-action sync), for any ``--pp``; the trainer reads
-the loss (``.item()``) only on the steps it logs, so between log lines the steps are queued
-without a host sync. The optimizer updates all parameters in one go: AdamW and SGD with
-``fused=True`` on CUDA, ``foreach=True`` on the CPU (the same update as the for-loop versions,
-to fp32 rounding). ``--attention sdpa`` computes attention with PyTorch's fused kernel
-(``F.scaled_dot_product_attention``; see ``model.py``) instead of the explicit s x s softmax
-(``explicit``, the default). ``--model llama`` trains the Llama-style model of
-``model.llama_config`` (RMSNorm, SwiGLU, rotary positions, grouped-query attention with
-``--kv-heads`` KV heads, no biases) under every layout, with the same data and checks; the
-default is the course's GPT. ``--dtype bf16`` computes the forward in bf16 (autocast) with fp32
-weights, gradients, gradient reduction and optimizer state (``precision.py``); ``fp32`` is the
-default.
-
-Composition (``hybrid/parallelize.py``): ``--sp`` adds sequence parallelism to TP,
-``--recompute selective|full`` recomputes each block's attention core or the whole block in the
-backward, ``--dp-kind`` chooses how the replicas reduce gradients and what they shard (``sync``, the
-default; ``ddp_hooks``; ``zero1``/``zero2``/``zero3``, AdamW only; ``fsdp2``, PyTorch's
-``fully_shard``: ``hybrid/dp_kinds/``). They compose with every layout and
-with each other; what cannot work (``--sp`` without ``--tp`` > 1, ``ddp_hooks``/``zero2``/
-``zero3``/``fsdp2`` with the ``zb-h1`` schedule, ZeRO with ``--optimizer sgd``) is refused before any rank
-starts, with the rule and the numbers:
-
-    python -m reference_impl.train --dp 2 --tp 2 --sp --dp-kind zero1 --recompute selective
-
-``--cp N`` adds context parallelism (``hybrid/context_parallel.py``): N ranks share each
-sequence, each holding 2 of its 2N chunks (the load-balanced layout), the attention a ring over
-them, the gradients reduced over dp x cp. It needs the rotary positions of ``--model llama``
-and ``--seq`` divisible by 2N, and composes with ``--tp``, ``--sp``, ``--pp`` and ``--dp``:
-
-    python -m reference_impl.train --model llama --cp 2 --tp 2 --steps 3
-
-``--experts E --top-k K`` makes every block's MLP a mixture of E experts (``moe/moe_blocks.py``)
-and ``--ep N`` splits them over EP groups of N replicas (``hybrid/expert_parallel_blocks.py``),
-with ``--dp`` and ``--pp``:
-
-    python -m reference_impl.train --model llama --experts 4 --top-k 2 --ep 2 --dp 2 --steps 3
-
-Optimisation, as nanoGPT, torchtitan and Megatron-LM train (the defaults converge at
-realistic sizes: a 0.5B-parameter Llama, seq 2048, bf16, from loss 10.3 to 6.1 in 30 steps on
-one H100, where constant Adam at 3e-3 diverged): AdamW (Loshchilov & Hutter 2019) with
-``--weight-decay`` 0.1 on the matrices and embeddings, none on norms and biases
-(:func:`weight_decay_groups`), ``--betas`` 0.9 0.95; the learning rate ``--lr`` (3e-4) reached
-by a linear warm-up over ``--warmup-steps`` (a tenth of ``--decay-steps``), then a cosine down
-to ``--min-lr`` (lr / 10) at ``--decay-steps`` (``--steps``): ``hybrid/lr_schedule.py``, a pure
-function of the step number; the gradients clipped to the global norm ``--clip-grad`` (1.0; 0
-disables), counted once under every layout (``hybrid/grad_norm.py``). Each log line prints the
-step's ``grad_norm`` (before clipping) and ``lr``. ZeRO runs the same AdamW on its shards.
-
-Checkpoints (``hybrid/checkpoint.py``): ``--checkpoint-dir DIR`` writes ``DIR/checkpoint/``
-every ``--checkpoint-every`` steps and at the end, sharded through
-``torch.distributed.checkpoint``: each rank writes what it holds, under every ``--dp-kind``.
-``--resume`` continues from it (same ``--seed``, ``--batch``, ``--seq``, ``--vocab``, model
-shape, optimizer and learning-rate schedule: a run meant to be resumed with a larger
-``--steps`` passes its final ``--decay-steps``; the same ``--tp``; any dp, pp, cp or
-``--dp-kind``) up to ``--steps`` in total: the losses are those of a run that never stopped.
-With ``--resume`` and no checkpoint yet, training starts from step 0 (so a requeued SLURM job
-can always pass ``--resume``). ``checkpoint.single_device_gpt(DIR)`` loads one into a plain
-``model.GPT``.
+starts (:func:`check_composition`); every rank then runs :func:`train_on_rank` with it: the
+plan's layout, ``parallelize.parallelize_gpt``, ``parallel_gpt.train_step`` on the
+deterministic ``parallel_gpt.make_dataset``, so the losses are the single-device model's on the
+same batches (:func:`train_one_device`, the tests' oracle). Sharded checkpoints
+(``hybrid/checkpoint.py``) resume under another dp, pp, cp or data-parallel kind. What each
+flag does, the optimisation's defaults and the cluster commands: ``docs/library.md``, "Running
+on a GPU cluster".
 """
 from __future__ import annotations
 
