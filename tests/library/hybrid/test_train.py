@@ -327,7 +327,8 @@ def test_resume_may_change_the_attention_kernel():
     saved = {"config": {key: value for key, value in
                         vars(train.model_config(train.parse_args(["--steps", "6", *ADAM])))
                         .items() if key != "attention"},  # as written before the option
-             "data": train.data_info(args), "optimizer": train.optimizer_info(args), "step": 3}
+             "data": train.data_info(args), "optimizer": train.optimizer_info(args), "step": 3,
+             "experts": [0, 0]}
     train._check_resumable(saved, args)  # no error
     saved["config"]["hidden"] = 32
     with pytest.raises(ValueError, match="cannot resume: the checkpoint's config"):
