@@ -28,7 +28,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from reference_impl.hybrid.checkpoint_pieces import FlatPiece, PieceLoadPlanner, PieceSavePlanner
-from reference_impl.hybrid.expert_parallel_blocks import experts_of
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.moe.moe_blocks import with_experts
 
@@ -86,7 +85,7 @@ def save(directory: str, model, optimizer, step: int, optimizer_info: dict,
         context, plan = model.context, model.plan
         torch.save({
             "format": FORMAT, "step": step, "config": dataclasses.asdict(model.config),
-            "experts": list(experts_of(model.stages)),
+            "experts": list(model.experts),
             "optimizer": dict(optimizer_info), "data": dict(data), "rng": torch.get_rng_state(),
             "layout": {"dp": context.dp, "tp": context.tp, "pp": context.pp, "cp": context.cp,
                        "dp_kind": plan.dp_kind, "vocab_parallel": plan.vocab_parallel},

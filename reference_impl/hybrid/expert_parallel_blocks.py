@@ -11,18 +11,10 @@ from reference_impl.moe.expert_parallel import ExpertParallelMoE, is_expert_para
 from reference_impl.moe.moe_blocks import MoEFeedForward
 
 
-def experts_of(module) -> tuple[int, int]:
-    """(experts, top_k) of the model's MoE blocks; (0, 0) for a dense model."""
-    for layer in module.modules():
-        if isinstance(layer, MoEFeedForward):
-            return layer.moe.num_experts, layer.moe.router.top_k
-    return 0, 0
-
-
 def apply_ep(model, ep: int) -> None:
     """Each MoE block's layer to its expert-parallel version over EP groups cut from every
     RDP group (collective: every rank creates every group)."""
-    if ep == 1 or not experts_of(model.stages)[0]:
+    if ep == 1 or not model.experts[0]:
         return
     groups = create_expert_groups(ep, model.context.layout.groups["RDP"])
     before = dict(model.named_parameters())

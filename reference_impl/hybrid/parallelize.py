@@ -35,7 +35,7 @@ The steps, in the order :func:`parallelize_gpt` runs them:
 What does not compose is refused by ``training_plan.TrainingPlan`` with the rule and the numbers:
 ``sp`` without ``tp > 1``; a sequence, head count or hidden size that ``tp`` does not divide;
 KV heads ``tp`` neither divides nor is divided by (``llama_tp.kv_head_layout``); ``cp`` with
-learned positions or a sequence not divisible by 2cp (``context_parallel.py``); selective
+learned positions or a sequence not divisible by 2cp; selective
 recomputation of grouped-query attention (``recompute.py`` re-implements the GPT's attention);
 the hook-driven kinds (ddp_hooks, zero2, zero3, fsdp2) with a split-backward schedule (zb-h1:
 its W adds the weight gradients without autograd, so no hook sees them); ZeRO with another
@@ -53,11 +53,12 @@ from torch import nn
 from reference_impl.comm.device import current_device
 from reference_impl.hybrid.context_parallel import (context_parallel_attention)
 from reference_impl.hybrid.data_parallel import SyncReport, all_reduce_mean
-from reference_impl.hybrid.expert_parallel_blocks import apply_ep, experts_of
+from reference_impl.hybrid.expert_parallel_blocks import apply_ep
 from reference_impl.hybrid.training_plan import TrainingPlan
 from reference_impl.memory.recompute import recompute
 from reference_impl.model import Block, ModelConfig
 from reference_impl.moe.expert_parallel import sync_moe_grads
+from reference_impl.moe.moe_blocks import experts_of
 from reference_impl.pipeline.gpt_stages import Stage, gpt_loss
 from reference_impl.pipeline.pipeline_partition import (GPTEmbedding, GPTHead, gpt_layers,
                                                         layer_sizes, partition)
@@ -141,6 +142,7 @@ class ParallelGPT(nn.Module):
         self.names: dict[int, str] = {}  # id(parameter) -> the single-device GPT's name
         self.dp_kind = plan.kind
         self.dp_state = None  # what the kind keeps: its hooks, ZeroOptimizer, device mesh
+        self.experts = (0, 0)  # (experts, top_k) of the whole model's MoE blocks
         self.expert_groups = None  # with ep > 1: this rank's DP, EP and EDP groups
 
     def stage_modules(self) -> dict[int, nn.Module]:
@@ -240,9 +242,11 @@ def parallelize_gpt(gpt: nn.Module, plan: TrainingPlan, context) -> ParallelGPT:
     if sizes[0] != sizes[1]:
         raise ValueError(f"the plan is {plan.dims.describe()}, the context was laid out for "
                          f"{context.dims.describe()}")
-    plan.check(gpt.config, experts=experts_of(gpt)[0])
+    experts = experts_of(gpt)  # of the whole model: a stage may hold no block
+    plan.check(gpt.config, experts=experts[0])
     schedule, stage_layers = apply_pp(gpt, plan, context)
     model = ParallelGPT(gpt.config, context, plan, schedule)
+    model.experts = experts
     apply_tp(model, stage_layers, plan.sp)
     apply_cp(model)
     apply_recompute(model, plan.recompute)

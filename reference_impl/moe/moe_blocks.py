@@ -37,5 +37,9 @@ def with_experts(gpt: GPT, experts: int, top_k: int) -> GPT:
     return gpt.to(next(gpt.parameters()).device)
 
 
-def has_experts(module: nn.Module) -> bool:
-    return any(isinstance(m, MoEFeedForward) for m in module.modules())
+def experts_of(module: nn.Module) -> tuple[int, int]:
+    """(experts, top_k) of the model's MoE blocks; (0, 0) for a dense model."""
+    for layer in module.modules():
+        if isinstance(layer, MoEFeedForward):
+            return layer.moe.num_experts, layer.moe.router.top_k
+    return 0, 0

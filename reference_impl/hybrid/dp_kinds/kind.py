@@ -4,7 +4,7 @@ wrapping, its optimizer, its gradient finish, and the pieces of state each rank 
 The base class is plain replication (every replica holds every parameter, gradient and
 optimizer state of its TP shard whole); the sharding kinds override what they shard. A
 ``Piece`` is what a rank holds of one tensor, in the flat coordinates of its TP shard
-(the checkpoints' unit: ``hybrid/sharded_checkpoint.py``).
+(the checkpoints' unit: ``hybrid/checkpoint.py``).
 """
 from __future__ import annotations
 

@@ -56,3 +56,12 @@ def test_an_expert_parallel_checkpoint_resumes_without_expert_parallelism(tmp_pa
                           "--checkpoint-dir", directory, "--resume"])
     assert_close(torch.tensor(resumed["losses"]), torch.tensor(expected[3:]),
                  "steps 4..6 resumed as dp 2, zero2 from an ep 2 x dp 2 checkpoint", atol=ATOL)
+
+
+def test_a_checkpoint_records_the_experts_when_rank_0_holds_no_block(tmp_path):
+    directory = str(tmp_path / "ckpt")  # pp 4 over 2 blocks + embedding + head: one layer each
+    train.main([*TINY, "--experts", "2", "--pp", "4", "--microbatches", "4", "--steps", "1",
+                "--checkpoint-dir", directory])
+    assert checkpoint.read_run(directory)["experts"] == [2, 2]
+    assert sum(".moe.experts." in name
+               for name, _ in checkpoint.single_device_gpt(directory).named_parameters()) == 16
