@@ -31,7 +31,7 @@ from reference_impl.comm.device import current_device, wait_for_device
 
 def ring_all_reduce_seconds(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
     """Predicted time of a ring all-reduce of ``nbytes`` over ``n`` ranks."""
-    raise NotImplementedError("lab0: the alpha-beta time of the ring's steps, each one latency and one chunk of S/n bytes (the notebook, part 4); a single rank communicates nothing")
+    raise NotImplementedError('lab0: ring_all_reduce_seconds (hint: "the ring cost and the fit" in the notebook)')
 
 
 def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
@@ -39,12 +39,12 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
     if len(set(x)) < 2:
         raise ValueError(f"a line needs points at two different sizes at least, got the sizes "
                          f"{sorted(set(x))}")
-    raise NotImplementedError('lab0: the intercept and slope minimising the sum of squared residuals (the normal equations of the notebook, part 4, or torch.linalg.lstsq), in float64')
+    raise NotImplementedError('lab0: fit_line (hint: "the ring cost and the fit" in the notebook)')
 
 
 def fit_alpha_beta(nbytes: list[float], seconds: list[float], n: int) -> tuple[float, float]:
     """Least-squares fit of measured ring all-reduce times; returns (alpha in s, bandwidth in B/s)."""
-    raise NotImplementedError('lab0: fit_line, then read alpha and the bandwidth off the intercept and slope of T_ring(S) (the notebook, part 4)')
+    raise NotImplementedError('lab0: fit_alpha_beta (hint: "the ring cost and the fit" in the notebook)')
 
 
 def _power_of_two(n: int) -> None:
@@ -55,7 +55,7 @@ def _power_of_two(n: int) -> None:
 def recursive_doubling_seconds(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
     """Predicted time of a recursive-doubling all-reduce of ``nbytes`` over ``n`` = 2^k ranks."""
     _power_of_two(n)
-    raise NotImplementedError('lab0: the alpha-beta time of the steps recursive doubling takes, each one message of the whole tensor each way (the notebook, part 5)')
+    raise NotImplementedError('lab0: recursive_doubling_seconds (hint: "ring or recursive doubling" in the notebook)')
 
 
 def crossover_bytes(n: int, alpha: float, bandwidth: float) -> float:
@@ -63,19 +63,19 @@ def crossover_bytes(n: int, alpha: float, bandwidth: float) -> float:
     the same time: recursive doubling is faster below it, the ring above; ``math.inf`` where
     the ring is never the faster."""
     _power_of_two(n)
-    raise NotImplementedError("lab0: set T_ring(S) = T_doubling(S) and solve for S (the notebook, part 5); the ring can only catch up when its bandwidth term grows more slowly in S than recursive doubling's (not on 1 or 2 ranks)")
+    raise NotImplementedError('lab0: crossover_bytes (hint: "ring or recursive doubling" in the notebook)')
 
 
 def faster_all_reduce(nbytes: float, n: int, alpha: float, bandwidth: float) -> str:
     """"ring" or "recursive doubling": the faster all-reduce of ``nbytes`` over ``n`` ranks by
     the model; the ring where recursive doubling cannot run (n not a power of two) and on a tie."""
-    raise NotImplementedError('lab0: compare the two predicted times (or the size with the crossover); recursive doubling only where it runs, and only when strictly faster')
+    raise NotImplementedError('lab0: faster_all_reduce (hint: "ring or recursive doubling" in the notebook)')
 
 
 def all_reduce_plan(nbytes: list[float], seconds: list[float], n: int) -> list[str]:
     """The faster all-reduce at each of the sizes ``nbytes`` on ``n`` ranks, by the model fitted
     to the ring all-reduce times ``seconds`` measured at those sizes."""
-    raise NotImplementedError('lab0: fit the measurements, then choose at each size with the fitted alpha and bandwidth')
+    raise NotImplementedError('lab0: all_reduce_plan (hint: "ring or recursive doubling" in the notebook)')
 
 
 def time_all_reduce(nbytes: list[int], repeats: int = 5, group=None) -> list[float]:

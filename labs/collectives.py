@@ -34,7 +34,7 @@ import torch.distributed as dist
 def ring_chunks(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
     """n views into the 1-d ``flat`` whose lengths sum to its length and differ by at most one,
     the longer ones first (a chunk may be empty when there are fewer elements than ranks)."""
-    raise NotImplementedError('lab0: n views into flat (no copies: the ring works in place); when n does not divide the length, the remainder goes one element each to the first chunks')
+    raise NotImplementedError('lab0: ring_chunks (hint: "ring chunks and phases" in the notebook)')
 
 
 def _swap(send: torch.Tensor, receive: torch.Tensor, to: int, source: int, group) -> None:
@@ -56,13 +56,13 @@ def _exchange(send: torch.Tensor, receive: torch.Tensor, group) -> None:
 def ring_reduce_scatter(chunks: list[torch.Tensor], group=None) -> None:
     """Phase 1, in place: afterwards chunk (rank + 1) mod n holds the sum over all ranks."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    raise NotImplementedError('lab0: n-1 steps, each one _exchange: after step t, the chunk this rank received holds the contributions of t + 2 consecutive ranks of the ring ending with its own, and that is the chunk it passes on next; the phase must end with chunk (rank + 1) mod n complete (the notebook, part 3, works out which chunk moves at each step from that end)')
+    raise NotImplementedError('lab0: ring_reduce_scatter (hint: "ring chunks and phases" in the notebook)')
 
 
 def ring_all_gather(chunks: list[torch.Tensor], group=None) -> None:
     """Phase 2, in place: starting with chunk (rank + 1) mod n complete, make every chunk complete."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    raise NotImplementedError('lab0: n-1 steps, each one _exchange: after step t a rank holds t + 2 complete chunks, the one it received last being the one it passes on next, stored where it belongs; it starts with the one that ring_reduce_scatter completed (the notebook, part 3)')
+    raise NotImplementedError('lab0: ring_all_gather (hint: "ring chunks and phases" in the notebook)')
 
 
 def _flat(tensor: torch.Tensor) -> torch.Tensor:
@@ -95,5 +95,5 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, group=None) -> torch.Ten
         raise ValueError(f"recursive doubling needs a power-of-two group, got {n} ranks: pair "
                          "the ranks of a group of another size with the ring instead")
     flat = _flat(tensor)
-    raise NotImplementedError("lab0: log2(n) steps, each one _swap of the whole tensor with one partner, then a sum; after step t every rank holds the sum over the 2^(t+1) group ranks whose indices agree with its own above bit t, the same sum on each of them (the notebook, part 5, derives each step's partner from that)")
+    raise NotImplementedError('lab0: recursive_doubling_all_reduce (hint: "recursive doubling steps" in the notebook)')
     return _written_back(flat, tensor)

@@ -104,7 +104,7 @@ def gradient_plan(module: nn.Module | Iterable[nn.Module],
                     continue
                 seen.add(id(parameter))
                 full_name = prefix + (f"{module_name}.{name}" if module_name else name)
-                raise NotImplementedError("lab5: file (full_name, parameter) under the kind of group that must sum this gradient: the ranks holding a copy of the same values (the same shard) that saw other samples, and no rank holding another shard. Whether it is TP-distributed decides that only where the TP peers hold other samples (the table in this module's docstring says which convention that is); the plan keeps the module's order, the same on every rank")
+                raise NotImplementedError('lab5: gradient_plan (hint: "which group, what divisor" in the notebook)')
     return plan
 
 
@@ -112,7 +112,7 @@ def data_shards(groups, convention: str = "megatron") -> int:
     """The number of distinct data shards the global batch is split into (per stage): the
     divisor that turns summed gradients into the global batch's mean-loss gradient."""
     _check_convention(convention)
-    raise NotImplementedError("lab5: how many distinct slices of the global batch the ranks of one stage hold: each rank's loss is the mean over its slice, so the summed gradients divided by this number are the gradient of the mean over the whole batch. Which ranks hold distinct slices depends on whether a TP group shares its samples; count the members of that kind of group (a ParallelGroups gives the group of a kind; it is one of several at once, never assume the world)")
+    raise NotImplementedError('lab5: data_shards (hint: "which group, what divisor" in the notebook)')
 
 
 def make_buckets(tensors: Sequence[torch.Tensor], bucket_bytes: int | None) -> list[list[int]]:

@@ -97,15 +97,15 @@ class OverlappingDataParallel(nn.Module):
     @contextlib.contextmanager
     def no_sync(self):
         """Backward passes inside accumulate into ``.grad`` with no communication."""
-        raise NotImplementedError('lab5: no_sync: while the with-block runs, synchronisation is off (self.require_sync), so the hooks launch nothing and .grad accumulates; when it ends, however it ends (normally, by an exception, or as an inner no_sync inside an outer one), the state is what it was before the block, not a fixed value')
+        raise NotImplementedError('lab5: no_sync (hint: "finishing, and no_sync" in the notebook)')
 
     def _gradient_ready(self, param: nn.Parameter) -> None:
         """Post-accumulate-grad hook: ``param.grad`` is final for this backward."""
-        raise NotImplementedError("lab5: a bucket may travel only once every gradient in it exists, and the arrival that completes it is the one that sends it (self._launch): count arrivals per bucket (self._bucket_of) so that the count equals the bucket's size exactly once per synced backward. Under no_sync nothing is counted or launched: the next synced backward must start from the count finish_gradient_sync left")
+        raise NotImplementedError('lab5: _gradient_ready (hint: "the hook and the launch" in the notebook)')
 
     def _launch(self, bucket: Bucket) -> None:
         """Start ``bucket``'s all-reduce without waiting for it."""
-        raise NotImplementedError("lab5: one collective per bucket sums its gradients over this wrapper's group (one of several data-parallel groups, not the world), without blocking the backward that goes on computing the earlier layers; it needs one new contiguous tensor of the bucket's gradients (bucket.flat, read back in finish_gradient_sync) and leaves a handle (bucket.handle) to be waited before the step")
+        raise NotImplementedError('lab5: _launch (hint: "the hook and the launch" in the notebook)')
 
     def finish_gradient_sync(self) -> None:
         """Wait for every bucket's all-reduce and write the averaged gradients back into
@@ -120,7 +120,7 @@ class OverlappingDataParallel(nn.Module):
         for bucket in self.buckets:
             if bucket.handle is None:  # not launched in the backward (called after a backward
                 self._launch(bucket)  # under no_sync): the gradients are ready, send them now
-            raise NotImplementedError("lab5: until its handle is waited, bucket.flat may hold the local gradients or half a sum; after it, the sum over the group, whose mean (every rank's loss is a mean over its own samples) is each .grad's new value, each parameter's part in the order the bucket was flattened. Then the bucket is as before any backward: no handle, no tensor, nothing counted")
+            raise NotImplementedError('lab5: finish_gradient_sync (hint: "finishing, and no_sync" in the notebook)')
 
     def remove_hooks(self) -> None:
         for hook in self._hooks:

@@ -73,7 +73,7 @@ class ExpertParallelMoE(nn.Module):
         ep, group = self.groups.ep_size, self.groups.ep
         self.all_to_all_log = log = []
 
-        raise NotImplementedError("lab9: the dispatch (steps 2-4 above; the notebook's section 6). Afterwards the code below reads received, the rows this rank's local experts run, from every rank of the EP group in rank order, and recv_counts, (ep, E/ep): how many of them each rank sent for each local expert; the combine will need to send every row back and put it at its token")
+        raise NotImplementedError('lab9: the dispatch (hint: "dispatch and combine" in the notebook)')
 
         # 5. local experts: the received rows come by source rank, within it by local expert
         local_expert_of_row = torch.arange(len(self.local_experts), device=tokens.device) \
@@ -84,7 +84,7 @@ class ExpertParallelMoE(nn.Module):
             computed = computed.index_add(0, rows, expert(received.index_select(0, rows)))
         self.tokens_per_local_expert = recv_counts.sum(dim=0).tolist()
 
-        raise NotImplementedError('lab9: the combine. Send every computed row back where it came from (all_to_all_rows, named "combine", logged in log); it arrives in the order it left (by expert); y (T, hidden): each token\'s rows weighted by their routing.weight and summed in the token\'s place (a token whose slots were all dropped stays 0)')
+        raise NotImplementedError('lab9: the combine (hint: "dispatch and combine" in the notebook)')
         return MoEOutput(y.view_as(x), routing.aux_loss, (routing,))
 
 
@@ -109,4 +109,4 @@ def sync_moe_grads(module: nn.Module, groups: ExpertGroups) -> None:
         if parameter.grad is None:  # a rank whose tokens missed it: its share is 0
             parameter.grad = torch.zeros_like(parameter)
         (expert if is_expert_parameter(parameter) else dense).append(parameter.grad)
-    raise NotImplementedError("lab9: sum each list of gradients over the group of ranks holding copies of those parameters that saw other tokens, and divide so that every gradient is that of the mean of the dp ranks' losses (all_reduce_mean sums over a group, then divides by the number you give it)")
+    raise NotImplementedError('lab9: sync_moe_grads (hint: "the MoE gradient sync" in the notebook)')

@@ -32,7 +32,7 @@ def check_sequence(seq: int, cp: int) -> None:
 
 def chunks_of_rank(cp: int, rank: int) -> tuple[int, int]:
     """The two chunks rank ``rank`` holds: its own index and its mirror image."""
-    raise NotImplementedError("lab8: of the 2*cp chunks, this rank's own index and its mirror image from the end (one early chunk, one late)")
+    raise NotImplementedError('lab8: chunks_of_rank (hint: "chunks and positions" in the notebook)')
 
 
 def shard_sequence(x: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
@@ -55,7 +55,7 @@ def unshard_sequence(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
 def token_positions(seq: int, cp: int, rank: int, device=None) -> torch.Tensor:
     """The global positions (int64) of rank ``rank``'s seq / cp tokens, in the order it holds them."""
     check_sequence(seq, cp)
-    raise NotImplementedError("lab8: the places in the whole sequence (0 .. seq-1) of this rank's two chunks of seq / (2*cp) tokens, first chunk first")
+    raise NotImplementedError('lab8: token_positions (hint: "chunks and positions" in the notebook)')
 
 
 def visible_part(cp: int, rank: int, owner: int, seq_local: int) -> tuple[slice, slice, bool]:
@@ -66,4 +66,4 @@ def visible_part(cp: int, rank: int, owner: int, seq_local: int) -> tuple[slice,
     the rank's own block alone; of any other block the visible part is a whole rectangle, half
     of the block (the notebook's section 3 derives which half from the chunks' places)."""
     half = seq_local // 2
-    raise NotImplementedError("lab8: compare the places of the two ranks' chunks (notebook, section 3): which of my chunks sees which of the owner's, whole, partly or not at all")
+    raise NotImplementedError('lab8: visible_part (hint: "what is visible" in the notebook)')

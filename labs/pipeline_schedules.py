@@ -125,7 +125,7 @@ def gpipe(p: int, m: int) -> Schedule:
     check_counts(ranks=p, microbatches=m)
     actions = []
     for rank in range(p):
-        raise NotImplementedError("lab4: rank's GPipe actions: every microbatch's forward before any backward, in microbatch order, all at the rank's own stage; append them to actions as one tuple")
+        raise NotImplementedError('lab4: gpipe (hint: "the GPipe rule" in the notebook)')
     return Schedule("gpipe", p, m, 1, False, tuple(actions))
 
 
@@ -139,7 +139,7 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     check_counts(ranks=p, microbatches=m)
     actions = []
     for rank in range(p):
-        raise NotImplementedError("lab4: rank's 1F1B actions: start each backward as early as the pipeline allows, so the rank never holds more than min(p - rank, m) microbatches' activations (the last rank runs a backward right after each forward); between the first and the last backward, forwards and backwards alternate, the backward always of the oldest microbatch; append them to actions as one tuple")
+        raise NotImplementedError('lab4: one_f_one_b (hint: "the 1F1B warm-up" in the notebook)')
     return Schedule("1f1b", p, m, 1, False, tuple(actions))
 
 

@@ -79,7 +79,7 @@ def new_groups(groups: dict[str, Sequence[Sequence[int]]]
             raise ValueError(f"the {kind} groups {[list(members) for members in groups[kind]]} "
                              f"must hold each of the {world} ranks exactly once")
     mine: dict[str, tuple[dist.ProcessGroup, tuple[int, ...]]] = {}
-    raise NotImplementedError("lab1: mine[kind] = (this rank's process group of that kind, its members as a tuple of increasing ranks), for every kind; every rank makes the same calls in the same order, whether or not it is a member (the notebook's section 5, real groups)")
+    raise NotImplementedError('lab1: new_groups (hint: "real groups and their members" in the notebook)')
     return mine
 
 
@@ -106,7 +106,7 @@ def members_by_all_reduce(group: dist.ProcessGroup) -> list[int]:
     if world > 63:
         raise ValueError(f"a 64-bit sum holds the bits of ranks 0 to 62; this world has {world} "
                          "ranks")
-    raise NotImplementedError("lab1: one all-reduce over `group` of 8 bytes (one int64, on current_device()) whose sum's set bits are the members' global ranks; those ranks, increasing (the notebook's section 5)")
+    raise NotImplementedError('lab1: members_by_all_reduce (hint: "real groups and their members" in the notebook)')
 
 
 def mesh_dim_names(layout: RankLayout, kind: str = "WORLD") -> tuple[str, ...]:

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as distributed_c10d
 
+from reference_impl.attention import check_kv_heads
 from load_balance import token_positions, visible_part
 from online_softmax import (block_attention, block_attention_backward,
                                               merge_partials, output_dot_grad)
@@ -56,8 +57,7 @@ def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     if (k.shape[0], k.shape[2], k.shape[3]) != (batch, seq, dim):
         raise ValueError(f"k and v {tuple(k.shape)} must match q {tuple(q.shape)} in batch, seq "
                          "and head_dim")
-    if heads % kv_heads:
-        raise ValueError(f"kv_heads {kv_heads} does not divide heads {heads}")
+    check_kv_heads(heads, kv_heads)
     if seq % 2:
         raise ValueError(f"the load-balanced layout gives each rank 2 equal chunks: this rank's "
                          f"seq {seq} is odd")
@@ -86,7 +86,7 @@ def start_ring_exchange(tensor: torch.Tensor, group, tag: int) -> _Transfer:
 
     received = torch.empty_like(tensor)
     # P2POp accepts torch's own isend/irecv only (not a tracer's wrappers of dist.isend)
-    raise NotImplementedError('lab8: the two operations of the ring: a P2POp isend of tensor to the next group rank, an irecv into received from the previous one (global ranks, the same tag)')
+    raise NotImplementedError('lab8: start_ring_exchange (hint: "the ring exchange" in the notebook)')
     return _Transfer(received, dist.batch_isend_irecv(operations))
 
 
@@ -100,7 +100,7 @@ def backward_step(q: torch.Tensor, kv: torch.Tensor, grad_out: torch.Tensor, lse
     log-sum-exp of each query row (over every block), ``out_dot_grad`` the rows'
     :func:`output_dot_grad`, ``positions`` this rank's tokens' global positions. Notebook,
     section 4b, derives it."""
-    raise NotImplementedError("lab8: the same part of the block as the forward attends to, its gradients by block_attention_backward with the forward's lse (the block's probabilities are its share of the whole row's softmax), placed into full-size fp32 zeros like q and kv")
+    raise NotImplementedError('lab8: backward_step (hint: "one backward step" in the notebook)')
     return grad_q, grad_kv
 
 
@@ -119,7 +119,7 @@ class RingAttention(torch.autograd.Function):
             for step in range(cp):
                 if clock and step < cp - 1:
                     clock.start(q.device)
-                raise NotImplementedError("lab8: post the next block's exchange first (transfer; None at the last step), then attend the queries to the visible part of the block held now (whose is it at this step?) and merge the result into out, lse (step 0 sets them)")
+                raise NotImplementedError('lab8: RingAttention.forward (hint: "a forward step" in the notebook)')
                 if transfer:
                     if clock:
                         clock.computed(q.device)
@@ -139,7 +139,7 @@ class RingAttention(torch.autograd.Function):
             positions = token_positions(seq, cp, rank, q.device)
             out_dot_grad = output_dot_grad(out, grad_out)
             kv = torch.stack((k, v))
-            raise NotImplementedError("lab8: the blocks travel as in the forward; at each step dQ (fp32, it stays here) gains the queries' gradient through the block held, and the block's dK/dV gains this rank's share, then travels on behind the block so that every block's sum reaches its owner, which keeps its own share from step 0 (own_grad_kv: the sum of the cp shares of this rank's block, fp32, like kv)")
+            raise NotImplementedError('lab8: RingAttention.backward (hint: "the backward ring" in the notebook)')
         return grad_q.to(q.dtype), own_grad_kv[0].to(k.dtype), own_grad_kv[1].to(v.dtype), None, None
 
 

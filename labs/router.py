@@ -94,7 +94,7 @@ def keep_within_capacity(expert_index: torch.Tensor, num_experts: int,
     counted in token order (slots of one token in slot order: they name different experts)."""
     if capacity is None:
         return torch.ones_like(expert_index, dtype=torch.bool)
-    raise NotImplementedError("lab9: True for the first `capacity` assignments of each expert, counted in token order over the (T, k) assignments (a token's slots in slot order); the rest are dropped. See the notebook's hint for counting without a Python loop")
+    raise NotImplementedError('lab9: keep_within_capacity (hint: "top-k and capacity" in the notebook)')
 
 
 def switch_aux_loss(probabilities: torch.Tensor, expert_index: torch.Tensor) -> torch.Tensor:
@@ -120,7 +120,7 @@ class Router(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> Routing:
         """Route ``tokens`` of shape (T, hidden), all of them as one group (one capacity)."""
-        raise NotImplementedError("lab9: the code below reads probabilities (T, E), in fp32, expert_index (T, k), each token's k most probable experts, most probable first, and weight (T, k), their weights; the module docstring states the rule")
+        raise NotImplementedError('lab9: Router.forward (hint: "top-k and capacity" in the notebook)')
         capacity = expert_capacity(tokens.shape[0], self.num_experts, self.top_k,
                                    self.capacity_factor)
         kept = keep_within_capacity(expert_index, self.num_experts, capacity)

@@ -50,7 +50,7 @@ def _exchange(rows: torch.Tensor, send_splits: list[int], recv_splits: list[int]
               name: str, log: list | None) -> torch.Tensor:
     """One ``dist.all_to_all_single`` of whole rows with uneven splits (the semantics of the
     module docstring), recorded in ``log`` as ``name``."""
-    raise NotImplementedError('lab9: the rows this rank receives: send_splits[d] consecutive rows of rows to rank d of the group, recv_splits[s] rows from rank s into a new tensor, in rank order (a row keeps its trailing shape and dtype; the collective reads a contiguous tensor)')
+    raise NotImplementedError('lab9: _exchange (hint: "the exchange and its backward" in the notebook)')
     if log is not None:
         row_bytes = math.prod(rows.shape[1:]) * rows.element_size()
         log.append(AllToAllCall(name, tuple(send_splits), tuple(recv_splits),
@@ -65,11 +65,11 @@ class _AllToAll(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, rows, send_splits, recv_splits, group, name, log):
-        raise NotImplementedError('lab9: exchange the rows (logged as "<name> forward") and keep on ctx what the backward needs (it gets no other arguments)')
+        raise NotImplementedError('lab9: _AllToAll.forward (hint: "the exchange and its backward" in the notebook)')
 
     @staticmethod
     def backward(ctx, grad):
-        raise NotImplementedError('lab9: the gradient of the rows this rank sent, from the gradient of the rows it received (logged as "<name> backward"): one gradient per argument of forward. The notebook\'s section "The all-to-all\'s backward" derives which exchange that is')
+        raise NotImplementedError('lab9: _AllToAll.backward (hint: "the exchange and its backward" in the notebook)')
 
 
 def all_to_all_rows(rows: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],

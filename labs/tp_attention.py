@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from reference_impl.model import Block, CausalSelfAttention, attention_core, merge_heads, split_heads
+from reference_impl.tp.head_split import check_head_split
 from reference_impl.tp.tp_layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
 
@@ -42,14 +43,12 @@ class ParallelSelfAttention(CausalSelfAttention):
     def __init__(self, attention: CausalSelfAttention, group=None):
         nn.Module.__init__(self)
         tp = dist.get_world_size(group)
-        if attention.heads % tp:
-            raise ValueError(f"heads {attention.heads} is not divisible by the "
-                             f"tensor-parallel size tp = {tp}")
+        check_head_split(attention.heads, tp)
         self.attention = attention.attention  # the same kernel ("explicit" or "sdpa")
-        raise NotImplementedError("lab3: ParallelSelfAttention.__init__: this rank computes heads/tp whole heads (self.heads), and owns exactly the weights those heads use: of the fused projection (self.qkv, whose 3h outputs are [q; k; v], heads side by side in each) the q, k and v features of its heads, and of the output projection (self.proj) the input features that its heads' outputs are; the all-reduce belongs after the output projection, once. Lab 2's layers, over the group; same attribute names as CausalSelfAttention, so the parameters pair up")
+        raise NotImplementedError('lab3: ParallelSelfAttention.__init__ (hint: "the heads of a rank" in the notebook)')
 
     def forward(self, x):
-        raise NotImplementedError("lab3: ParallelSelfAttention.forward: x is whole on every rank, and so is the output: the whole attention's. This rank computes its own heads only: its part of the fused projection holds the q, then the k, then the v features of its self.heads heads (d = hidden/heads features each), and each head attends with its own q, k and v alone (scale 1/sqrt(d), causal, by the module's kernel self.attention); the heads' outputs side by side are exactly this rank's slice of the output projection's input, whose row-parallel layer sums every rank's partial product and adds the bias once. Not inherited: the single-device forward would read every head")
+        raise NotImplementedError('lab3: ParallelSelfAttention.forward (hint: "forward on its heads" in the notebook)')
 
 
 class ParallelBlock(Block):
@@ -61,4 +60,4 @@ class ParallelBlock(Block):
         if hidden % tp:
             raise ValueError(f"hidden size {hidden} is not divisible by the tensor-parallel "
                              f"size tp = {tp}")
-        raise NotImplementedError("lab3: ParallelBlock: model.Block's forward runs unchanged on ln1, attn, ln2 and mlp (same names, so the parameters pair up). Only the parts with large matrices are split, over the group; the layernorms stay whole on every rank and belong to this module alone: a parameter shared with the single-device block would take both models' gradients and steps")
+        raise NotImplementedError('lab3: ParallelBlock.__init__ (hint: "the TP block" in the notebook)')

@@ -121,11 +121,11 @@ class _ShardedParameter:
     def padded_flat(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` (shaped as the parameter) flattened and zero-padded to N * shard size
         elements: what the collectives cut into N equal pieces."""
-        raise NotImplementedError("lab5: a tensor shaped as the parameter, as one flat run of self.padded elements: its own values first, then zeros. Collectives cut a tensor into N pieces of equal size, and self.numel need not divide by N, so the last rank's piece is completed with zeros (they never reach the parameter); no copy is needed where nothing is missing. The result is not part of autograd's graph")
+        raise NotImplementedError('lab5: padded_flat (hint: "shards, groups and ZeRO-2" in the notebook)')
 
     def my_slice(self, tensor: torch.Tensor) -> torch.Tensor:
         """This rank's shard of ``tensor``: ``self.size`` elements of its padded flat form."""
-        raise NotImplementedError("lab5: this rank's piece of the padded flat tensor: self.size elements from self.start; every rank's piece has the same size, also the last one's")
+        raise NotImplementedError('lab5: my_slice (hint: "shards, groups and ZeRO-2" in the notebook)')
 
 
 HYPERPARAMETERS = ("lr", "betas", "eps", "weight_decay", "decoupled_weight_decay")
@@ -170,7 +170,7 @@ class ZeroOptimizer:
         self._averaged = False  # stage 1: this step's gradients reduced already
         self._handles = []
         if stage >= 2:
-            raise NotImplementedError("lab5: ZeRO-2: a rank must never hold a whole gradient longer than it takes to reduce-scatter it, so _reduce_scatter has to run for each managed parameter as soon as autograd has accumulated its gradient, during the backward (the same kind of hook as OverlappingDataParallel's); keep each handle in self._handles so that remove_hooks takes it off")
+            raise NotImplementedError('lab5: ZeroOptimizer.__init__ (hint: "shards, groups and ZeRO-2" in the notebook)')
         if stage == 3:
             self._owners = {}  # module -> its parameters (recurse=False) that ZeRO manages
             self._gathered = set()  # modules whose parameters are whole right now
@@ -194,7 +194,7 @@ class ZeroOptimizer:
         """Post-accumulate-grad hook: keep this rank's shard of the averaged gradient, drop the
         full one (stage 2 and 3); under stage 3, free the owner's parameters once all are done."""
         shard = self.shards[param]
-        raise NotImplementedError("lab5: afterwards shard.grad holds this rank's piece (shard.size elements, padding included) of the gradient averaged over the group, added to what an earlier backward left there (micro-batches accumulate until zero_grad), and the whole gradient is gone from param.grad. One collective does the sum and the cut at once, sending half of an all-reduce's bytes (an all-reduce is a reduce-scatter plus an all-gather, lab 0); it needs N pieces of equal size and runs over this optimizer's group only")
+        raise NotImplementedError('lab5: _reduce_scatter (hint: "shards, groups and ZeRO-2" in the notebook)')
         if self.stage == 3:
             owner = shard.owner
             self._reduced[owner] = self._reduced.get(owner, 0) + 1
@@ -207,7 +207,7 @@ class ZeroOptimizer:
     def _gather_full(self, shard: _ShardedParameter, piece: torch.Tensor) -> torch.Tensor:
         """The whole parameter, as a new tensor shaped as it, from every rank's ``piece`` of it
         (this rank's is ``piece``): an all-gather over the group."""
-        raise NotImplementedError('lab5: every rank of the group contributes its piece (shard.size elements) and receives all N of them, in rank order, into one padded flat run of shard.padded elements; the parameter is its first shard.numel elements (the padding is the tail), reshaped as shard.param')
+        raise NotImplementedError('lab5: _gather_full (hint: "shards, groups and ZeRO-2" in the notebook)')
 
     def _gather(self, owner: nn.Module) -> None:
         """Give ``owner``'s parameters their storage back and fill it from the shards."""
@@ -251,7 +251,7 @@ class ZeroOptimizer:
             return
         self._averaged = True
         for param, shard in self.shards.items():
-            raise NotImplementedError("lab5: ZeRO-1's gradient, as shard.grad: each rank's param.grad comes from its own samples, and every rank of the group must step on the mean over the group's samples (the group may be one of several: it is this optimizer's, and its size is the divisor); this rank then needs only its own shard of that mean. Leave the mean in param.grad, as DDP does. A parameter without a gradient is skipped")
+            raise NotImplementedError('lab5: reduce_gradients (hint: "shards, groups and ZeRO-2" in the notebook)')
 
     def hyperparameters(self, param: nn.Parameter) -> dict:
         """The :data:`HYPERPARAMETERS` of ``param``'s group, as they are now (``adam_update``'s
@@ -270,7 +270,7 @@ class ZeroOptimizer:
                 continue
             shard.step += 1
             weights = shard.master if self.stage == 3 else shard.my_slice(param).clone()
-            raise NotImplementedError("lab5: Adam's arithmetic (adam_update, elementwise, so a shard is enough) updates this rank's shard of the weights in place, with the shard's own moments and step count and the settings of its parameter group (self.hyperparameters); then, except under stage 3 (where the shard is all a rank keeps), the parameter must be whole and equal on every rank of the group again before the next forward")
+            raise NotImplementedError('lab5: ZeroOptimizer.step (hint: "shards, groups and ZeRO-2" in the notebook)')
             if self.stage == 1:
                 shard.grad = None  # stage 1's shard lives for the step only
         self._averaged = False

@@ -66,14 +66,19 @@ def split_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tens
     return q, k, v
 
 
+def check_kv_heads(heads: int, kv_heads: int) -> None:
+    """Grouped-query attention's rule: each KV head serves heads / kv_heads query heads."""
+    if kv_heads < 1 or heads % kv_heads:
+        raise ValueError(f"kv_heads {kv_heads} does not divide heads {heads}: each KV head "
+                         f"serves heads / kv_heads query heads")
+
+
 def repeat_kv_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     """Grouped-query attention (Ainslie et al. 2023, "GQA"): (batch, kv_heads, seq, d) keys or
     values -> (batch, heads, seq, d), each KV head serving ``heads / kv_heads`` consecutive
     query heads."""
     kv_heads = x.shape[1]
-    if heads % kv_heads:
-        raise ValueError(f"{heads} query heads cannot share {kv_heads} KV heads evenly: heads "
-                         f"must be a multiple of kv_heads")
+    check_kv_heads(heads, kv_heads)
     return x.repeat_interleave(heads // kv_heads, dim=1)
 
 

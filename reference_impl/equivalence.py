@@ -1,24 +1,12 @@
 """Check a parallel module against the single-device module it was built from.
 
-The course's standard (every parallel component is built from a single-device module's weights
-and checked against that module): on the same input and the same upstream gradient, compare,
-in this order,
-
-1. the output,
-2. the gradient of the input,
-3. the gradient of every parameter (gathered to its single-device shape),
-4. every parameter after one optimizer step (SGD),
-
-and report the first difference with its likely cause. :func:`one_step_pairs` runs on every
-rank and returns (what, parallel, reference) triples (a graded test splits it in two:
-:func:`reference_step` before the submission is loaded, :func:`parallel_pairs` after);
-:func:`assert_equivalent` runs in the parent on every rank's triples, so a failure names the
-rank, the ranks that agree, and what the failing values show.
-
-The reference is a copy the parallel module never sees. The module it *was* built from is
-checked too (:func:`parameters_of` before, :func:`source_pairs` after the parallel step): a
-parallel module that shares a parameter with it (the same tensor, not a copy) would train the
-original as well, which no comparison with the copy can see.
+On the same input and upstream gradient compare, in order, the output, the input's gradient,
+every parameter's gradient (gathered to full shape) and every parameter after one SGD step, and
+report the first difference with its likely cause. :func:`one_step_pairs` runs on every rank
+(split for graded tests into :func:`reference_step` and :func:`parallel_pairs`);
+:func:`assert_equivalent` runs in the parent and names the rank; :func:`parameters_of` and
+:func:`source_pairs` catch a parameter shared with the original. Details: docs/library.md,
+'Tensor parallelism'.
 """
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
 """The LM head and the cross-entropy in one, chunk by chunk: no (tokens, vocab) logits kept.
 
-``gpt_loss(lm_head(hidden), targets)`` makes the logits of every token at once (in bf16 under
-autocast, then fp32 inside the loss: 8192 tokens x 50304 words is 0.8 GB and 1.6 GB) and keeps
-them for the backward. :func:`linear_cross_entropy` computes the same mean loss a chunk of
-tokens at a time and, in the same pass, the gradients of the hidden states and of the head's
-weight, since the gradient of a cross-entropy with respect to its logits is known in the
-forward (softmax(z) - onehot(target), divided by the tokens). One chunk's fp32 logits are the
-only large temporary; what is kept for the backward is the two gradients, scaled there by the
-incoming gradient. The fused-linear-cross-entropy idea of Liger Kernel (Hsu et al. 2024,
-"Liger Kernel: Efficient Triton Kernels for LLM Training") and of Wijmans et al. 2024, "Cut
-Your Losses in Large-Vocabulary Language Models", in plain PyTorch.
-
-Numerics: the matmuls run in the autocast dtype when autocast is on (as the head's ``linear``
-would), the softmax and the loss in fp32; the weight gradient is summed over chunks in fp32.
+:func:`linear_cross_entropy` computes the mean loss a chunk of tokens at a time and, in the same
+pass, the gradients of the hidden states and of the head's weight (the gradient of a
+cross-entropy with respect to its logits, softmax(z) - onehot(target), is known in the forward):
+the fused linear cross-entropy of Liger Kernel (Hsu et al. 2024) and of Wijmans et al. 2024,
+"Cut Your Losses in Large-Vocabulary Language Models", in plain PyTorch. Memory and numerics:
+docs/library.md, 'Speed on one device'.
 """
 from __future__ import annotations
 
@@ -22,7 +15,7 @@ DEFAULT_CHUNK_TOKENS = 2048
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets`` (module docstring)."""
+    """Mean cross-entropy of ``hidden @ weight.T`` against ``targets`` (docs/library.md)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk_tokens: int, dtype: torch.dtype):

@@ -1,24 +1,11 @@
 """The Llama-style parts of a block, single-device: what ``model.Block`` picks when
 ``ModelConfig`` asks for them (``model.llama_config`` asks for all of them).
 
-    RMSNorm                  x / sqrt(mean(x^2) + eps) * weight            (Zhang & Sennrich 2019,
-                                                                           "Root Mean Square Layer
-                                                                           Normalization")
-    SwiGLU                   down(silu(x W_gate^T) * (x W_up^T))          (Shazeer 2020, "GLU Variants
-                                                                           Improve Transformer")
-    GroupedQueryAttention    q, k, v projections; rotary embeddings on q and k (Su et al. 2021,
-                             "RoFormer", ``rotary.py``); ``kv_heads`` KV heads, each shared by
-                             heads / kv_heads consecutive query heads (Ainslie et al. 2023, "GQA",
-                             ``model.repeat_kv_heads``); the GPT's causal attention core
-                             (``attention.attention_core``, either kernel); output projection ``proj``
-
-The SwiGLU's gate and up projections are one fused weight ``gate_up`` of rows ``[gate; up]``
-(2 * ffn, hidden), so one matmul computes both, and tensor parallelism splits it per block
-(``tp/llama_tp.py``). The attention keeps q, k and v as three weights, as Llama does: a fused
-``[q; k; v]`` weight with fewer KV heads than query heads is made of *unequal* blocks, which
-``tp_layers``' marks (``tp_dim``, ``tp_blocks``: equal blocks, piece r of each on rank r) cannot
-describe, so ``full_state`` could not gather its shards back; three weights, each split in equal
-pieces (or kept whole), it can.
+:class:`RMSNorm` (Zhang & Sennrich 2019), :class:`SwiGLU` (Shazeer 2020, "GLU Variants Improve
+Transformer"; its gate and up projections one fused ``gate_up`` weight) and
+:class:`GroupedQueryAttention` (rotary embeddings, Su et al. 2021, "RoFormer"; Ainslie et al.
+2023, "GQA"; q, k and v kept as three weights so TP can split them in equal pieces). Formulas
+and why: docs/library.md, 'Beyond the three dimensions'.
 """
 from __future__ import annotations
 
@@ -26,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_impl.attention import (attention_core, check_attention, heads_of, merge_heads,
-                                      repeat_kv_heads)
+from reference_impl.attention import (attention_core, check_attention, check_kv_heads, heads_of,
+                                      merge_heads, repeat_kv_heads)
 from reference_impl.rotary import apply_rotary
 
 RMS_NORM_EPS = 1e-5  # Llama 2's; nn.LayerNorm's default eps too
@@ -82,8 +69,7 @@ class GroupedQueryAttention(nn.Module):
         kv_heads = heads if kv_heads is None else kv_heads
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not divisible by heads = {heads}")
-        if kv_heads < 1 or heads % kv_heads:
-            raise ValueError(f"kv_heads {kv_heads} does not divide heads {heads}")
+        check_kv_heads(heads, kv_heads)
         head_dim = hidden // heads
         if rotary and head_dim % 2:
             raise ValueError(f"rotary embeddings turn pairs of features: head_dim {head_dim} "

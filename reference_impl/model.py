@@ -34,8 +34,8 @@ from torch import nn
 from reference_impl import llama_blocks
 # The attention core, here for the many modules and notebooks that import it from the model.
 from reference_impl.attention import (  # noqa: F401
-    ATTENTION_KERNELS, attention_core, causal_attention, check_attention, merge_heads,
-    repeat_kv_heads, split_heads)
+    ATTENTION_KERNELS, attention_core, causal_attention, check_attention, check_kv_heads,
+    merge_heads, repeat_kv_heads, split_heads)
 
 
 NORMS = ("layernorm", "rmsnorm")
@@ -71,9 +71,8 @@ class ModelConfig:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
-        if self.kv_heads is not None and self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads {self.kv_heads} does not divide heads {self.heads}: "
-                             f"each KV head serves heads / kv_heads query heads")
+        if self.kv_heads is not None:
+            check_kv_heads(self.heads, self.kv_heads)
         if self.positions == "rotary" and (self.hidden % self.heads or self.head_dim % 2):
             raise ValueError(f"rotary positions turn pairs of a head's features: hidden "
                              f"{self.hidden} / heads {self.heads} must be a whole, even head_dim")

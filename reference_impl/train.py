@@ -20,12 +20,11 @@ import dataclasses
 import os
 import sys
 import time
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from reference_impl.comm.device import resolve_backend, wait_for_device
+from reference_impl.comm.device import wait_for_device
 from reference_impl.comm.launcher import launch, under_torchrun
 from reference_impl.hybrid import checkpoint, parallel_gpt, parallelize
 from reference_impl.hybrid.lr_schedule import WarmupCosine, set_lr
@@ -388,33 +387,17 @@ def train_on_rank(args, plan: TrainingPlan) -> dict:
     return {"start_step": start, "losses": losses, "grad_norms": norms, "seconds": seconds}
 
 
-def _run_under_torchrun(args) -> dict:
-    """One rank of a torchrun job: init from the environment, train, destroy the group."""
-    world = int(os.environ["WORLD_SIZE"])
-    check_world_size(args, world)  # before any rendezvous: every rank fails the same way
-    plan = check_composition(args)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = resolve_backend(args.backend, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
-    try:
-        return train_on_rank(args, plan)
-    finally:
-        dist.destroy_process_group()
-
-
 def main(argv=None) -> dict:
-    """Parse ``argv`` and train; returns rank 0's (under torchrun: this rank's) summary."""
+    """Parse ``argv``, check the plan once, and train on its ranks: started here (laptop mode)
+    or, under torchrun, as this rank (``comm.launcher.launch`` does both); returns rank 0's
+    summary (the same on every rank)."""
     args = parse_args(argv)
-    if under_torchrun():
-        return _run_under_torchrun(args)
-    # No torchrun: run the dp*tp*cp*pp ranks here (laptop mode), once the flags compose.
+    if under_torchrun():  # before any rendezvous: every rank fails the same way
+        check_world_size(args, int(os.environ["WORLD_SIZE"]))
     plan = check_composition(args)
     results = launch(train_on_rank, world_size_of(args), args, plan, backend=args.backend,
                      timeout=args.timeout)
     return results[0]
-
 
 if __name__ == "__main__":
     try:

@@ -2,28 +2,10 @@
 
     python -m reference_impl.benchmarks.activation_memory [--skip-tp]
 
-For a few shapes (s = sequence, b = micro-batch, h = hidden, a = heads), one forward of one
-``model.Block`` with no, selective and full recomputation (``recompute.recompute``); the bytes
-autograd saves for the backward are measured with saved-tensor hooks
-(``recompute.SavedActivations``: each storage once, parameters excluded) and printed next to
-
-* **this model** (``recompute.model_activation_bytes``, fp32, no dropout): the exact count,
-  derived term by term in ``recompute.py``'s docstring; measured and formula must agree to the
-  byte (``tests/library/memory/test_recompute.py`` asserts it);
-* **paper** (lab 7's ``perf.capacity.activation_bytes_with_recompute``): Korthikanti et al.
-  2022, Table 2, with 16-bit activations and 1-byte dropout masks: sbh (34 + 5as/h), its TP
-  and SP forms.
-
-Then the TP block (t = 2, two gloo ranks) and the SP block, per rank, the same way.
-
-The mapping: the paper's sbh terms are 16 activations of b*s*h elements (2 bytes each: 32)
-plus two dropout masks (1 byte each: 2) = 34; this model keeps the same 16 in fp32 (64 sbh) and
-has no dropout. The paper's 5as^2b is the softmax output (2), its dropout mask (1) and the
-dropout output (2); here only the fp32 softmax output (4 as^2b), which is also @ v's input. The
-paper leaves out two small terms that are measured here: the layernorms' mean and 1/std (fp32,
-4 sb elements: 16sb bytes) and the causal mask (bool, s^2 bytes). So with fp32 and no dropout,
-the ratio measured / paper tends to (64 + 4as/h) / (34 + 5as/h): a bit under 2 for small s,
-toward 0.8 when the s^2 term dominates.
+One forward of a ``model.Block`` (then the TP and SP blocks on two gloo ranks) with no,
+selective and full recomputation: the bytes autograd saves (``SavedActivations``) beside this
+model's exact count (equal to the byte) and Korthikanti et al. 2022, Table 2, sbh (34 + 5as/h).
+Why the two differ: docs/library.md, 'Activation memory, term by term'.
 """
 from __future__ import annotations
 

@@ -3,28 +3,11 @@
     python -m reference_impl.benchmarks.context_parallel [--batch 2 --heads 8 --kv-heads 2
         --seq 512 --hidden 256 --cp 2 4 --repeats 3 --threads 1 --backend auto]
 
-For each cp, a launch of cp ranks (gloo on the CPU by default; NCCL with a GPU per rank)
-runs one attention layer (``cp/cp_attention.py``: q, k, v projections, rotary embeddings,
-causal attention with grouped-query heads, output projection) on the load-balanced shards of
-one sequence, and prints:
-
-1. **Time per layer** (forward + backward, median of ``--repeats``, the slowest rank) of ring
-   attention, of the all-gather variant (Llama 3's) and of the single-device layer on the
-   whole sequence (timed on rank 0 alone while the others wait), with their ratios.
-2. **Bytes sent per rank** by the attention, forward and backward, recorded by ``CommTracer``
-   (the ring's isends; (cp-1)/cp of the all-gather and reduce-scatter payloads, what a ring
-   collective sends), against ``cp_costs``' formulas.
-3. **Overlap**: per forward ring step, the share of the K/V transfer hidden behind the step's
-   compute, C / (C + wait) (``cp/ring_overlap.py``), rank 0's per step and the mean over ranks.
-4. **PyTorch's own context parallelism** (``torch.distributed.tensor.experimental.
-   context_parallel``, which patches ``scaled_dot_product_attention`` over a device mesh, its
-   ring on the same head-tail layout) on the attention core, timed beside ours, and its
-   largest difference from the single-device output; or the reason it could not run (on the
-   CPU, PyTorch's CP has no rule for the CPU's SDPA kernel).
-
-Mind the machine: with 2 cores, cp = 4 runs 4 ranks on 2 cores, and on one CPU the transfers
-are memory copies, so the ratios say more about the machine than about CP. Times are printed,
-never asserted.
+For each cp, one attention layer (``cp/cp_attention.py``) on cp ranks: time per layer of ring
+attention, the all-gather variant and one device; bytes sent per rank against ``cp_costs``; the
+share of each ring step's transfer hidden behind compute; PyTorch's own ``context_parallel``
+beside it where it runs. Times are printed, never asserted. What each column is, and the
+machine's caveats: docs/library.md, 'Beyond the three dimensions'.
 """
 from __future__ import annotations
 

@@ -5,84 +5,10 @@
         --peak TFLOPS --device auto|cpu|cuda --compile --loss full|chunked
         --sdpa-backend auto|flash|efficient|cudnn|math --profile STEPS]
 
-Trains ``model.GPT`` (AdamW: ``fused=True`` on CUDA, ``foreach=True`` on the CPU) for
-``--warmup`` steps (with ``--compile``, of ``torch.compile(model)``: the warm-up compiles it;
-on a GPU it fuses the elementwise work between the matmuls), then times ``--steps`` more and
-prints tokens/s, the model's TFLOP/s and
-its MFU: the model FLOP/s over the device's peak. On a GPU the defaults are a GPT of about
-1.5B parameters (24 layers, hidden 2048, 16 heads, seq 2048, vocab 50304, batch 4, bf16
-autocast, ``sdpa`` attention; about 36 GiB at its peak, 53 GiB with ``--batch 8``, 16,384 tokens
-a step) and the peak allocated memory is printed too; without a GPU they are tiny, so that the
-run takes seconds on a laptop's CPU.
-
-**The ceiling and where the time goes.** Beside the MFU it times one large matrix product
-(8192^3 in bf16 on a GPU) in the same run: the rate a step made only of matrix products could
-reach here, and the step's share of it. ``--profile STEPS`` profiles that many more steps and
-prints the time per category (``perf/step_breakdown.py``: the layers' matmuls, the LM head,
-attention, the loss, norms, activations, the optimizer, the other elementwise work, the gaps
-between kernels), with each matmul category's fraction of peak. ``--loss chunked`` computes
-the LM head and the loss together a chunk of tokens at a time (``linear_cross_entropy.py``:
-no whole-batch fp32 logits); ``--sdpa-backend`` picks the attention kernel. Measured figures
-and what they show: ``docs/profiling.md``, "A step near the ceiling".
-
-**FLOPs counted** (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on
-GPU Clusters Using Megatron-LM", section 5.1 and appendix): a forward pass of one transformer
-layer does 24 B s h^2 + 4 B s^2 h floating-point operations (multiply-adds counted as 2: QKV
-6 B s h^2, scores 2 B s^2 h, attention over the values 2 B s^2 h, output projection 2 B s h^2,
-MLP 16 B s h^2), the logit layer 2 B s h V; the backward does twice the forward. Without
-activation recomputation (none here) one iteration is therefore
-
-    72 B s L h^2 (1 + s / (6 h) + V / (12 L h))
-
-(the paper's 96 B s L h^2 (1 + s / (6 h) + V / (16 L h)) counts a second forward, for full
-recomputation). Per token that is 6 N + 12 L h s, with N the parameters that multiply
-activations (every parameter but the token and position embedding tables, which are looked
-up): 6 N is 2 (forward) + 4 (backward) FLOPs per parameter and token, and 12 L h s the
-attention scores and their product with the values. This script uses 6 N + 12 L h s, which is
-the paper's count plus the biases and layernorms (6 x 13 h per layer and 6 x 2 h for the
-final layernorm). The causal mask is not discounted (a flash kernel skips about half of the
-score blocks), nor is anything else that does not scale with N: the softmax, the
-layernorms' arithmetic, the optimizer step. "Model FLOPs" are the model's, whatever the
-kernels do, so MFU compares implementations fairly.
-
-**Weights.** With ``--dtype bf16`` the parameters are fp32 under autocast (``--weights fp32``,
-the trainer's bf16) or bf16 with fp32 masters and gradients (``--weights bf16``,
-``master_weights.MasterWeights``, Megatron-LM's ``--bf16``): the second casts nothing in the
-step, so the elementwise share falls (docs/profiling.md).
-
-**Peak** (dense, no sparsity), by the name ``torch.cuda.get_device_name`` gives, from the
-data-sheet table the planner uses too (``perf.planner.hardware.peak_tflops``): bf16 tensor
-cores for ``--dtype bf16``, plain fp32 (no TF32: PyTorch's default for matmuls) for
-``--dtype fp32``. ``--peak`` overrides it, and is needed on a GPU not in the table; on the
-CPU the default is a nominal 1 TFLOP/s (say what your CPU does with ``--peak``).
-
-**Timing**: on a GPU two ``torch.cuda.Event`` around the timed steps, read after a
-synchronisation; on the CPU ``time.perf_counter``. Nothing inside the timed steps reads a
-value on the host (no ``.item()``): the loss is read once, after the clock stops.
-Single device only; ``python -m reference_impl.train`` prints tokens/s for dp x tp x pp runs.
-
-**One layer against the planner.** One ``model.Block`` of the same shape, forward + backward
-alone (no optimizer, no LM head), timed the same way; on a GPU the planner knows (A100, H100,
-H200) it prints the time ``perf.planner``'s layer model predicts for that shape (fitted to the
-layer-efficiency calibration table, ``python -m reference_impl.perf.planner calibrate``, which
-times bf16 layers) plus what autocast's fp32 weights and residual stream add
-(``perf/planner/autocast_cost.py``), and the ratio measured / predicted, so the trainer's
-layers and the planner's are the same layers to within that ratio. The kit's block is
-GPT-2's (layernorm, 4h GeLU MLP, multi-head attention), the table's a Llama layer; the
-planner's model is built from GEMM shapes, so it predicts either.
-
-**Memory against the formulas.** Beside the run it prints the kit's formulas for what one
-step holds: the model states, 16 bytes per parameter (fp32 weights, gradients, Adam's m and v:
-``memory/model_states.zero_memory_formula`` on one rank), plus in bf16 the 2-byte copy
-autocast makes of each matmul weight (``precision.weight_copy_bytes``); and the activations of
-one forward (``memory/activation_memory.gpt_activation_bytes``: with the explicit kernel its
-s x s softmax, with sdpa one log-sum-exp per row instead). Measured beside them: the bytes autograd
-saves in one forward (saved-tensor hooks, ``SavedActivations``, on either device) against the
-activations and weight copies, and on a GPU the peak allocated during the timed steps
-(``torch.cuda.max_memory_allocated``) against the sum. A CPU has no allocator counter, and the
-output says so. The peak also holds what no formula here counts (the logits and their
-gradient, the backward's temporaries, allocator rounding), and it comes early in the backward,
-before every gradient exists (``zero_grad(set_to_none=True)``): read the ratio with that.
+Prints tokens/s, model TFLOP/s and MFU (FLOPs counted as Narayanan et al. 2021, 6N + 12 L h s
+per token), a matmul ceiling, one layer against the planner and memory against the formulas.
+Derivation and options: docs/library.md, 'How the MFU benchmark counts'; measured figures:
+docs/profiling.md, 'A step near the ceiling'.
 """
 from __future__ import annotations
 

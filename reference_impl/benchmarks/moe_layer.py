@@ -5,27 +5,10 @@ parallelism sends and how evenly it loads the experts.
                                                    --tokens 256 --capacity-factor 1.25
                                                    --steps 10 --world-sizes 2 4]
 
-1. **Step time** (forward + backward, fp32, one process on the CPU; the mean of ``--steps``
-   after a warm-up), as a ratio to the MoE layer (``moe.moe_layer.MoELayer``: one expert at a
-   time, on the rows routed to it, gathered with ``index_select`` and scattered back with
-   ``index_add``):
-
-   * every expert on every token, masked: the plain loop over experts with no gathering; the
-     same output (zero weight where a token is not routed), E / k times the expert FLOPs;
-   * a loop over tokens and their slots: one expert call per (token, slot), the formula
-     y_t = sum_s w_ts expert_{e_ts}(x_t) as written; the same FLOPs as the MoE layer, in T k
-     tiny calls;
-   * a dense MLP with the same active parameters: one MLP of k * ffn hidden units, the FLOPs of
-     the k experts a token uses (the router's E * hidden per token aside), with no routing.
-
-2. **Expert parallelism** on 2 and 4 CPU ranks (gloo; ep = the world size, each rank its own
-   ``--tokens`` tokens): the tokens each expert ran on, relative to the mean, and the imbalance
-   max / mean (``moe.moe_costs.load_imbalance``); and the bytes each rank's all-to-alls sent to
-   other ranks (the split sizes passed to ``all_to_all_single``, forward and backward) beside
-   ``moe.moe_costs.all_to_all_bytes`` of the routing counts: they must match to the byte.
-
-Times are printed, never asserted; the 2-core machines of the course make the ratios, not the
-milliseconds, the thing to read.
+The MoE layer against every expert on every token, a loop over (token, slot) and a dense MLP of
+the same active parameters; then EP on CPU ranks: load per expert, imbalance, and all-to-all
+bytes equal to ``moe_costs.all_to_all_bytes``. Times are printed, never asserted. Details:
+docs/library.md, 'Beyond the three dimensions'.
 """
 from __future__ import annotations
 

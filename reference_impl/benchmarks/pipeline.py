@@ -3,50 +3,12 @@
     python -m reference_impl.benchmarks.pipeline [--plot FILE] [--trace FILE] [--cost-f 0.03]
                                                  [--skip-torch]
 
-Everything runs the reference executor (``pipeline_executor.run_schedule``) on p = 4 ranks:
-
-1. **Bubble fraction, measured vs simulated vs formula** for GPipe, 1F1B, interleaved 1F1B
-   (v = 2) and ZB-H1 at m = 4, 8, 16. The stages are *calibrated*
-   (``pipeline/calibrated_stages.py``): ``SleepStage`` sleeps a fixed time per pass
-   (T_F = ``--cost-f``, the whole backward T_B + T_W = 2 T_F,
-   split evenly between B and W for ZB-H1, each chunk 1/v of it), so the timeline is made of
-   known costs and the point-to-point overhead is small beside them. Sleeping uses no CPU,
-   so 4 ranks on a 2-core laptop measure the schedule, not the machine. The measured bubble
-   is ``idle / (p * makespan)`` from the executor's timestamps; the simulator gets the same
-   costs; the formula is ``pipeline_simulator.bubble_formula``. The measured bubble runs a
-   little above the simulated one: every pass carries ~1 ms of overhead (Python, the sleep's
-   overshoot, one message hop) that the nominal costs leave out, and it weighs more as the
-   bubble shrinks (large m, interleaved, ZB-H1). The last column simulates again with the
-   costs *fitted* to the measured timeline (:func:`fitted_costs`: median pass durations and
-   message latency), which accounts for part of that gap.
-2. **Activation memory**: the most (microbatch, stage) entries each rank held, counted by the
-   executor, against the simulator's ``peak_in_flight`` (for v = 2 the unit is one chunk's
-   activations; ZB-H1 also keeps an entry from its B until its W).
-3. **Timelines**: 1F1B at p = 4, m = 8, simulated above measured, as a Gantt chart
-   (``--plot FILE``, PNG), and the measured one as a Chrome trace (``--trace FILE``, open it
-   in https://ui.perfetto.dev).
-4. **Reference vs ``torch.distributed.pipelining``**: the time of one training step of a GPT
-   through the reference executor and through PyTorch's ``ScheduleGPipe`` / ``Schedule1F1B``
-   (``PipelineStage`` built from the same stage modules), on the same ranks, alternately,
-   median of a few steps; the ratio reference / PyTorch. On a 2-core CPU 4 ranks are
-   oversubscribed, so the ratio says more than either time.
-
-5. **The course's GPT through 1F1B, interleaved 1F1B (v = 2) and ZB-H1**, at p = 2 and p = 4
-   (each only where the machine has a core per rank), with m = 2p microbatches (1F1B's bubble is then
-   (p - 1)/(3p - 1), a fifth at p = 2, so what ZB-H1 wins back shows above the noise): the
-   reference executor's step time and peak bytes saved for the backward, beside PyTorch's
-   ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` and ``ScheduleInterleavedZeroBubble`` on the
-   same stages, and ZB-H1's time over 1F1B's. Every candidate runs in turn within each repeat,
-   so a slow moment of the machine falls on all of them. ZB-H1 fills the pipeline's bubble
-   with the deferred weight gradients (B + W is one backward, see ``split_backward.py``), so
-   with a core per rank it should take no longer than 1F1B. The GPT here is twice as wide as
-   in 4. (hidden 256): at hidden 128 the split's own costs (a Python autograd function per
-   linear layer, W's matmuls apart from B's, out of cache) take about 10% more compute, as
-   much as the bubble ZB-H1 wins back. With more ranks than cores, the ranks' "idle" time
-   would be spent running other ranks, so a bubble would cost nothing and filling it gain
-   nothing: that size is skipped.
-
-Times are printed, never asserted (``tests/library/pipeline/test_pipeline_measured.py`` asserts the ratios).
+The reference executor on p = 4 ranks: the bubble measured on calibrated sleeping stages against
+the simulator and the formula, peak activations in flight, a Gantt chart and a Chrome trace, and
+the executor timed against ``torch.distributed.pipelining`` (1F1B, interleaved, ZB-H1). Times are
+printed, never asserted (``tests/library/pipeline/test_pipeline_measured.py`` asserts the
+ratios). What each part measures and why: docs/library.md, 'Validating, simulating, splitting
+the backward'.
 """
 from __future__ import annotations
 

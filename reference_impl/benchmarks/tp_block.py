@@ -3,33 +3,11 @@
     python -m reference_impl.benchmarks.tp_block [--hidden 256 --heads 8 --seq 128 --batch 4
                                                   --repeats 5 --threads 1 --plot FILE]
 
-Three measurements of one training step (forward + backward, fp32) of a transformer block
-(step 3 of the lab in the course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism":
-"benchmark vs the 1-device baseline, compute scaling efficiency"):
-
-1. **Reference vs DTensor.** The reference ``ParallelBlock`` and the same block parallelized
-   by PyTorch's own TP (``parallelize_module``: qkv and fc1 ``ColwiseParallel``, proj and fc2
-   ``RowwiseParallel``; the fused qkv rows permuted so that DTensor's contiguous split gives
-   each rank its heads' q, k and v, see ``dtensor_attention``; ``tests/library/tp/test_tp_dtensor.py``
-   checks this very block against the reference), built from the same weights, on the same
-   ranks, timed alternately in one launch; the median of ``--repeats`` steps each, and the
-   ratio reference/DTensor (1.0 or less: the hand-written layers cost no more than PyTorch's).
-2. **Strong scaling** of the reference block for tp = 1, 2, 4 on the same global problem
-   (batch, seq, hidden fixed): time per step T_tp and the efficiency T_1 / (tp * T_tp). The
-   tp = 1 run also times the single-device ``model.Block`` beside it (the "1-GPU baseline";
-   at tp = 1 every TP collective is the identity, so the two should take the same time).
-   ``--plot FILE`` draws both against tp to a PNG.
-3. **Bytes all-reduced** per block per step, on each rank, recorded by ``CommTracer``, against
-   the formula: forward 2 all-reduces (after attention, after the MLP) of the activation,
-   b * s * h * 4 bytes each, and backward the same 2 (the input gradients of qkv and fc1).
-   DTensor's all-reduces are counted too (``CommDebugMode``).
-
-On the CPU the ranks are processes on gloo, ``--threads`` intra-op threads each (1 by
-default: one core per rank, as one GPU per rank). Mind the machine: with 2 cores, tp = 4
-runs 4 ranks on 2 cores, oversubscribed, so its efficiency says more about the machine than
-about TP; the script prints ``os.cpu_count()`` and the threads per rank so a reader can tell.
-On a GPU machine (backend nccl) the same code times one GPU per rank. Times are printed,
-never asserted.
+One training step of a block (fp32): the reference ``ParallelBlock`` against DTensor's
+``parallelize_module`` on the same weights, strong scaling for tp = 1, 2, 4 with the
+single-device block as the baseline, and the bytes all-reduced against the formula. Times are
+printed, never asserted. Details and the machine's caveats: docs/library.md, 'Tensor
+parallelism'.
 """
 from __future__ import annotations
 

@@ -2,18 +2,10 @@
 
     python -m reference_impl.benchmarks.zero_memory [--hidden 252 --heads 6 --layers 2 --vocab 512]
 
-For a GPT of about two million parameters, on N = 1, 2, 4, 8 ranks (gloo on the CPU), each rank
-builds the model, runs one forward, backward and Adam step with plain data parallelism
-(stage 0: ``torch.optim.Adam``, everything replicated) and with ZeRO stages 1, 2, 3
-(``reference_impl.hybrid.zero.ZeroOptimizer``), and measures the bytes it then holds for parameters,
-gradients and optimizer states (``model_state_bytes``: the storages themselves).
-
-Printed beside each measurement: the fp32 formula (what runs here: 4 + 4 + 8 = 16 bytes per
-parameter; ZeRO-1 8 + 8/N, ZeRO-2 4 + 12/N, ZeRO-3 16/N), evaluated with each parameter
-padded to a multiple of N as ZeRO shards it, so that it must match to the byte; and the
-mixed-precision formula of the paper (2 + 2 + 12 = 16 bytes; ZeRO-1 4 + 12/N, ZeRO-2
-2 + 14/N, ZeRO-3 16/N), which a GPU run in fp16/bf16 with an fp32 master copy would hold.
-Memory only: nothing is timed.
+A GPT of about two million parameters on N = 1, 2, 4, 8 gloo ranks, plain Adam and ZeRO stages
+1-3 (``hybrid.zero.ZeroOptimizer``): the bytes each rank holds against the fp32 formula (to the
+byte) and the paper's mixed-precision one (Rajbhandari et al. 2020). Memory only: nothing is
+timed. The formulas: docs/library.md, 'Hybrid and 3D parallelism'.
 """
 from __future__ import annotations
 

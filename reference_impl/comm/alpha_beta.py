@@ -28,7 +28,7 @@ from reference_impl.comm.device import current_device, wait_for_device
 
 def ring_all_reduce_seconds(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
     """Predicted time of a ring all-reduce of ``nbytes`` over ``n`` ranks."""
-    # BEGIN SOLUTION lab0: the alpha-beta time of the ring's steps, each one latency and one chunk of S/n bytes (the notebook, part 4); a single rank communicates nothing
+    # BEGIN SOLUTION lab0: ring_all_reduce_seconds (hint: "the ring cost and the fit" in the notebook)
     return 2 * (n - 1) * alpha + 2 * (n - 1) / n * nbytes / bandwidth
     # END SOLUTION
 
@@ -38,7 +38,7 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
     if len(set(x)) < 2:
         raise ValueError(f"a line needs points at two different sizes at least, got the sizes "
                          f"{sorted(set(x))}")
-    # BEGIN SOLUTION lab0: the intercept and slope minimising the sum of squared residuals (the normal equations of the notebook, part 4, or torch.linalg.lstsq), in float64
+    # BEGIN SOLUTION lab0: fit_line (hint: "the ring cost and the fit" in the notebook)
     x, y = torch.tensor(x, dtype=torch.float64), torch.tensor(y, dtype=torch.float64)
     centred = x - x.mean()
     slope = (centred * (y - y.mean())).sum() / (centred * centred).sum()
@@ -48,7 +48,7 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float]:
 
 def fit_alpha_beta(nbytes: list[float], seconds: list[float], n: int) -> tuple[float, float]:
     """Least-squares fit of measured ring all-reduce times; returns (alpha in s, bandwidth in B/s)."""
-    # BEGIN SOLUTION lab0: fit_line, then read alpha and the bandwidth off the intercept and slope of T_ring(S) (the notebook, part 4)
+    # BEGIN SOLUTION lab0: fit_alpha_beta (hint: "the ring cost and the fit" in the notebook)
     intercept, slope = fit_line(nbytes, seconds)
     return intercept / (2 * (n - 1)), 2 * (n - 1) / (n * slope)
     # END SOLUTION
@@ -62,7 +62,7 @@ def _power_of_two(n: int) -> None:
 def recursive_doubling_seconds(nbytes: float, n: int, alpha: float, bandwidth: float) -> float:
     """Predicted time of a recursive-doubling all-reduce of ``nbytes`` over ``n`` = 2^k ranks."""
     _power_of_two(n)
-    # BEGIN SOLUTION lab0: the alpha-beta time of the steps recursive doubling takes, each one message of the whole tensor each way (the notebook, part 5)
+    # BEGIN SOLUTION lab0: recursive_doubling_seconds (hint: "ring or recursive doubling" in the notebook)
     return math.log2(n) * (alpha + nbytes / bandwidth)
     # END SOLUTION
 
@@ -72,7 +72,7 @@ def crossover_bytes(n: int, alpha: float, bandwidth: float) -> float:
     the same time: recursive doubling is faster below it, the ring above; ``math.inf`` where
     the ring is never the faster."""
     _power_of_two(n)
-    # BEGIN SOLUTION lab0: set T_ring(S) = T_doubling(S) and solve for S (the notebook, part 5); the ring can only catch up when its bandwidth term grows more slowly in S than recursive doubling's (not on 1 or 2 ranks)
+    # BEGIN SOLUTION lab0: crossover_bytes (hint: "ring or recursive doubling" in the notebook)
     steps = math.log2(n)
     extra_per_byte = steps - 2 * (n - 1) / n  # recursive doubling's bytes beyond the ring's, per byte of S
     if extra_per_byte <= 0:
@@ -84,7 +84,7 @@ def crossover_bytes(n: int, alpha: float, bandwidth: float) -> float:
 def faster_all_reduce(nbytes: float, n: int, alpha: float, bandwidth: float) -> str:
     """"ring" or "recursive doubling": the faster all-reduce of ``nbytes`` over ``n`` ranks by
     the model; the ring where recursive doubling cannot run (n not a power of two) and on a tie."""
-    # BEGIN SOLUTION lab0: compare the two predicted times (or the size with the crossover); recursive doubling only where it runs, and only when strictly faster
+    # BEGIN SOLUTION lab0: faster_all_reduce (hint: "ring or recursive doubling" in the notebook)
     if n & (n - 1) or n == 1:
         return "ring"
     return "recursive doubling" if nbytes < crossover_bytes(n, alpha, bandwidth) else "ring"
@@ -94,7 +94,7 @@ def faster_all_reduce(nbytes: float, n: int, alpha: float, bandwidth: float) -> 
 def all_reduce_plan(nbytes: list[float], seconds: list[float], n: int) -> list[str]:
     """The faster all-reduce at each of the sizes ``nbytes`` on ``n`` ranks, by the model fitted
     to the ring all-reduce times ``seconds`` measured at those sizes."""
-    # BEGIN SOLUTION lab0: fit the measurements, then choose at each size with the fitted alpha and bandwidth
+    # BEGIN SOLUTION lab0: all_reduce_plan (hint: "ring or recursive doubling" in the notebook)
     alpha, bandwidth = fit_alpha_beta(nbytes, seconds, n)
     return [faster_all_reduce(size, n, alpha, bandwidth) for size in nbytes]
     # END SOLUTION

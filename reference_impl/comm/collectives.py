@@ -31,7 +31,7 @@ import torch.distributed as dist
 def ring_chunks(flat: torch.Tensor, n: int) -> list[torch.Tensor]:
     """n views into the 1-d ``flat`` whose lengths sum to its length and differ by at most one,
     the longer ones first (a chunk may be empty when there are fewer elements than ranks)."""
-    # BEGIN SOLUTION lab0: n views into flat (no copies: the ring works in place); when n does not divide the length, the remainder goes one element each to the first chunks
+    # BEGIN SOLUTION lab0: ring_chunks (hint: "ring chunks and phases" in the notebook)
     base, extra = divmod(flat.numel(), n)
     lengths = [base + 1 if index < extra else base for index in range(n)]
     return list(flat.split(lengths))
@@ -57,7 +57,7 @@ def _exchange(send: torch.Tensor, receive: torch.Tensor, group) -> None:
 def ring_reduce_scatter(chunks: list[torch.Tensor], group=None) -> None:
     """Phase 1, in place: afterwards chunk (rank + 1) mod n holds the sum over all ranks."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    # BEGIN SOLUTION lab0: n-1 steps, each one _exchange: after step t, the chunk this rank received holds the contributions of t + 2 consecutive ranks of the ring ending with its own, and that is the chunk it passes on next; the phase must end with chunk (rank + 1) mod n complete (the notebook, part 3, works out which chunk moves at each step from that end)
+    # BEGIN SOLUTION lab0: ring_reduce_scatter (hint: "ring chunks and phases" in the notebook)
     for step in range(n - 1):
         send_index, receive_index = (rank - step) % n, (rank - step - 1) % n
         received = torch.empty_like(chunks[receive_index])
@@ -69,7 +69,7 @@ def ring_reduce_scatter(chunks: list[torch.Tensor], group=None) -> None:
 def ring_all_gather(chunks: list[torch.Tensor], group=None) -> None:
     """Phase 2, in place: starting with chunk (rank + 1) mod n complete, make every chunk complete."""
     n, rank = dist.get_world_size(group), dist.get_rank(group)
-    # BEGIN SOLUTION lab0: n-1 steps, each one _exchange: after step t a rank holds t + 2 complete chunks, the one it received last being the one it passes on next, stored where it belongs; it starts with the one that ring_reduce_scatter completed (the notebook, part 3)
+    # BEGIN SOLUTION lab0: ring_all_gather (hint: "ring chunks and phases" in the notebook)
     for step in range(n - 1):
         send_index, receive_index = (rank + 1 - step) % n, (rank - step) % n
         _exchange(chunks[send_index], chunks[receive_index], group)
@@ -106,7 +106,7 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, group=None) -> torch.Ten
         raise ValueError(f"recursive doubling needs a power-of-two group, got {n} ranks: pair "
                          "the ranks of a group of another size with the ring instead")
     flat = _flat(tensor)
-    # BEGIN SOLUTION lab0: log2(n) steps, each one _swap of the whole tensor with one partner, then a sum; after step t every rank holds the sum over the 2^(t+1) group ranks whose indices agree with its own above bit t, the same sum on each of them (the notebook, part 5, derives each step's partner from that)
+    # BEGIN SOLUTION lab0: recursive_doubling_all_reduce (hint: "recursive doubling steps" in the notebook)
     distance = 1
     while distance < n:
         received = torch.empty_like(flat)

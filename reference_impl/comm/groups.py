@@ -191,7 +191,7 @@ def rank_positions(world_size: int, sizes: dict[str, int],
         shown = " x ".join(f"{axis} {sizes[axis]}" for axis in axes)
         raise ValueError(f"the axes' sizes {shown} = {prod(sizes[axis] for axis in axes)} "
                          f"ranks, but the world size is {world_size}: they must be equal")
-    # BEGIN SOLUTION lab1: positions[rank][axis] for every rank and every axis of `axes`: rank 0 sits at 0 on every axis, and each next rank is one step further along axes[0], wrapping round into the next axis (the notebook's formula for the SageMaker order)
+    # BEGIN SOLUTION lab1: rank_positions (hint: "positions, groups and the layout" in the notebook)
     strides = {axis: prod(sizes[a] for a in axes[:i]) for i, axis in enumerate(axes)}
     return [{axis: rank // strides[axis] % sizes[axis] for axis in axes}
             for rank in range(world_size)]
@@ -207,7 +207,7 @@ def groups_along(positions: list[dict[str, int]],
     if unknown:
         raise ValueError(f"groups along {unknown}: the positions have the axes "
                          f"{sorted(positions[0])} only")
-    # BEGIN SOLUTION lab1: the partition of the ranks in which two ranks share a group exactly when their positions agree on every axis outside `varying`; as sorted tuples of increasing ranks
+    # BEGIN SOLUTION lab1: groups_along (hint: "positions, groups and the layout" in the notebook)
     members: dict[tuple[int, ...], list[int]] = {}
     for rank, position in enumerate(positions):
         key = tuple(value for axis, value in sorted(position.items()) if axis not in varying)
@@ -236,7 +236,7 @@ def build_rank_layout(world_size: int, tp: int = 1, pp: int = 1,
     axes = parse_order(order)
     # With cp > 1, the axis numbered rdp here is cp x rdp (cp the faster digit): split after.
     sizes = {"tp": tp, "pp": pp, "rdp": world_size // (tp * pp)}
-    # BEGIN SOLUTION lab1: `groups` (kind -> its groups, every kind of GROUP_AXES) and `ranks` (each rank's RankCoordinates, in rank order) from the two functions above; a coordinate is the rank's index in its group of that kind
+    # BEGIN SOLUTION lab1: build_rank_layout (hint: "positions, groups and the layout" in the notebook)
     positions = rank_positions(world_size, sizes, axes)
     groups = {kind: groups_along(positions, varying) for kind, varying in GROUP_AXES.items()}
     ranks = tuple(
@@ -283,7 +283,7 @@ def rank_mesh(layout: RankLayout) -> tuple[torch.Tensor, tuple[str, ...]]:
     of the layout (cp too when cp > 1), ``mesh[i, j, k]`` the rank at position i, j, k along
     them. The dimensions go slowest axis first, so that the grid numbers the ranks row-major,
     the last dimension fastest, as ``DeviceMesh`` does (``process_groups.device_mesh``)."""
-    # BEGIN SOLUTION lab1: (mesh, names): names are the layout's axes slowest first (layout.axes lists them fastest first); mesh is an integer tensor with one dimension per name, of that axis's size, each rank in the cell of its positions (the notebook's section 4, the grid)
+    # BEGIN SOLUTION lab1: rank_mesh (hint: "the grid and its sub-grids" in the notebook)
     names = tuple(reversed(layout.axes))
     sizes = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "rdp": layout.rdp}
     return torch.arange(layout.world_size).reshape([sizes[name] for name in names]), names
@@ -306,7 +306,7 @@ def mesh_groups(mesh: torch.Tensor, names: tuple[str, ...],
     and the groups sorted, as the layout's: ``mesh_groups(*rank_mesh(layout),
     layout.varying(kind)) == layout.groups[kind]``."""
     _check_names(names, mesh, varying)
-    # BEGIN SOLUTION lab1: every sub-grid spanned by the `varying` dimensions (one at each position of the other dimensions) as a sorted tuple of its ranks, the tuples sorted; rearranging the grid's dimensions makes each sub-grid one row
+    # BEGIN SOLUTION lab1: mesh_groups (hint: "the grid and its sub-grids" in the notebook)
     kept = [dim for dim, name in enumerate(names) if name not in varying]
     spanned = [dim for dim, name in enumerate(names) if name in varying]
     rows = mesh.permute(kept + spanned).reshape(-1, prod(mesh.shape[dim] for dim in spanned))
@@ -322,7 +322,7 @@ def mesh_position(mesh: torch.Tensor, names: tuple[str, ...], rank: int) -> dict
     if not bool((mesh == rank).any()):
         raise ValueError(f"rank {rank} is not in the mesh (ranks {int(mesh.min())} to "
                          f"{int(mesh.max())}, shape {tuple(mesh.shape)})")
-    # BEGIN SOLUTION lab1: {name: index along that dimension} of the one cell of the mesh that holds `rank`
+    # BEGIN SOLUTION lab1: mesh_position (hint: "the grid and its sub-grids" in the notebook)
     where = (mesh == rank).nonzero()[0]
     return {name: int(index) for name, index in zip(names, where)}
     # END SOLUTION
@@ -334,7 +334,7 @@ def mesh_group_rank(mesh: torch.Tensor, names: tuple[str, ...], varying: tuple[s
     ``dist.get_rank(group)`` numbers them), from its position alone, without listing the
     group: its ``dp_rank`` for ``("tp", "rdp")``, its ``mp_rank`` for ``("tp", "pp")``."""
     _check_names(names, mesh, varying)
-    # BEGIN SOLUTION lab1: the rank's positions along the `varying` dimensions read as one number in mixed radix, the grid's order of dimensions giving the digits' weights (the notebook: a position in a group follows the same mixed radix, restricted to the axes that vary in it)
+    # BEGIN SOLUTION lab1: mesh_group_rank (hint: "the grid and its sub-grids" in the notebook)
     position = mesh_position(mesh, names, rank)
     index = 0
     for name, size in zip(names, mesh.shape):

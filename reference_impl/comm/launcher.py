@@ -1,67 +1,13 @@
-"""Run a function on N ranks and get every rank's return value back.
-
-    from reference_impl.comm.launcher import launch
-    results = launch(fn, 4, x)      # results[r] is fn(x) as returned on rank r
-
-Inside ``fn`` the default process group is initialised, so ``dist.get_rank()`` and every
-collective just work, and ``current_device()`` (:mod:`reference_impl.comm.device`) is the
-device this rank computes on.
-
-How ranks start: from a *rank server*, a clean process started once (at the first launch)
-that imports torch and waits (Python's ``forkserver`` start method). Each launch forks its
-ranks from that server, so
-
-* start-up stays fast (8 ranks in a fraction of a second after the first launch), and
-* no rank is ever forked from the caller's process. That matters on any machine with a GPU:
-  once a process has run a backward pass, autograd's device threads are live, and a process
-  forked from it fails at its first backward ("Unable to handle autograd's threading in
-  combination with fork-based multiprocessing"); a CUDA context does not survive a fork
-  either. A notebook that has trained a model can still launch ranks.
-
-``fn``, its arguments and its return value travel by value (cloudpickle), so a function
-defined in a notebook cell or a script's ``__main__`` can be launched; functions from
-modules are imported by name in the rank.
-
-Where it runs:
-
-* **CPU** (backend ``gloo``): each rank uses ``threads`` intra-op threads (1 by default) so
-  N ranks on a laptop do not fight over its cores.
-* **CUDA** (backend ``nccl``): rank r uses GPU r (``device_id`` is given to the process
-  group, so NCCL never guesses). Results come back to the caller on the CPU.
-* **Under torchrun** (``RANK`` and ``WORLD_SIZE`` in the environment) nothing is started:
-  this process is one rank, the process group is initialised from the environment
-  (``LOCAL_RANK`` picks the GPU), and every rank receives the list of all ranks' results.
-
-Guarantees: each launch has its own rendezvous (a store file in a fresh temporary
-directory, no port), so launches in parallel never collide. Nothing hangs: a rank that
-does not return within ``timeout`` seconds (stuck in a collective, or looping) ends the
-launch with :class:`LaunchTimeout`, which shows where each stuck rank was. The first rank
-to fail raises :class:`RankFailure` in the parent with its rank and traceback. Either way
-the other ranks are ended, and no process outlives the launch, also on Ctrl-C or when the
-parent itself is killed (each rank holds a "lifeline" pipe from the caller and exits when
-it closes). Each rank leads its own process group, ended as a whole with the rank, so a
-process the launched code starts (``subprocess.Popen``) does not outlive the launch either.
-
-For code that must not be trusted (a student's submission, graded), three options:
-
-* ``results="data"``: what a rank sends back is written with ``torch.save`` and read with
-  ``torch.load(weights_only=True)``, a loader that rebuilds tensors, numbers, strings, lists,
-  tuples and dicts and runs no code of the sender's; anything else is refused as
-  :class:`RankFailure`. (By default results travel by cloudpickle, whose loading runs the
-  sender's code: fine for your own functions, not for someone else's.)
-* ``output_limit=N``: each rank's stdout and stderr go through a pipe of the caller's, which
-  keeps the first N bytes of each and counts the rest; they are printed after the launch.
-* ``rank_setup=fn``: ``fn()`` runs in each rank before the work is unpickled (the grading
-  uses it to decide where the student's modules come from before a test module is imported);
-  :data:`default_rank_setup` is used where none is given (a student notebook sets it in a
-  handout, :func:`reference_impl.course.own_files.use_my_files`).
-* ``sandbox=Sandbox(...)``: the ranks run in namespaces of their own, with read-only files,
-  no network and resource limits, and everything they start ends with the launch
-  (:mod:`reference_impl.comm.sandbox`, :mod:`reference_impl.comm.sandboxed_ranks`).
-
-Beside it: :mod:`reference_impl.comm.device` (where a rank computes, which backend),
-:mod:`reference_impl.comm.rank_payloads` (the work, the results and the output on their way)
-and :mod:`reference_impl.comm.rank_failures` (the failures, stuck ranks' stacks, the root cause).
+"""Run a function on N ranks and get every rank's return value back: ``launch(fn, 4, x)[r]``
+is ``fn(x)`` as rank r returned it, with the default process group initialised in every rank
+and ``current_device()`` its device (gloo on CPU ranks, NCCL with GPU r). Ranks fork from a
+*rank server* (``forkserver``), never from the caller, whose autograd threads or CUDA context
+would not survive a fork; under torchrun this process is one rank. Nothing hangs: a launch past
+``timeout`` raises :class:`LaunchTimeout` with each stuck rank's line, a failing rank
+:class:`RankFailure` with its traceback, and no process outlives the launch (each rank holds a
+lifeline pipe from the caller and leads its own process group). ``results="data"``,
+``output_limit``, ``rank_setup`` and ``sandbox`` are for untrusted code. How and why:
+docs/library.md, "Running code on many ranks".
 """
 from __future__ import annotations
 
@@ -143,8 +89,11 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
     ``start_method`` overrides how ranks start: ``"forkserver"`` (the default: forked from the
     rank server), ``"spawn"`` (a fresh interpreter per rank: slower), or ``"fork"`` (forked
     from this process: refused on a machine with a GPU, where it breaks autograd and CUDA).
-    ``results="data"``, ``output_limit``, ``rank_setup`` and ``sandbox`` are for code that
-    must not be trusted (see the module's docstring).
+    For code that must not be trusted: ``results="data"`` reads what a rank sends back with
+    ``torch.load(weights_only=True)`` (no code of the sender's runs); ``output_limit`` keeps the
+    first N bytes of each rank's output; ``rank_setup()`` runs in each rank before the work is
+    unpickled (default :data:`default_rank_setup`); ``sandbox`` runs the ranks in namespaces of
+    their own (:mod:`reference_impl.comm.sandbox`).
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}")

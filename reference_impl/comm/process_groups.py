@@ -76,7 +76,7 @@ def new_groups(groups: dict[str, Sequence[Sequence[int]]]
             raise ValueError(f"the {kind} groups {[list(members) for members in groups[kind]]} "
                              f"must hold each of the {world} ranks exactly once")
     mine: dict[str, tuple[dist.ProcessGroup, tuple[int, ...]]] = {}
-    # BEGIN SOLUTION lab1: mine[kind] = (this rank's process group of that kind, its members as a tuple of increasing ranks), for every kind; every rank makes the same calls in the same order, whether or not it is a member (the notebook's section 5, real groups)
+    # BEGIN SOLUTION lab1: new_groups (hint: "real groups and their members" in the notebook)
     for kind, of_kind in groups.items():
         for members in of_kind:
             members = tuple(sorted(members))
@@ -110,7 +110,7 @@ def members_by_all_reduce(group: dist.ProcessGroup) -> list[int]:
     if world > 63:
         raise ValueError(f"a 64-bit sum holds the bits of ranks 0 to 62; this world has {world} "
                          "ranks")
-    # BEGIN SOLUTION lab1: one all-reduce over `group` of 8 bytes (one int64, on current_device()) whose sum's set bits are the members' global ranks; those ranks, increasing (the notebook's section 5)
+    # BEGIN SOLUTION lab1: members_by_all_reduce (hint: "real groups and their members" in the notebook)
     mask = torch.tensor([1 << dist.get_rank()], dtype=torch.int64, device=current_device())
     dist.all_reduce(mask, group=group)
     return [rank for rank in range(world) if int(mask.item()) >> rank & 1]

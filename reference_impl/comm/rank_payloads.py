@@ -1,19 +1,10 @@
 """What travels between a launch's caller and its ranks: the work, the results, the output.
 
-* **The work** (``fn``, its arguments) goes to every rank by value (cloudpickle), so a function
-  defined in a notebook cell or a script's ``__main__`` can be launched; functions from modules
-  are imported by name in the rank. CUDA tensors among the arguments travel on the CPU.
-* **A rank's result** comes back as ``("ok", value)`` or ``("error", type name, message,
-  traceback)``. With ``results="any"`` (the default) by cloudpickle, whose loading runs the
-  sender's code: fine for your own functions. With ``results="data"``, for code that must not
-  be trusted (a student's submission, graded), it is written with ``torch.save`` and read with
-  ``torch.load(weights_only=True)``, a loader that rebuilds tensors, numbers, strings, lists,
-  tuples and dicts and runs no code of the sender's; anything else is refused as a failure of
-  that rank.
-* **A rank's output** with ``output_limit=N``: its stdout and stderr go through a pipe of the
-  caller's, which keeps the first N bytes and counts the rest (:class:`CappedOutput`).
-
-:func:`reference_impl.comm.launcher.launch` uses them.
+The work goes by value (cloudpickle); a rank's result comes back by cloudpickle, or with
+``results="data"`` as ``torch.save`` bytes read with ``torch.load(weights_only=True)``, which runs
+no code of the sender's; a rank's output is capped at ``output_limit`` bytes
+(:class:`CappedOutput`). :func:`reference_impl.comm.launcher.launch` uses them. What each
+carries: docs/library.md, 'Running code on many ranks'.
 """
 from __future__ import annotations
 

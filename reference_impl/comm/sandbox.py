@@ -1,24 +1,10 @@
 """A sandbox for code that must not be trusted, from Linux namespaces and resource limits.
 
 A sandboxed launch (:func:`reference_impl.comm.launcher.launch` with ``sandbox=``) runs its
-ranks in new user, PID, mount, network and IPC namespaces (``unshare(2)``, the mechanism
-bubblewrap and container runtimes are built on), set up before any launched code runs:
-
-* **PID**: the ranks see only each other. The caller's processes cannot be named, so cannot
-  be signalled or traced; when the launch ends, the namespace's first process exits and the
-  kernel ends everything left in it, a process that ran away with ``setsid`` included.
-* **mount**: every file system is read-only except the launch's own folder and the
-  ``writable`` ones; the ``hidden`` folders are covered by an empty one, and so are the
-  temporary folders and ``/run``, where services and the caller's processes keep their
-  sockets (what lies in them that is ``readable``, ``writable`` or needed to run Python and the
-  kit stays visible); ``/dev`` holds only the harmless devices and the GPUs; ``/dev/shm``,
-  ``/proc`` and IPC are the namespace's own.
-* **network**: a loopback interface of its own, which the ranks talk over; nothing else.
-* **limits** (``setrlimit``): writable memory per process, file size, processes; no core
-  files. Capabilities are dropped once the set-up is done, so nothing can be remounted.
-
-Where user namespaces are not available (macOS, Windows, a container that forbids them),
-:func:`unavailable` says why, and a grader runs the whole grading in a container instead.
+ranks in new user, PID, mount, network and IPC namespaces (``unshare(2)``, as bubblewrap and
+container runtimes do) with ``setrlimit`` limits, set up before any launched code runs; where
+user namespaces are not available, :func:`unavailable` says why. What each namespace hides and
+what it does not cover: docs/grading.md, 'Untrusted code: the sandbox'.
 """
 from __future__ import annotations
 

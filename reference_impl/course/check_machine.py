@@ -2,22 +2,11 @@
 
     python -m reference_impl.course.check_machine [--out machine-check] [--labs 0,1,...]
 
-It reports, as Markdown (printed and written to ``OUT/machine-check.md``) and as JSON
-(``OUT/machine-check.json``), to keep beside the term's grades:
-
-1. the machine: torch and its CUDA, the GPUs, NCCL, whether Nsight Systems (``nsys``, for lab
-   6's GPU timelines) is on the PATH, and the sandbox graded launches get here
-   (:mod:`reference_impl.course.sandboxing`);
-2. an all-reduce over every GPU (NCCL), timed over message sizes: the bus bandwidth of each
-   (2(n-1)/n x bytes / time, as NVIDIA's nccl-tests report it) beside lab 0's alpha-beta fit
-   (latency alpha and bandwidth B of ``2(n-1) alpha + 2(n-1)/n S/B``);
-3. each lab's GPUs under NCCL (``reference_impl/course/syllabus.py``) against the GPUs here;
-4. every lab's graded tests on the reference, with ``--backend auto`` and ``--backend nccl``,
-   counted per lab (passed, failed, skipped);
-5. the MFU benchmark's line (``python -m reference_impl.benchmarks.mfu``).
-
-On a machine without GPUs it runs what it can (the all-reduce on two CPU ranks over gloo, the
-graded tests on CPU ranks, the MFU benchmark's CPU model) and says what it skipped and why.
+Reports the GPUs, NCCL, nsys and the sandbox, an all-reduce's bus bandwidth beside lab 0's
+alpha-beta fit, each lab's GPUs against those here, every lab's graded tests on the reference,
+and the MFU benchmark's line, as ``OUT/machine-check.md`` and ``.json``; without GPUs it runs what
+it can and says what it skipped. Details: docs/teaching.md, 'Before the term, on the grading
+machine'.
 """
 from __future__ import annotations
 

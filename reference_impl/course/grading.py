@@ -1,49 +1,10 @@
 """Which implementation the graded tests check, and where a submission's code may run.
 
 ``--impl reference`` (default) checks ``reference_impl.<module>``; ``--impl labs`` the student
-files in ``labs/``; ``--impl PATH`` a submitted copy of ``labs/`` at PATH.
-
-How a graded test is written (``tests/labs/test_labN_*.py``, marked ``labN``)
------------------------------------------------------------------------
-
-A submission is code that must not be trusted: it may crash, hang, print without end, start
-processes, or try to make its own tests pass. So the student's code runs only in processes the
-launcher starts and ends (ranks, or one helper process), and the verdict is reached in
-pytest's own process, which never imports it. A graded test has three fixtures:
-
-``impl``
-    ``impl.module("tp_layers")`` is the implementation's module. Call it **only inside** a
-    function given to ``run_on_ranks`` or ``run_alone``: in pytest's process it raises
-    :class:`SubmissionOutsideItsProcess` (also under ``--impl reference``, so that the kit's
-    own suite catches a test that would load a submission in the wrong place).
-``run_on_ranks(fn, world_size, *args, timeout=None)``
-    ``fn(*args)`` on ``world_size`` ranks (gloo on CPU ranks, NCCL on GPUs); returns every
-    rank's return value, by rank.
-``run_alone(fn, *args)``
-    ``fn(*args)`` in one helper process (CPU): for exercises without communication (a
-    formula, a schedule as data, a command's printed output).
-
-Rules (``tests/course/test_course_rules.py`` checks those that can be checked):
-
-1. ``fn`` returns **data**: tensors, numbers, strings, None, and lists, tuples and dicts of
-   them. It travels as ``torch.save`` bytes and is read with ``torch.load(weights_only=True)``,
-   which runs no code of the sender's; anything else fails the test as "not data". Return a
-   schedule as its rows, a figure as its titles, printed text as a string.
-2. The test body compares the returned data with **expected values it computes itself**: the
-   single-device model, a formula, or code written in the test; with
-   :func:`reference_impl.checks.assert_close` (which names the rank and the likely cause) or a
-   plain ``assert`` with a message naming the mistake. Where the expected value needs the
-   ranks, compute it in ``fn`` *before* ``impl.module(...)`` is first called there: after it,
-   the submission's code has run in that process (for a parallel module against its
-   single-device original: :func:`reference_impl.equivalence.reference_step` first, then
-   :func:`~reference_impl.equivalence.parallel_pairs`).
-3. A graded test never imports the reference module of the lab it grades (its student files
-   in :mod:`reference_impl.course.syllabus`): in a student handout that module is a stub.
-   Modules of *other* labs may be used in the ranks; in a handout where one is withheld, the
-   student's own file stands in for it there (:meth:`Implementation.enter`), while in pytest's
-   process it is a stub: expected values computed there use no other lab's exercises either.
-4. Nothing is asserted on time; limits come from the plugin (per launch, per test, and the
-   submission's budget: once a submission has hung, later launches get a short limit).
+files in ``labs/``; ``--impl PATH`` a submitted copy of ``labs/`` at PATH. A submission's code
+runs only in the ranks and helpers the fixtures ``run_on_ranks`` and ``run_alone`` start, never in
+pytest's process, where the verdict is reached from the data they return. The fixtures and the
+rules a graded test keeps: docs/grading.md, 'Writing a graded test'.
 """
 from __future__ import annotations
 

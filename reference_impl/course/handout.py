@@ -3,24 +3,10 @@
     python -m reference_impl.course.handout OUT                         # start of term: every lab withheld
     python -m reference_impl.course.handout OUT --withhold-from lab3    # labs 0-2 released
 
-As nbgrader's ``generate_assignment`` does, from the same solution markers as ``make_labs``
-(one source of truth): in every reference module, the solution regions of the withheld labs
-(``labN`` and later) become their stubs, ``raise NotImplementedError("labN: <hint>")``, so the
-library still imports and every signature and contract message is there; the solved notebooks
-and the instructor decks of the withheld labs are left out, and so are the kit's own tests
-and its instructor and maintainer pages. The handout keeps the student notebooks and files
-(``labs/``), the graded tests (``tests/labs/``), the infrastructure they run on (launcher,
-checks, the single-device model, the pytest plugin) and the library's pages, and gets its own
-README (``student_readme.md``, with the kit README's set-up and student sections) and pytest
-configuration: a plain ``pytest`` there checks the student's ``labs/``. Links of the kit's
-pages to files that do not ship become plain text; the build fails on any other broken link,
-and on any solution line of a withheld lab found in a shipped file (``answer_leaks``). The
-hidden checks (``tests/labs/hidden/``) and the snapshots' makers stay with the kit.
-``reference_impl/course/withheld.txt`` lists the stubbed modules: in a graded run there, an
-import of one of them gets the student's own file (``labs/tp_layers.py`` for
-``reference_impl.tp.tp_layers``), so a lab that builds on a withheld one uses the student's
-work, and a stubbed module run as a program runs the student's file. Earlier labs'
-solutions are released as the reference.
+As nbgrader's ``generate_assignment`` does, from ``make_labs``' solution markers: the withheld
+labs' solutions become their stubs, the student files, graded tests and library pages ship, and
+the build fails on a broken link or a leaked answer (``answer_leaks``). What ships and how a
+student's file stands in for a withheld module: docs/teaching.md, 'A term with the kit'.
 """
 from __future__ import annotations
 

@@ -8,7 +8,10 @@ Two sources, marked as nbgrader marks them:
 * **Reference modules.** In ``reference_impl/<module>.py`` a region from
   ``# BEGIN SOLUTION labN: <hint>`` to ``# END SOLUTION`` becomes
   ``raise NotImplementedError("labN: <hint>")`` in ``labs/<module>.py``; the rest of the module
-  is copied as it is, so a student edits a working file with holes in it. Its imports of
+  is copied as it is, so a student edits a working file with holes in it. The hint is short
+  (at most :data:`HINT_LIMIT` characters, or this refuses the module): the exercise's name and
+  the title of its folded hint in the lab's solved notebook, ``ParallelBlock.__init__ (hint:
+  "the TP block" in the notebook)``; the hint's prose lives in that ``<details>`` cell. Its imports of
   the modules with exercises of the same lab point at the student's own files
   (``from reference_impl.tp.tp_collectives import ...`` becomes ``from tp_collectives import
   ...`` in ``labs/tp_layers.py``): within a lab, the student's later exercises run on their
@@ -42,6 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "reference_impl"
 SOLUTIONS = REPO / "solutions"
 
+HINT_LIMIT = 100  # characters of a module marker's hint; its prose goes in the notebook
 _MODULE_BEGIN = re.compile(r"^(?P<indent>\s*)# BEGIN SOLUTION (?P<lab>lab\d+): (?P<hint>.+)$")
 _MODULE_END = re.compile(r"^\s*# END SOLUTION\s*$")
 _CELL_BEGIN = re.compile(r"^(?P<indent>\s*)### BEGIN SOLUTION(?::\s*(?P<hint>.*))?$")
@@ -83,6 +87,7 @@ def stubbed_source(path: Path, labs=None) -> str:
         return [_KEPT]
 
     text = path.read_text()
+    check_hint_lengths(text, str(path))
     body = replace_regions(text, _MODULE_BEGIN, _MODULE_END, stub, str(path))
     if "SOLUTION" in body:  # a marker not in the form above would leak its solution
         raise ValueError(f"{path}: malformed solution marker; use '# BEGIN SOLUTION labN: hint'")
@@ -91,6 +96,19 @@ def stubbed_source(path: Path, labs=None) -> str:
         body = "\n".join("\n".join(next(kept)[1]) if line == _KEPT else line
                           for line in body.split("\n"))
     return body
+
+
+def check_hint_lengths(source: str, where: str) -> None:
+    """A ValueError for the first module marker of ``source`` whose hint is longer than
+    :data:`HINT_LIMIT`: a stub's message names the exercise and its hint in the notebook."""
+    for number, line in enumerate(source.splitlines(), start=1):
+        opened = _MODULE_BEGIN.match(line)
+        if opened and len(opened["hint"]) > HINT_LIMIT:
+            raise ValueError(
+                f"{where}:{number}: the hint of this solution marker is {len(opened['hint'])} "
+                f"characters, over the limit of {HINT_LIMIT}: keep the exercise's name and the "
+                "title of its hint (`(hint: \"...\" in the notebook)`), and move the prose into "
+                "that folded hint of the lab's solved notebook")
 
 
 _KEPT = "\0kept solution region\0"  # a placeholder no source line can be

@@ -1,21 +1,10 @@
 """Where a student's files stand in for modules: in graded runs and in the student notebooks.
 
-A student's files (``labs/`` or a submitted copy of it) are flat and import each other by their
-bare names: within a lab, the later exercises run on the earlier ones (``tp_layers.py``
-imports ``tp_collectives``, see :mod:`reference_impl.course.make_labs`). The modules of other
-labs come from the reference implementation, except in a student handout
-(:mod:`reference_impl.course.handout`), where the reference modules of the withheld labs are
-stubs: there the student's own file stands in for each of them, as one module object under
-both names (``reference_impl.tp.tp_layers`` *is* the student's ``tp_layers``), so a class is
-the same class wherever it is imported.
-
-* A graded run calls :func:`stand_in` with the submission's folder in every rank and helper
-  (:meth:`reference_impl.course.grading.Implementation.enter`); pytest's own process never
-  does, so it never runs a student's code.
-* A student notebook starts with :func:`use_my_files`: ``labs/`` first on the import path and,
-  in a handout, the same stand-ins in the notebook and in every rank it launches.
-* A withheld module run as a program in a handout (``python -m reference_impl.comm.groups``)
-  runs the student's file instead (:func:`run_as_program`), with the same stand-ins.
+In a student handout the withheld labs' reference modules are stubs, so the student's own file
+stands in for each of them, as one module object under both names (``reference_impl.tp.tp_layers``
+*is* the student's ``tp_layers``): :func:`stand_in` in every rank and helper of a graded run,
+:func:`use_my_files` in a notebook, :func:`run_as_program` for a withheld module run as a program.
+Details: docs/teaching.md, 'A term with the kit'.
 """
 from __future__ import annotations
 

@@ -1,42 +1,11 @@
 """The kit's pytest plugin: grading options, fixtures and the per-lab summary.
 
-It is registered as an entry point (``pytest11`` in ``pyproject.toml``), so every pytest run
-in an environment where the kit is installed loads it, whatever the arguments: the grading
-commands ``pytest --impl labs -m lab2`` and ``pytest --impl path/to/submission -m lab0``
-work from the repository root with the submission anywhere on disk (a ``conftest.py`` is
-only loaded when pytest collects its folder, too late to define ``--impl``).
-
-``--impl {reference,labs,PATH}`` chooses the implementation the graded tests (marked
-``lab0``, ``lab1``, ...) check: the reference (default), the student files in ``labs/``, or a
-submitted copy of ``labs/`` at PATH. Tests without a lab marker always check the reference.
-A run that gives no ``--impl`` takes the ini option ``impl``: a student handout sets it to
-``labs``, so a plain ``pytest`` there checks the student's own files.
-
-``--backend {auto,gloo,nccl}`` picks the process-group backend for multi-rank tests. ``auto``
-uses NCCL when there is a GPU for each of a test's ranks and gloo on the CPU otherwise;
-with ``nccl`` a test that needs more GPUs than the machine has is skipped, saying so.
-
-Containment: ``--sandbox {auto,namespaces,none}`` (:mod:`reference_impl.course.sandboxing`):
-every graded launch in a sandbox of its own where one can be made (``auto``), always
-(``namespaces``, refusing to grade without one) or never; ``--sandbox-hide PATH`` covers a
-folder with an empty one inside the sandbox (the batch grader hides the class and the
-results). Limits, for a submission that hangs or floods: ``--launch-timeout`` (each launch of
-ranks or of a helper), ``--budget`` (the whole run's seconds, 900 by default when one
-submission is graded; once spent, the remaining graded tests fail at once, saying so),
-``--after-hang`` (once one launch has hung, later ones get this
-limit: a hang costs about one limit, not one per test), ``--output-limit`` (bytes kept of each
-rank's output per launch). ``--grading-log FILE`` appends one JSON line per collected test
-(its lab, and whether it is a hidden check), per test phase, per launch (its world size and
-backend), per launch that hung and per finding (a graded file that imports the reference
-module it must write), as the run goes: ``python -m reference_impl.course.grade`` builds its
-results from it, also when the run is killed. How graded tests are written:
-``reference_impl.course.grading``.
-
-The summary gives each lab's progress, ``lab2: 12/22 passed``, or ``lab3: not started (0/17)``
-for a lab whose every failure stopped at an exercise's ``NotImplementedError``: those
-failures are counted in the last line ("17 not started"), their tracebacks left out. Where the
-run includes hidden checks (``tests/labs/hidden/``, marked ``hidden``: the grader's, never in
-the handout), the line says how many of them passed.
+Registered as an entry point (``pytest11`` in ``pyproject.toml``), so every pytest run loads it
+and ``pytest --impl path/to/submission -m lab0`` works with the submission anywhere. Options:
+``--impl``, ``--backend``, ``--sandbox``/``--sandbox-hide``, the limits (``--launch-timeout``,
+``--budget``, ``--after-hang``, ``--output-limit``) and ``--grading-log``; the summary gives each
+lab's progress. What each does: docs/grading.md; how graded tests are written:
+``reference_impl.course.grading`` and docs/grading.md, 'Writing a graded test'.
 """
 import collections
 import json

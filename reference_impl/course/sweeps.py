@@ -1,18 +1,9 @@
 """The configurations a graded check runs over: drawn from the exercise's space, not picked.
 
-A check that runs one configuration chosen by hand passes every mistake that configuration
-cannot show: a ring whose neighbours come from the global rank passes on CP groups of
-consecutive ranks, a softmax taken in bf16 passes in fp32. So a graded check sweeps:
-
-* :func:`group_layouts`: the ways to cut ``world`` ranks into groups of ``size``, consecutive
-  ([0, 1], [2, 3]), strided ([0, 2], [1, 3]) and permuted (a seeded shuffle), the world itself
-  when ``size`` is ``world``;
-* :func:`draw`: a seeded sample of a product space (sizes that do not divide, dtypes,
-  magnitudes, steps) in which every value of every axis appears at least once.
-
-The draw is seeded: fixed for grading (every student gets the same cases, ``DEFAULT_SEED``),
-printed in a failure (:func:`label`), and reproduced with the plugin's ``--sweep-seed``; the
-hidden checks a grader keeps use other seeds.
+:func:`group_layouts` cuts ranks into groups consecutive, strided and permuted; :func:`draw` is
+a seeded sample of a product space in which every value of every axis appears at least once.
+The seed is fixed for grading (``DEFAULT_SEED``), printed in a failure (:func:`label`) and
+reproduced with ``--sweep-seed``. Why: docs/grading.md, 'Public and hidden checks'.
 """
 from __future__ import annotations
 

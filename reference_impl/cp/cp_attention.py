@@ -1,22 +1,11 @@
 """Self-attention with context parallelism: the layer a CP rank runs on its tokens.
 
-The single-device layer is the Llama-style ``llama_blocks.GroupedQueryAttention`` (separate q,
-k, v projections, ``kv_heads`` KV heads, rotary embeddings on q and k, ``rotary.py``).
-:class:`ContextParallelAttention` is the same layer on one rank of a context-parallel group:
-
-    x_r (batch, seq/cp, hidden), this rank's tokens in the load-balanced layout (load_balance.py)
-    -> q, k, v projections (whole weights, replicated over the CP group)
-    -> rotary embeddings with the tokens' *global* positions
-    -> ring attention (or the all-gather variant): causal over the whole sequence
-    -> output projection                         -> this rank's tokens' outputs
-
-Everything but the attention core is per token, so it runs on the rank's tokens as it would
-on one device. **Gradient sync.** The projections' weights are replicated, and each rank's
-gradient covers its own tokens only: the sum over the CP group is the single-device gradient.
-:func:`sync_context_parallel_grads` sums them. In a training run, the same sum is done by the
-data-parallel gradient reduction instead, when the CP ranks join it: Megatron-core reduces the
-gradients over the data-parallel x context-parallel group (each CP rank counts as one more
-data shard holding part of every sample).
+:class:`ContextParallelAttention` is ``llama_blocks.GroupedQueryAttention`` on one rank of a CP
+group: replicated projections and rotary embeddings at the tokens' global positions on this
+rank's load-balanced tokens, ring attention (or the all-gather variant) for the causal core.
+The replicated weights' gradients sum over the CP group (:func:`sync_context_parallel_grads`, or
+the data-parallel reduction over dp x cp in training). Data flow: docs/library.md, 'Beyond the
+three dimensions'.
 """
 from __future__ import annotations
 

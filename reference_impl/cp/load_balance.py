@@ -29,7 +29,7 @@ def check_sequence(seq: int, cp: int) -> None:
 
 def chunks_of_rank(cp: int, rank: int) -> tuple[int, int]:
     """The two chunks rank ``rank`` holds: its own index and its mirror image."""
-    # BEGIN SOLUTION lab8: of the 2*cp chunks, this rank's own index and its mirror image from the end (one early chunk, one late)
+    # BEGIN SOLUTION lab8: chunks_of_rank (hint: "chunks and positions" in the notebook)
     return rank, 2 * cp - 1 - rank
     # END SOLUTION
 
@@ -54,7 +54,7 @@ def unshard_sequence(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
 def token_positions(seq: int, cp: int, rank: int, device=None) -> torch.Tensor:
     """The global positions (int64) of rank ``rank``'s seq / cp tokens, in the order it holds them."""
     check_sequence(seq, cp)
-    # BEGIN SOLUTION lab8: the places in the whole sequence (0 .. seq-1) of this rank's two chunks of seq / (2*cp) tokens, first chunk first
+    # BEGIN SOLUTION lab8: token_positions (hint: "chunks and positions" in the notebook)
     chunk = seq // (2 * cp)
     return torch.cat([torch.arange(index * chunk, (index + 1) * chunk, device=device)
                       for index in chunks_of_rank(cp, rank)])
@@ -69,7 +69,7 @@ def visible_part(cp: int, rank: int, owner: int, seq_local: int) -> tuple[slice,
     the rank's own block alone; of any other block the visible part is a whole rectangle, half
     of the block (the notebook's section 3 derives which half from the chunks' places)."""
     half = seq_local // 2
-    # BEGIN SOLUTION lab8: compare the places of the two ranks' chunks (notebook, section 3): which of my chunks sees which of the owner's, whole, partly or not at all
+    # BEGIN SOLUTION lab8: visible_part (hint: "what is visible" in the notebook)
     if owner == rank:
         return slice(0, seq_local), slice(0, seq_local), True
     if owner < rank:

@@ -74,7 +74,7 @@ def merge_partials(out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor,
     """The online-softmax merge of two blocks' (out, lse) for the same queries (fp32): ``out``
     (batch, heads, s_q, d), ``lse`` (batch, heads, s_q); a row that sees no key of both stays
     (0, -inf)."""
-    # BEGIN SOLUTION lab8: lse = log(e^lse1 + e^lse2); each block's out weighs by its share of the row's softmax mass, exp(lse_i - lse); a row with lse = -inf in both must give (0, -inf), not NaN (_finite)
+    # BEGIN SOLUTION lab8: merge_partials (hint: "merging two blocks" in the notebook)
     lse = torch.logaddexp(lse1, lse2)
     finite = _finite(lse)
     out = (lse1 - finite).exp()[..., None] * out1 + (lse2 - finite).exp()[..., None] * out2

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as distributed_c10d
 
+from reference_impl.attention import check_kv_heads
 from reference_impl.cp.load_balance import token_positions, visible_part
 from reference_impl.cp.online_softmax import (block_attention, block_attention_backward,
                                               merge_partials, output_dot_grad)
@@ -53,8 +54,7 @@ def check_attention_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
     if (k.shape[0], k.shape[2], k.shape[3]) != (batch, seq, dim):
         raise ValueError(f"k and v {tuple(k.shape)} must match q {tuple(q.shape)} in batch, seq "
                          "and head_dim")
-    if heads % kv_heads:
-        raise ValueError(f"kv_heads {kv_heads} does not divide heads {heads}")
+    check_kv_heads(heads, kv_heads)
     if seq % 2:
         raise ValueError(f"the load-balanced layout gives each rank 2 equal chunks: this rank's "
                          f"seq {seq} is odd")
@@ -83,7 +83,7 @@ def start_ring_exchange(tensor: torch.Tensor, group, tag: int) -> _Transfer:
 
     received = torch.empty_like(tensor)
     # P2POp accepts torch's own isend/irecv only (not a tracer's wrappers of dist.isend)
-    # BEGIN SOLUTION lab8: the two operations of the ring: a P2POp isend of tensor to the next group rank, an irecv into received from the previous one (global ranks, the same tag)
+    # BEGIN SOLUTION lab8: start_ring_exchange (hint: "the ring exchange" in the notebook)
     operations = [dist.P2POp(distributed_c10d.isend, tensor, global_rank((rank + 1) % cp), group, tag),
                   dist.P2POp(distributed_c10d.irecv, received, global_rank((rank - 1) % cp), group, tag)]
     # END SOLUTION
@@ -100,7 +100,7 @@ def backward_step(q: torch.Tensor, kv: torch.Tensor, grad_out: torch.Tensor, lse
     log-sum-exp of each query row (over every block), ``out_dot_grad`` the rows'
     :func:`output_dot_grad`, ``positions`` this rank's tokens' global positions. Notebook,
     section 4b, derives it."""
-    # BEGIN SOLUTION lab8: the same part of the block as the forward attends to, its gradients by block_attention_backward with the forward's lse (the block's probabilities are its share of the whole row's softmax), placed into full-size fp32 zeros like q and kv
+    # BEGIN SOLUTION lab8: backward_step (hint: "one backward step" in the notebook)
     rows, keys, masked = visible_part(cp, rank, owner, q.shape[2])
     grad_q_rows, grad_k, grad_v = block_attention_backward(
         q[:, :, rows], kv[0][:, :, keys], kv[1][:, :, keys], grad_out[:, :, rows], lse[:, :, rows],
@@ -128,7 +128,7 @@ class RingAttention(torch.autograd.Function):
             for step in range(cp):
                 if clock and step < cp - 1:
                     clock.start(q.device)
-                # BEGIN SOLUTION lab8: post the next block's exchange first (transfer; None at the last step), then attend the queries to the visible part of the block held now (whose is it at this step?) and merge the result into out, lse (step 0 sets them)
+                # BEGIN SOLUTION lab8: RingAttention.forward (hint: "a forward step" in the notebook)
                 transfer = start_ring_exchange(kv, group, KV_TAG) if step < cp - 1 else None
                 rows, keys, masked = visible_part(cp, rank, (rank - step) % cp, q.shape[2])
                 block_out, block_lse = block_attention(q[:, :, rows], kv[0][:, :, keys], kv[1][:, :, keys],
@@ -158,7 +158,7 @@ class RingAttention(torch.autograd.Function):
             positions = token_positions(seq, cp, rank, q.device)
             out_dot_grad = output_dot_grad(out, grad_out)
             kv = torch.stack((k, v))
-            # BEGIN SOLUTION lab8: the blocks travel as in the forward; at each step dQ (fp32, it stays here) gains the queries' gradient through the block held, and the block's dK/dV gains this rank's share, then travels on behind the block so that every block's sum reaches its owner, which keeps its own share from step 0 (own_grad_kv: the sum of the cp shares of this rank's block, fp32, like kv)
+            # BEGIN SOLUTION lab8: RingAttention.backward (hint: "the backward ring" in the notebook)
             grad_q = torch.zeros_like(q, dtype=torch.float32)
             arriving = None  # the dK/dV of the block held now, summed by the ranks it visited before
             for step in range(cp):

@@ -1,18 +1,10 @@
-"""The course's figures, one module per family, all drawn in the colours and conventions of
-``style``: each function returns a matplotlib ``Figure`` (not pyplot), so a notebook shows it
-and a script saves it.
+"""The course's figures, one module per family, all in ``style``'s colours and conventions; each
+function returns a matplotlib ``Figure`` (not pyplot), so a notebook shows it and a script saves it.
 
-Collectives (lab 0): each collective's buffers before and after (``collective_buffers``), the
-ring all-reduce step by step (``ring_all_reduce``), the alpha-beta fit (``all_reduce_fit``),
-a node's links (``node_topology``). Rank layouts (labs 1, 5): the groups (``rank_groups``) and
-the layout on nodes (``node_mesh``). Tensor parallelism (labs 2, 3): ``tensor_parallel``.
-Pipelines (lab 4): Gantt charts and Perfetto traces (``pipeline_gantt``). ZeRO (lab 5):
-``zero_partitions``. Profiles (lab 6): a merged trace's timeline (``trace_timeline``), the
-scaling efficiencies and the communication measured against its prediction (``scaling``).
-Context parallelism (lab 8): the ring's steps, the causal mask in chunks, the traffic
-(``context_parallel``).
-Experts (lab 9): the dispatch and combine, the EP and EDP groups, the load per expert
-(``experts``).
+Lab 0: ``collective_buffers``, ``ring_all_reduce``, ``all_reduce_fit``, ``node_topology``. Labs
+1 and 5: ``rank_groups``, ``node_mesh``, ``zero_partitions``. Labs 2 and 3: ``tensor_parallel``.
+Lab 4: ``pipeline_gantt`` (Gantt charts, Perfetto traces). Lab 6: ``trace_timeline``, ``scaling``.
+Lab 8: ``context_parallel``. Lab 9: ``experts`` (dispatch and combine, EP and EDP groups, load).
 """
 from reference_impl.lazy_exports import lazy_exports
 

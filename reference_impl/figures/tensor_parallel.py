@@ -1,18 +1,11 @@
-"""Pictures of tensor parallelism for labs 2 and 3, one idea each.
+"""Pictures of tensor parallelism for labs 2 and 3, one idea each; each returns a matplotlib
+``Figure``, the matrices drawn as a linear layer computes them, y = x Wᵀ, a colour per rank.
 
-* :func:`plot_linear_split`: how a linear layer's weight is split over tp ranks, column- or
-  row-parallel (Megatron-LM, as in the course notes "Week 15 - Tensor Parallelism and Pipeline
-  Parallelism"), and what each rank computes;
-* :func:`plot_distributed_linear`: SageMaker's distributed linear (the SageMaker model
-  parallelism library documentation, "How Tensor Parallelism Works"): all-gather the samples,
-  apply the local shard, reduce-scatter (sum) the partial outputs;
+* :func:`plot_linear_split`: a weight split column- or row-parallel (Megatron-LM, as in the
+  course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism");
+* :func:`plot_distributed_linear`: SageMaker's distributed linear ("How Tensor Parallelism Works");
 * :func:`plot_qkv_split`: why the fused [q; k; v] weight must be split block by block;
-* :func:`plot_block_collectives`: where the f and g operators, and so the all-reduces, sit in a
-  tensor-parallel transformer block, forward and backward.
-
-Each returns a matplotlib ``Figure`` (not pyplot), so a notebook shows it and a script saves it.
-The matrices are drawn as a linear layer computes them, y = x Wᵀ: x is (tokens x in), Wᵀ is
-(in x out), y is (tokens x out). Each rank has its own colour.
+* :func:`plot_block_collectives`: where the f and g operators sit in a TP block.
 """
 from __future__ import annotations
 
@@ -21,6 +14,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
 from reference_impl.figures.style import (BACKWARD, GOOD, GREY_20, GREY_27, GREY_33, GREY_47,
                                           GREY_53, HIGHLIGHT, RANK_COLOURS, SLATE, new_figure)
+from reference_impl.tp.head_split import check_head_split
 
 _WHOLE = SLATE  # a tensor every rank holds whole
 _FORWARD = HIGHLIGHT  # an all-reduce in the forward pass
@@ -205,8 +199,7 @@ def qkv_owner(row_block: int, heads: int, tp: int, blocks: int) -> int:
 def plot_qkv_split(heads: int = 4, tp: int = 2) -> Figure:
     """The fused qkv weight's rows, one cell per head's q, k or v rows, coloured by the rank
     that gets them: split naively into tp chunks (top) and block by block (bottom)."""
-    if heads % tp:
-        raise ValueError(f"heads {heads} is not divisible by tp = {tp}")
+    check_head_split(heads, tp)
     cell, left = 0.8, 2.6
     width = left + 3 * heads * cell + 0.3
     figure = new_figure(width * 0.85, 4.2 * 0.85, constrained=False)

@@ -8,39 +8,15 @@ torchtitan's ``parallelize_llama``: apply_pp, apply_tp, apply_ac, apply_fsdp / a
     optimizer = build_optimizer(model, torch.optim.AdamW(model.parameters(), lr=3e-4))
     loss = parallel_gpt.train_step(model, tokens, targets, optimizer, max_norm=1.0)
 
-The steps, in the order :func:`parallelize_gpt` runs them:
-
-* :func:`apply_pp` cuts ``gpt_layers(gpt)`` (embedding, blocks, head) into the schedule's
-  stages by parameter count and keeps this rank's layers (references: nothing copied yet).
-* :func:`apply_tp` turns each kept layer into its tensor-parallel version, shard-from-full, on
-  ``current_device()``: ``ParallelBlock`` (``SequenceParallelBlock`` with ``sp``) or, for a
-  block with Llama parts (``llama_blocks``), ``parallel_blocks.ParallelPartsBlock``, the
-  vocabulary-parallel embedding and head. With ``sp`` (Korthikanti et al. 2022, "Reducing
-  Activation Recomputation in Large Transformer Models", section 4.2.2) everything between the
-  embedding and the final layernorm is this rank's sequence shard: the embedding's output is
-  split along the sequence (``scatter_to_tp``), the head's input gathered (``gather_from_tp``),
-  so pipeline stages exchange (micro_batch, seq / tp, hidden).
-* :func:`apply_cp` (with ``cp`` > 1, ``context_parallel.py``): each block's attention becomes
-  ring attention over the CP group; :func:`parallel_gpt.train_step` gives each CP rank its
-  load-balanced share of the sequence, and the gradients below are reduced over RDP x CP.
-* :func:`apply_recompute`: ``memory/recompute.py`` on every block, ``selective`` (the attention
-  core) or ``full`` (the whole block; same paper, section 5).
-* :func:`apply_dp`: the data-parallel kind (``dp_kinds/``: sync, ddp_hooks, zero1..3, fsdp2),
-  its hooks or its sharding; :func:`build_optimizer` asks it for the optimizer and
-  :func:`finish_gradients` for what is left of its reduction. Under every kind the
-  sequence-parallel parameters' gradients (layernorms, row biases) are then summed over the TP
-  group; ``grad_norm.py`` clips the result by the global norm, counting each piece of the
-  gradient once under every layout.
-
-What does not compose is refused by ``training_plan.TrainingPlan`` with the rule and the numbers:
-``sp`` without ``tp > 1``; a sequence, head count or hidden size that ``tp`` does not divide;
-KV heads ``tp`` neither divides nor is divided by (``llama_tp.kv_head_layout``); ``cp`` with
-learned positions or a sequence not divisible by 2cp; selective
-recomputation of grouped-query attention (``recompute.py`` re-implements the GPT's attention);
-the hook-driven kinds (ddp_hooks, zero2, zero3, fsdp2) with a split-backward schedule (zb-h1:
-its W adds the weight gradients without autograd, so no hook sees them); ZeRO with another
-optimizer than Adam or AdamW. Everything else composes, zero3 with full recomputation
-included (a layer recomputed in the backward gathers its parameters again, as in its forward).
+The steps, in order: :func:`apply_pp` keeps this rank's stages of ``gpt_layers(gpt)``;
+:func:`apply_tp` makes each kept layer tensor-parallel, shard-from-full (with ``sp`` the
+blocks hold sequence shards: Korthikanti et al. 2022, "Reducing Activation Recomputation in
+Large Transformer Models"); ``apply_ep`` makes MoE blocks expert-parallel; :func:`apply_cp`
+turns attention into ring attention; :func:`apply_recompute` wraps blocks
+(``memory/recompute.py``); :func:`apply_dp` applies the data-parallel kind (``dp_kinds/``),
+which :func:`build_optimizer` and :func:`finish_gradients` then ask. What does not compose is
+refused by ``training_plan.py``, each rule once. Each step, and why: docs/library.md,
+"Hybrid and 3D parallelism".
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from reference_impl.model import ModelConfig
 from reference_impl.pipeline.named_schedules import build_schedule
 from reference_impl.pipeline.pipeline_schedules import Schedule
 from reference_impl.precision import check_precision
-from reference_impl.tp.llama_tp import kv_head_layout
+from reference_impl.tp.head_split import kv_head_layout
 
 RECOMPUTE_MODES = ("none", *(mode for mode in MODES if mode))
 

@@ -2,61 +2,10 @@
 
 :class:`SavedActivations` measures the bytes autograd saves (saved-tensor hooks);
 :func:`model_activation_bytes` is this model's exact count, per block and rank, with or without
-recomputation (``recompute.py``); Korthikanti et al. 2022, Table 2 ("Reducing Activation
-Recomputation in Large Transformer Models") is lab 7's ``perf.capacity.activation_bytes_per_layer``.
-
-**This model's count, term by term** (one block, fp32: 4 bytes an element, s = seq, b = batch,
-h = hidden, a = heads, t = tensor-parallel size; "sbh" = one activation, b*s*h elements)::
-
-    saved tensor                            by                  elements     paper (16-bit)
-    block input x                           ln1                 sbh          2sbh
-    ln1 out                                 qkv linear          sbh          2sbh
-    q, k (contiguous copies, t-split)       q @ k^T (bmm)       2sbh/t       4sbh/t
-    softmax(scores) (t-split)               softmax, @ v        as^2b/t      2as^2b/t
-      - (no dropout)                                            -            as^2b/t mask +
-                                                                             2as^2b/t output
-    v (contiguous copy, t-split)            @ v (bmm)           sbh/t        2sbh/t
-    merged heads (t-split)                  proj linear         sbh/t        2sbh/t
-      - (no dropout after proj)                                 -            sbh mask
-    x1 = x + attn                           ln2                 sbh          2sbh
-    ln2 out                                 fc1 linear          sbh          2sbh
-    fc1 out (t-split)                       GeLU                4sbh/t       8sbh/t
-    GeLU out (t-split)                      fc2 linear          4sbh/t       8sbh/t
-      - (no dropout after fc2)                                  -            sbh mask
-    ln1, ln2 mean and 1/std (fp32, b*s)     layernorms          4sb          (ignored)
-    causal mask (bool, s*s, 1 byte each)    masked_fill         s^2 bytes    (ignored)
-
-    none:       4 (4sbh + 12sbh/t + as^2b/t) + 16sb + s^2         bytes
-    selective:  4 (4sbh + 12sbh/t)           + 16sb               (the checkpointed attention
-                core saves its inputs q, k, v: the qkv output, 3sbh/t, instead of the copies)
-    full:       4 sbh                                             (the block input only)
-
-At t = 1 that is 4 (16 sbh + as^2b) + 16sb + s^2: the paper's sbh (34 + 5as/h) is 2 (16 sbh) +
-2 sbh (two 1-byte dropout masks) + 2 * 2as^2b (softmax and dropout outputs) + as^2b (the dropout
-mask). With sequence parallelism the layernorms and their inputs are t-split, but here autograd
-keeps the *gathered* input of each column-parallel linear (see ``sequence_parallel.py``):
-4 (2sbh/t + 2sbh + 12sbh/t + as^2b/t) + 16sb/t + s^2, where Megatron-LM saves the shard and
-gathers it again in the backward (the paper's 34/t).
-
-**The attention kernel.** With ``attention="sdpa"`` (a fused kernel, FlashAttention on a GPU)
-no s x s tensor is saved: the softmax and the causal mask give way to one fp32 log-sum-exp per
-query row and head, 4 as b/t bytes (the kernel keeps q, k, v and its output, which are the
-tensors the explicit count already has). Korthikanti et al.'s 5as/h term goes the same way in
-``perf.capacity.activation_bytes_per_layer`` with ``flash``.
-
-**bf16** (``precision.py``: autocast, the residual stream and layernorms in fp32): every
-tensor a matmul saves is bf16, 2 bytes, and the rest keeps 4: the layernorm inputs (the
-residual stream) 4 sbh each, the linears' inputs 2 sbh each (the bf16 casts of the layernorm
-outputs) and 2 * 12sbh/t; the explicit softmax runs in fp32 (``attention.causal_attention``), so
-its output takes 4 as^2b/t and the bf16 copy the @ v matmul keeps 2 more:
-
-    bf16, per block:  36 sbh + 6 as^2b + s^2 + 16 sb    (explicit, t = 1)
-                      36 sbh + 4 asb + 16 sb            (sdpa)
-
-Autocast also keeps a bf16 copy of each matmul weight from the forward to the backward;
-those are counted with the model states (``precision.weight_copy_bytes``), not here.
-:func:`gpt_activation_bytes` adds the rest of the GPT (embeddings, final layernorm, head,
-cross-entropy) to the blocks' count.
+recomputation (``recompute.py``), fp32 or bf16, explicit or sdpa attention, and
+:func:`gpt_activation_bytes` the whole GPT's; Korthikanti et al. 2022, Table 2, is lab 7's
+``perf.capacity.activation_bytes_per_layer``. The count term by term, against the paper's:
+docs/library.md, 'Activation memory, term by term'.
 """
 from __future__ import annotations
 
@@ -138,7 +87,7 @@ def model_activation_bytes(s: int, b: int, h: int, a: int, t: int = 1,
                            attention: str = "explicit", precision: str = "fp32") -> int:
     """Exact bytes saved for the backward by one block of *this* model (``model.Block``, no
     dropout) on one rank of a TP group of size t, with the ``attention`` kernel in
-    ``precision``; the derivation is in the module docstring. s, b, h, a: sequence,
+    ``precision``; the derivation is in docs/library.md. s, b, h, a: sequence,
     micro-batch, hidden, heads (global, not per rank)."""
     if recompute not in MODES:
         raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")

@@ -1,18 +1,10 @@
 """Activation recomputation (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-Transformer Models", sections 4.1-5).
+Transformer Models", sections 4.1-5): full (each block's forward again in the backward) or
+selective (only the attention core, whose saved tensors grow with s^2).
 
-Training keeps, between the forward and the backward, every tensor autograd saves for the
-backward: the *activations*. Recomputation trades them for compute:
-
-* **full**: keep only each block's input and run the block's forward again during the
-  backward (``torch.utils.checkpoint``, ``use_reentrant=False``): ~1/3 more compute;
-* **selective**: recompute only the attention core, softmax(q k^T / sqrt(d)) v, whose saved
-  tensors grow with s^2 (the paper's 5as/h term) while its flops are small; keep the rest.
-
-:func:`recompute` switches either on, in place, for every transformer block inside a module (a
-``model.Block``, a TP ``ParallelBlock``, an SP block, a pipeline stage, a ``GPT``); parameter
-names and the state dict are unchanged, so the equivalence checks still pair them by name.
-``activation_memory.py`` measures what each mode saves and gives the formulas.
+:func:`recompute` switches either on, in place, for every transformer block inside a module,
+parameter names unchanged. What each mode saves and costs: docs/library.md, 'Activation memory,
+term by term'.
 """
 from __future__ import annotations
 

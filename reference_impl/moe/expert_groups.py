@@ -61,7 +61,7 @@ def expert_parallel_groups(dp_groups: Sequence[Sequence[int]], ep: int) -> Group
     for members in (tuple(sorted(group)) for group in dp_groups):
         check_expert_parallel(len(members), ep)
         groups["DP"].append(members)
-        # BEGIN SOLUTION lab9: add this DP group's EP groups (dp / ep of them, each ep consecutive members: together they hold every expert once) and its EDP groups (ep of them, each the members holding the same experts, one from each EP group), as tuples of global ranks in increasing order
+        # BEGIN SOLUTION lab9: expert_parallel_groups (hint: "EP and EDP groups" in the notebook)
         groups["EP"] += [members[start:start + ep] for start in range(0, len(members), ep)]
         groups["EDP"] += [members[offset::ep] for offset in range(ep)]
         # END SOLUTION

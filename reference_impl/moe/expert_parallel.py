@@ -70,7 +70,7 @@ class ExpertParallelMoE(nn.Module):
         ep, group = self.groups.ep_size, self.groups.ep
         self.all_to_all_log = log = []
 
-        # BEGIN SOLUTION lab9: the dispatch (steps 2-4 above; the notebook's section 6). Afterwards the code below reads received, the rows this rank's local experts run, from every rank of the EP group in rank order, and recv_counts, (ep, E/ep): how many of them each rank sent for each local expert; the combine will need to send every row back and put it at its token
+        # BEGIN SOLUTION lab9: the dispatch (hint: "dispatch and combine" in the notebook)
         # 2. permute: kept assignments (token-major), stably sorted by expert
         top_k = routing.expert_index.shape[1]
         assignment = routing.kept.flatten().nonzero().squeeze(1)
@@ -98,7 +98,7 @@ class ExpertParallelMoE(nn.Module):
             computed = computed.index_add(0, rows, expert(received.index_select(0, rows)))
         self.tokens_per_local_expert = recv_counts.sum(dim=0).tolist()
 
-        # BEGIN SOLUTION lab9: the combine. Send every computed row back where it came from (all_to_all_rows, named "combine", logged in log); it arrives in the order it left (by expert); y (T, hidden): each token's rows weighted by their routing.weight and summed in the token's place (a token whose slots were all dropped stays 0)
+        # BEGIN SOLUTION lab9: the combine (hint: "dispatch and combine" in the notebook)
         # 6. combine
         returned = all_to_all_rows(computed, recv_splits, send_splits, group, "combine", log)
 
@@ -130,7 +130,7 @@ def sync_moe_grads(module: nn.Module, groups: ExpertGroups) -> None:
         if parameter.grad is None:  # a rank whose tokens missed it: its share is 0
             parameter.grad = torch.zeros_like(parameter)
         (expert if is_expert_parameter(parameter) else dense).append(parameter.grad)
-    # BEGIN SOLUTION lab9: sum each list of gradients over the group of ranks holding copies of those parameters that saw other tokens, and divide so that every gradient is that of the mean of the dp ranks' losses (all_reduce_mean sums over a group, then divides by the number you give it)
+    # BEGIN SOLUTION lab9: sync_moe_grads (hint: "the MoE gradient sync" in the notebook)
     all_reduce_mean(dense, groups.dp, groups.dp_size)
     all_reduce_mean(expert, groups.edp, groups.dp_size)
     # END SOLUTION

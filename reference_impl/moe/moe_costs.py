@@ -1,23 +1,10 @@
 """What expert parallelism costs, from the routing counts: the all-to-all bytes each rank
 sends, and how unevenly the experts are loaded.
 
-**All-to-all bytes** (GShard, Lepikhin et al. 2020, section 3; the dispatch and combine of
-``expert_parallel.py``). In an EP group of ep ranks, each holding E/ep consecutive experts,
-let n[s][d] be the tokens (kept assignments) rank s routes to the experts of rank d. Rank r:
-
-    dispatch forward    sends its tokens to other ranks:            sum_{d != r} n[r][d]
-    combine forward     sends back the rows it computed for others:  sum_{s != r} n[s][r]
-    dispatch backward   (the reverse of the dispatch: the gradients of the rows it received)
-                                                                     sum_{s != r} n[s][r]
-    combine backward    (the reverse of the combine: the gradients of its own tokens' rows)
-                                                                     sum_{d != r} n[r][d]
-
-each times hidden * bytes per element; rows for its own experts stay on the rank. With uniform
-routing a rank keeps 1/ep of its T k rows and sends (ep - 1)/ep T k of them each way.
-
-**Load imbalance**: max_e / mean_e of the tokens per expert, 1 when balanced. The slowest
-expert (and so the slowest EP rank) sets the pace; with capacity, tokens past it are dropped
-instead (the cost moves from time to quality). The Switch auxiliary loss pushes it towards 1.
+All-to-all bytes of the dispatch and combine, forward and backward (GShard, Lepikhin et al.
+2020, section 3), and the load imbalance max_e / mean_e of the tokens per expert (1 when
+balanced; the Switch auxiliary loss pushes it towards 1). The formulas: docs/library.md,
+'Beyond the three dimensions'.
 """
 from __future__ import annotations
 
@@ -54,7 +41,7 @@ def tokens_to_ranks(tokens_per_expert: Sequence[int], ep: int) -> list[int]:
 
 def all_to_all_bytes(tokens_per_expert_by_rank: Sequence[Sequence[int]], rank: int, hidden: int,
                      bytes_per_element: int = 4) -> AllToAllBytes:
-    """The formula of the module docstring for ``rank`` (its index in the EP group), from every
+    """The formula of docs/library.md for ``rank`` (its index in the EP group), from every
     EP rank's kept tokens per expert (``Routing.tokens_per_expert``), in EP-rank order."""
     ep = len(tokens_per_expert_by_rank)
     n = [tokens_to_ranks(counts, ep) for counts in tokens_per_expert_by_rank]

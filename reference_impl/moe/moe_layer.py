@@ -1,18 +1,10 @@
 """The single-device mixture-of-experts layer: the oracle of expert parallelism.
 
-A router (``router.py``) and E expert MLPs (``model.MLP``: fc1, GeLU, fc2), replacing the one
-MLP of a transformer block (Shazeer et al. 2017; GShard; Switch Transformers). For each token
-x_t, with its k slots (expert e_ts, weight w_ts, kept or dropped):
-
-    y_t = sum over the kept slots s of w_ts * expert_{e_ts}(x_t)
-
-A token whose slots were all dropped gets y_t = 0: the block's residual carries it.
-
-Written plainly, one expert at a time: gather the rows routed to it (``index_select``), run it,
-scatter its weighted outputs back (``index_add``). ``routing_groups`` routes consecutive runs of
-tokens as separate router calls, each with its own capacity and auxiliary loss: the tokens of
-dp data-parallel ranks, routed by one layer as the dp ranks of an expert-parallel layer route
-them (``expert_parallel.py``), each rank its own.
+A router (``router.py``) and E expert MLPs in place of a block's MLP (Shazeer et al. 2017;
+GShard; Switch Transformers): y_t = sum over the kept slots s of w_ts expert_{e_ts}(x_t), 0 for
+a token whose slots were all dropped. One expert at a time (``index_select``, ``index_add``);
+``routing_groups`` routes runs of tokens as the dp ranks of an expert-parallel layer would.
+Details: docs/library.md, 'Beyond the three dimensions'.
 """
 from __future__ import annotations
 

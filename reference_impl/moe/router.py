@@ -91,7 +91,7 @@ def keep_within_capacity(expert_index: torch.Tensor, num_experts: int,
     counted in token order (slots of one token in slot order: they name different experts)."""
     if capacity is None:
         return torch.ones_like(expert_index, dtype=torch.bool)
-    # BEGIN SOLUTION lab9: True for the first `capacity` assignments of each expert, counted in token order over the (T, k) assignments (a token's slots in slot order); the rest are dropped. See the notebook's hint for counting without a Python loop
+    # BEGIN SOLUTION lab9: keep_within_capacity (hint: "top-k and capacity" in the notebook)
     one_hot = F.one_hot(expert_index.flatten(), num_experts)     # (T*k, E), token-major
     position = (one_hot.cumsum(dim=0) - 1) * one_hot              # place in its expert's queue
     return (position.sum(dim=1) < capacity).view_as(expert_index)
@@ -121,7 +121,7 @@ class Router(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> Routing:
         """Route ``tokens`` of shape (T, hidden), all of them as one group (one capacity)."""
-        # BEGIN SOLUTION lab9: the code below reads probabilities (T, E), in fp32, expert_index (T, k), each token's k most probable experts, most probable first, and weight (T, k), their weights; the module docstring states the rule
+        # BEGIN SOLUTION lab9: Router.forward (hint: "top-k and capacity" in the notebook)
         probabilities = self.gate(tokens).float().softmax(dim=-1)
         top_probability, expert_index = probabilities.topk(self.top_k, dim=-1)
         weight = top_probability

@@ -47,7 +47,7 @@ def _exchange(rows: torch.Tensor, send_splits: list[int], recv_splits: list[int]
               name: str, log: list | None) -> torch.Tensor:
     """One ``dist.all_to_all_single`` of whole rows with uneven splits (the semantics of the
     module docstring), recorded in ``log`` as ``name``."""
-    # BEGIN SOLUTION lab9: the rows this rank receives: send_splits[d] consecutive rows of rows to rank d of the group, recv_splits[s] rows from rank s into a new tensor, in rank order (a row keeps its trailing shape and dtype; the collective reads a contiguous tensor)
+    # BEGIN SOLUTION lab9: _exchange (hint: "the exchange and its backward" in the notebook)
     rows = rows.contiguous()
     received = rows.new_empty((sum(recv_splits), *rows.shape[1:]))
     dist.all_to_all_single(received, rows, output_split_sizes=recv_splits,
@@ -67,7 +67,7 @@ class _AllToAll(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, rows, send_splits, recv_splits, group, name, log):
-        # BEGIN SOLUTION lab9: exchange the rows (logged as "<name> forward") and keep on ctx what the backward needs (it gets no other arguments)
+        # BEGIN SOLUTION lab9: _AllToAll.forward (hint: "the exchange and its backward" in the notebook)
         ctx.send_splits, ctx.recv_splits = send_splits, recv_splits
         ctx.group, ctx.name, ctx.log = group, name, log
         return _exchange(rows, send_splits, recv_splits, group, f"{name} forward", log)
@@ -75,7 +75,7 @@ class _AllToAll(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        # BEGIN SOLUTION lab9: the gradient of the rows this rank sent, from the gradient of the rows it received (logged as "<name> backward"): one gradient per argument of forward. The notebook's section "The all-to-all's backward" derives which exchange that is
+        # BEGIN SOLUTION lab9: _AllToAll.backward (hint: "the exchange and its backward" in the notebook)
         # What was received goes back to where it came from; what was sent comes home.
         grad_rows = _exchange(grad, ctx.recv_splits, ctx.send_splits, ctx.group,
                               f"{ctx.name} backward", ctx.log)

@@ -47,7 +47,7 @@ def llama_parameters(layers: int, hidden: int, heads: int, kv_heads: int, ffn: i
     an output layer of the same size."""
     if hidden % heads:
         raise ValueError(f"hidden {hidden} is not divisible by heads {heads}")
-    # BEGIN SOLUTION lab7: every weight matrix of one layer with its two dimensions (grouped-query attention narrows two of them; a gated MLP has one matrix more), times the layers, plus what sits outside the layers (notebook section 1)
+    # BEGIN SOLUTION lab7: llama_parameters (hint: "counting parameters" in the notebook)
     head_size = hidden // heads
     attention = 2 * hidden * hidden + 2 * hidden * kv_heads * head_size
     mlp = (3 if gated else 2) * hidden * ffn
@@ -61,7 +61,7 @@ def first_stage_parameters(layer_params: float, layers: int, vocab: int, hidden:
     """Parameters one GPU of the first pipeline stage holds: its stage's layers (``layers`` /
     ``pp``, rounded up) of ``layer_params`` each, and the vocabulary-parallel embedding, all
     split over the ``tp`` GPUs of its TP group."""
-    # BEGIN SOLUTION lab7: the first stage's layers (an uneven split gives the first stages the extra) and the embedding, every matrix split over the TP group (notebook Exercise 2)
+    # BEGIN SOLUTION lab7: first_stage_parameters (hint: "model states" in the notebook)
     return (math.ceil(layers / pp) * layer_params + vocab * hidden) / tp
     # END SOLUTION
 
@@ -80,7 +80,7 @@ def model_state_bytes_per_parameter(stage: int, shards: int, accounting: str = "
         raise ValueError(f"shards must be at least 1, got {shards}")
     if accounting == "zero":
         return zero_memory_formula(1, shards, stage)  # lab 5's count, for one parameter
-    # BEGIN SOLUTION lab7: Megatron-LM's bytes of weight, gradient and optimizer state; its distributed optimizer divides one of them over the shards, the others stay whole (notebook section 2's table)
+    # BEGIN SOLUTION lab7: model_state_bytes_per_parameter (hint: "model states" in the notebook)
     weight, gradient, optimizer = 2, 4, 12
     return weight + gradient + (optimizer / shards if stage else optimizer)
     # END SOLUTION
@@ -95,7 +95,7 @@ def activation_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1,
     (softmax and dropout outputs, 2 bytes each, and a 1-byte mask: 4 without dropout); with
     ``flash`` attention no scores are kept but one fp32 log-sum-exp per row and head, 4 asb/t
     bytes."""
-    # BEGIN SOLUTION lab7: Korthikanti et al.'s Table 2 (notebook section 2): of the sbh part, what TP shards and what every rank keeps whole (SP shards that too), without the 1-byte masks when there is no dropout; the scores, or flash's fp32 log-sum-exp per row and head
+    # BEGIN SOLUTION lab7: activation_bytes_per_layer (hint: "activations in flight" in the notebook)
     mask = 1 if dropout else 0
     replicated = (8 + 2 * mask) * s * b * h
     if sequence_parallel:
@@ -124,7 +124,7 @@ def in_flight_microbatches(pp: int, microbatches: int, v: int = 1) -> float:
     """Microbatches whose activations the first stage holds at once: 1F1B keeps at most ``pp``
     (and never more than there are), interleaved 1F1B with ``v`` chunks per rank a factor
     1 + (pp - 1) / (pp v) more."""
-    # BEGIN SOLUTION lab7: what bounds the microbatches 1F1B's first stage has started but not finished, and the interleaved factor of Korthikanti et al. 2022, section 4.2.3 (notebook Exercise 3)
+    # BEGIN SOLUTION lab7: in_flight_microbatches (hint: "activations in flight" in the notebook)
     held = min(pp, microbatches)
     return held * (1 + (pp - 1) / (pp * v)) if v > 1 else held
     # END SOLUTION
@@ -133,7 +133,7 @@ def in_flight_microbatches(pp: int, microbatches: int, v: int = 1) -> float:
 def bubble_fraction(pp: int, microbatches: int, v: int = 1) -> float:
     """The idle share of a 1F1B pipeline's step, (p-1)/(m+p-1); interleaved with ``v`` chunks
     per rank, (p-1)/(vm+p-1) (Narayanan et al. 2021)."""
-    # BEGIN SOLUTION lab7: idle slots over the makespan, in slots (lab 4; notebook Exercise 5)
+    # BEGIN SOLUTION lab7: bubble_fraction (hint: "the bubble and the pipeline" in the notebook)
     return (pp - 1) / (v * microbatches + pp - 1)
     # END SOLUTION
 
@@ -141,7 +141,7 @@ def bubble_fraction(pp: int, microbatches: int, v: int = 1) -> float:
 def tp_all_reduce_bytes_per_layer(b: int, s: int, h: int, bytes_per_element: int = 2) -> int:
     """Bytes all-reduced over a TP group by one layer, forward and backward, for one
     microbatch: 4 all-reduces of the b x s x h activation (or its gradient)."""
-    # BEGIN SOLUTION lab7: the all-reduces a Megatron layer runs, forward and backward (labs 2 and 3), each of the activation's bytes (notebook Exercise 4)
+    # BEGIN SOLUTION lab7: tp_all_reduce_bytes_per_layer (hint: "TP all-reduces" in the notebook)
     return TP_ALL_REDUCES_PER_LAYER * b * s * h * bytes_per_element
     # END SOLUTION
 
@@ -150,7 +150,7 @@ def tp_seconds_per_layer(b: int, s: int, h: int, tp: int, alpha: float, bandwidt
                          bytes_per_element: int = 2) -> float:
     """Time of one layer's TP all-reduces (one microbatch) on a ring of ``tp`` GPUs with
     latency ``alpha`` seconds and ``bandwidth`` bytes/s: lab 0's alpha-beta cost, each."""
-    # BEGIN SOLUTION lab7: each of those all-reduces on lab 0's ring (notebook Exercise 4)
+    # BEGIN SOLUTION lab7: tp_seconds_per_layer (hint: "TP all-reduces" in the notebook)
     one = ring_all_reduce_seconds(b * s * h * bytes_per_element, tp, alpha, bandwidth)
     return TP_ALL_REDUCES_PER_LAYER * one
     # END SOLUTION
@@ -164,7 +164,7 @@ def stage_seconds(layers: int, pp: int, layer_s: float, tp_s: float, head_s: flo
     balanced (the planner searches that: ``time_estimate.slowest_stage``)."""
     if layers < 1 or pp < 1:
         raise ValueError(f"a pipeline needs layers >= 1 and pp >= 1, got {layers} layers, pp {pp}")
-    # BEGIN SOLUTION lab7: an uneven split is a ValueError naming the layers, pp and the remainder; otherwise the slowest stage's work per microbatch (notebook Exercise 5)
+    # BEGIN SOLUTION lab7: stage_seconds (hint: "the bubble and the pipeline" in the notebook)
     if layers % pp:
         raise ValueError(f"{layers} layers do not split evenly over {pp} pipeline stages "
                          f"({layers} % {pp} = {layers % pp}): balance them first "
@@ -182,7 +182,7 @@ def pipeline_seconds(stage_s: float, pp: int, microbatches: int, v: int = 1) -> 
     if pp < 1 or microbatches < 1 or v < 1:
         raise ValueError(f"a pipeline needs pp, microbatches and v >= 1, got pp {pp}, "
                          f"microbatches {microbatches}, v {v}")
-    # BEGIN SOLUTION lab7: interleaving without a pipeline, or with the microbatches not in groups of pp, is a ValueError naming the numbers; otherwise the makespan in stage slots that bubble_fraction's denominator counts (notebook Exercise 5)
+    # BEGIN SOLUTION lab7: pipeline_seconds (hint: "the bubble and the pipeline" in the notebook)
     if v > 1 and pp == 1:
         raise ValueError(f"interleaving (v = {v}) needs a pipeline: pp = 1 has no stages to "
                          "interleave")
@@ -203,7 +203,7 @@ def dp_exposed_seconds(gradient_bytes: float, parameter_bytes: float, dp: int, a
     updated parameters (``parameter_bytes``), overlapped with the next step's first forward
     (1/3 of ``stage_s``). Exposed: what outlasts the compute it overlaps, never below 0.
     A reduce-scatter or an all-gather is half an all-reduce."""
-    # BEGIN SOLUTION lab7: each collective's alpha-beta time (lab 0's ring; a reduce-scatter or an all-gather is half an all-reduce) less the compute it overlaps, each clipped at 0 on its own (notebook Exercise 6)
+    # BEGIN SOLUTION lab7: dp_exposed_seconds (hint: "DP and the step" in the notebook)
     share = 0.5 if sharded else 1.0  # a reduce-scatter is half an all-reduce
     reduce = share * ring_all_reduce_seconds(gradient_bytes, dp, alpha, bandwidth)
     gather = 0.5 * ring_all_reduce_seconds(parameter_bytes, dp, alpha, bandwidth) if sharded else 0.0
@@ -222,7 +222,7 @@ def step_breakdown(layers: int, pp: int, microbatches: int, layer_s: float, tp_s
     ``STEP_TERMS`` and ``"step"``, their sum. The slowest stage's layers, their exposed TP
     collectives and the LM head, each once per microbatch; the bubble, what the pipeline
     (:func:`pipeline_seconds`) takes beyond those; the exposed DP time ``dp_s``."""
-    # BEGIN SOLUTION lab7: the per-microbatch costs of the slowest stage times m, the bubble as the pipeline's excess over m stages, the step as the sum (notebook Exercise 6)
+    # BEGIN SOLUTION lab7: step_breakdown (hint: "DP and the step" in the notebook)
     stage = stage_seconds(layers, pp, layer_s, tp_s, head_s)
     pipeline = pipeline_seconds(stage, pp, microbatches, v)
     per_stage, m = layers // pp, microbatches

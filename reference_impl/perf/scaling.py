@@ -4,38 +4,10 @@ alpha-beta prediction of the communication.
     python -m reference_impl.perf.scaling [--sizes 1 2 4 --hidden 128 --heads 8 --seq 64 --batch 8
                                       --repeats 5 --dtype fp32|bf16 --attention explicit|sdpa]
 
-``python -m reference_impl.figures.scaling --plot FILE`` (the same options) also
-plots the efficiencies and the communication.
-
-The course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism", lab step 3: "benchmark
-on N devices vs the 1-device baseline; compute scaling efficiency".
-
-* **TP** (a ``ParallelBlock``, forward + backward, timed by ``benchmarks.tp_block``'s
-  ``median_step_seconds``). *Strong*: the same block and batch at every N, efficiency
-  T_1 / (N * T_N). *Weak*: the batch grows with N (batch * N), so each rank's share of the
-  GEMMs stays the same, efficiency T_1 / T_N.
-* **PP** (a 1F1B pipeline of the GPT over the N ranks, ``pp_on_rank``). *Strong*: the same
-  4-block model and batch at every N; *weak*: 2 blocks per rank, the model deeper with N.
-* **DP** (every rank a whole ``model.Block``; a step is its forward + backward and one
-  all-reduce of all gradients, flattened, as a DDP bucket would be). *Strong*: the global
-  batch split over N ranks; *weak*: ``batch`` per rank.
-
-For N > 1 the all-reduce itself is measured over a range of sizes (``alpha_beta.time_all_reduce``)
-and fitted (``fit_alpha_beta``); the alpha-beta model (``ring_all_reduce_seconds``) then
-*predicts* the communication of a DP step (one all-reduce of the gradient bytes) and of a TP
-block step (4 all-reduces of b*s*h*4 bytes: the bytes ``CommTracer`` records), compared
-with the communication time measured in those steps (every ``dist.all_reduce`` timed), error
-(predicted - measured) / measured. On a CPU with few cores the ranks compete for cores (see
-``benchmarks.tp_block``): the numbers say as much about the machine as about the method.
-Times are printed, never asserted.
-
-**Kernels and precision** (:func:`default_kernels`): on GPUs (NCCL) the defaults are bf16
-(``precision.py``) and the fused attention kernel (``sdpa``), as models are trained; the
-compute of a step is then several times shorter than in fp32 with the explicit s x s softmax,
-and the exposed communication a realistic fraction of it (in fp32 the all-reduces would look
-cheap and every layout efficient). On CPU ranks (gloo) the defaults stay fp32 and explicit:
-a CPU has no fast bf16 matmul and no fused attention kernel to speak of, and the course's
-other CPU measurements are in fp32. ``--dtype`` and ``--attention`` override either.
+``python -m reference_impl.figures.scaling --plot FILE`` (the same options) also plots them.
+Efficiency T_1 / (N T_N) strong, T_1 / T_N weak; bf16 and sdpa on GPUs by default
+(:func:`default_kernels`). What each measures: docs/library.md, 'Profiling, scaling and
+planning a layout'.
 """
 from __future__ import annotations
 

@@ -4,24 +4,10 @@
         step(); step()
     print(format_breakdown(breakdown(prof, vocab=V, wall_seconds=t, steps=2)))
 
-Each kernel is put in one category by the operator that launched it (``aten::mm``,
-``aten::_flash_attention_backward``, ...), and by its own name where no operator is known
-(the Triton kernels ``torch.compile`` writes are named after what they fuse):
-
-    matmuls (layers)   the weight GEMMs of the blocks
-    LM head            GEMMs with the vocabulary as a dimension (the logit layer)
-    attention          the fused attention kernels (flash, efficient, cuDNN) and their backward
-    loss               log-softmax, NLL, cross-entropy and their backward
-    norms              layernorm / RMSNorm, forward and backward
-    activations        GeLU, SiLU/SwiGLU
-    optimizer          the (fused or multi-tensor) optimizer step
-    elementwise        the rest: residual adds, casts and copies, bias-gradient sums, embeddings
-    gaps               the step's wall time when no kernel runs (launch latency, host work)
-
-On a GPU the kernels are the GPU's (CUDA activity); on the CPU the operators' own CPU time
-stands for them, so the same table prints on a laptop. The sum of the categories plus the gaps
-is the wall time; kernels that overlap on several streams are counted in their categories and
-the overlap is reported apart.
+Each kernel goes in one category (the layers' matmuls, LM head, attention, loss, norms,
+activations, optimizer, elementwise) by the operator that launched it or its own name; the gaps
+are the wall time when no kernel runs. The categories and a measured step: docs/profiling.md,
+'A step near the ceiling'.
 """
 from __future__ import annotations
 
@@ -53,7 +39,7 @@ NAME_RULES = (
 
 def category(op_name: str, kernel_name: str = "", shapes=(), vocab: int | None = None) -> str:
     """The category of a kernel launched by ``op_name`` (an ``aten::`` name, or "" when the
-    profiler knows none) with ``shapes`` its operator's input shapes (module docstring)."""
+    profiler knows none) with ``shapes`` its operator's input shapes (docs/profiling.md)."""
     if op_name in GEMM_OPS:
         dims = {d for shape in shapes for d in (shape or ())}
         return "LM head" if vocab is not None and vocab in dims else "matmuls (layers)"

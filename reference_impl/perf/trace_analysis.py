@@ -58,7 +58,7 @@ def rank_time(rank: int, threads: dict[int, dict[str, Intervals]]) -> RankTime:
     """One rank's time, from its ranges by thread (:func:`ranges_by_rank`), as the module
     docstring defines it. Interval helpers: ``union`` (sorted, disjoint), ``union_length``,
     ``overlap`` (length of the intersection of two unions), :func:`difference`."""
-    # BEGIN SOLUTION lab6: the module docstring's quantities, each a set of time before it is a number: communication = overlapped + exposed, compute + communication - overlapped + idle = span, and a thread inside a collective nested in its own module range is not computing (notebook section 3)
+    # BEGIN SOLUTION lab6: rank_time (hint: "the time of a rank" in the notebook)
     comm = union([interval for ranges in threads.values() for interval in ranges["comm"]])
     compute = union([interval for ranges in threads.values()
                       for interval in difference(union(ranges["compute"]),
@@ -80,7 +80,7 @@ def breakdown(trace) -> list[RankTime]:
 
 def step_seconds(ranks: list[RankTime], steps: int) -> float:
     """Seconds per step of a trace of ``steps`` steps, from its ranks' :class:`RankTime`."""
-    # BEGIN SOLUTION lab6: the pace of a run is set by one of its ranks (notebook section 5)
+    # BEGIN SOLUTION lab6: step_seconds (hint: "step time and efficiency" in the notebook)
     return max(rank.span_s for rank in ranks) / steps
     # END SOLUTION
 
@@ -91,7 +91,7 @@ def scaling_efficiency(t1: float, tn: float, n: int, weak: bool = False) -> floa
     if n < 1 or t1 <= 0 or tn <= 0:
         raise ValueError(f"scaling efficiency needs n >= 1 and positive times, got n = {n}, "
                          f"T1 = {t1}, TN = {tn}")
-    # BEGIN SOLUTION lab6: efficiency is the ideal time over the measured one; what is ideal differs between strong and weak scaling (notebook section 5)
+    # BEGIN SOLUTION lab6: scaling_efficiency (hint: "step time and efficiency" in the notebook)
     return t1 / tn if weak else t1 / (n * tn)
     # END SOLUTION
 
@@ -117,7 +117,7 @@ def clock_offsets(traces: dict, anchor: str = ANCHOR) -> dict[int, float]:
     another number of them than the lowest rank, is refused (ValueError naming both)."""
     if not traces:
         raise ValueError("clock_offsets needs at least one rank's trace, got none")
-    # BEGIN SOLUTION lab6: after the shift every rank's k-th anchor ends where the lowest rank's does, up to noise, and one bad end must not move it (notebook section 6); a rank that cannot be paired is a ValueError naming it, the anchor and the counts
+    # BEGIN SOLUTION lab6: clock_offsets (hint: "one timeline and the straggler" in the notebook)
     ends = {rank: sorted(end for intervals in anchor_intervals(trace, anchor).values()
                          for _, end in intervals) for rank, trace in traces.items()}
     first = min(ends)
@@ -135,7 +135,7 @@ def aligned_timeline(traces: dict, anchor: str = ANCHOR) -> dict:
     """One trace of ``traces`` ({rank: its own trace}): every rank's range events moved to
     process ``rank`` and shifted onto the lowest rank's clock (:func:`clock_offsets`; ``ts``
     in microseconds), sorted by start time."""
-    # BEGIN SOLUTION lab6: one trace: every rank's range events in its own process, on the lowest rank's clock (ts is in microseconds), in time order
+    # BEGIN SOLUTION lab6: aligned_timeline (hint: "one timeline and the straggler" in the notebook)
     offsets = clock_offsets(traces, anchor)
     events = [dict(event, pid=rank, ts=float(event["ts"]) + offset * 1e6)
               for rank, offset in offsets.items() for event in range_events(traces[rank])]
@@ -148,7 +148,7 @@ def arrival_waits(timeline, anchor: str = ANCHOR) -> dict[int, float]:
     join} of one aligned timeline: at the k-th collective, the latest start over the ranks
     less this rank's start, summed over k. Ranks with different numbers of them are refused
     (ValueError naming the counts); a timeline without the anchor gives {}."""
-    # BEGIN SOLUTION lab6: a rank's wait at a collective runs from its own arrival to the last rank's (notebook section 6), summed per rank; unequal counts are a ValueError naming them
+    # BEGIN SOLUTION lab6: arrival_waits (hint: "one timeline and the straggler" in the notebook)
     starts = {rank: sorted(start for start, _ in intervals)
               for rank, intervals in anchor_intervals(timeline, anchor).items()}
     counts = {rank: len(found) for rank, found in sorted(starts.items())}
@@ -166,6 +166,6 @@ def straggler(waits: dict[int, float]) -> int:
     (the lowest such rank on a tie)."""
     if not waits:
         raise ValueError("straggler needs the waits of at least one rank, got none")
-    # BEGIN SOLUTION lab6: the rank the others wait for (notebook section 6); a tie goes to the lowest rank
+    # BEGIN SOLUTION lab6: straggler (hint: "one timeline and the straggler" in the notebook)
     return min(sorted(waits), key=lambda rank: waits[rank])
     # END SOLUTION

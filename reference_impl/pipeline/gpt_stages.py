@@ -1,18 +1,11 @@
 """The course's GPT as pipeline stages: its layers cut into stages, its loss, its pipelined step.
 
-The executor (``pipeline_executor``) runs any schedule over any stage modules; what is
-particular to the course's GPT lives here:
-
-* :class:`Stage`: one virtual stage, a contiguous run of the model's layers;
-* :func:`gpt_loss`: the single-device GPT's training loss, the executor's default loss;
-* :func:`build_gpt_stages`: ``gpt_layers(gpt)`` (embedding, blocks, head) cut into p*v stages
-  by parameter count (``partition``), this rank's stages built from deep copies of the
-  single-device GPT's layers (shard-from-full), with every parameter's single-device name;
-* :func:`gpt_pipeline_step`: those stages run through a schedule by the given executor, with
-  the boundary tensors shaped from the GPT's configuration, and the loss and the gradients by
-  parameter name returned, to compare with single-device training. The executor's
-  ``pipeline_train_step`` calls it with its own ``run_schedule``, lab 4's graded checks with
-  the student's: the executor imports this module, never the other way round.
+:class:`Stage` (a contiguous run of layers), :func:`gpt_loss` (the executor's default loss),
+:func:`build_gpt_stages` (``gpt_layers(gpt)`` cut into p*v stages by parameter count, built
+from deep copies of the single-device layers with their names) and :func:`gpt_pipeline_step`
+(those stages through a schedule by a given executor, returning the loss and the gradients by
+name). The executor's ``pipeline_train_step`` calls it with its own ``run_schedule``, lab 4's
+graded checks with the student's: the executor imports this module, never the other way round.
 """
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def post_exchange(sends: Sequence[tuple[torch.Tensor, int, int]],
     not coalesce (gloo); NCCL returns one request for the whole batch: return it with the
     receives (waiting for it holds the compute stream, not the host).
     """
-    # BEGIN SOLUTION lab4: post every send and every receive of this exchange as one batch, with each peer translated from the pipeline group's numbering to the global one; return (send requests, receive requests)
+    # BEGIN SOLUTION lab4: post_exchange (hint: "the point-to-point layer" in the notebook)
     def operation(function, tensor: torch.Tensor, peer: int, tag: int) -> dist.P2POp:
         global_peer = peer if group is None else dist.get_global_rank(group, peer)
         # P2POp accepts torch's own isend/irecv only (not a tracer's or profiler's wrappers)
@@ -169,7 +169,7 @@ def run_action(action: Action, stage: nn.Module, received: torch.Tensor | None,
     key = (action.microbatch, action.stage)
     is_last = action.stage == context.last_stage
     if action.kind == "F":
-        # BEGIN SOLUTION lab4: the forward action: run the stage on its input (the microbatch itself on stage 0, else what arrived) taken as a fresh leaf that records its gradient, and keep what the backward will start from; the last stage turns its output into this microbatch's share of the full-batch mean loss and records it; return what the next stage needs, nothing after the last stage
+        # BEGIN SOLUTION lab4: run_action, F (hint: "the actions of a step" in the notebook)
         x = context.inputs[action.microbatch] if action.stage == 0 else received
         x = x.detach().requires_grad_(x.is_floating_point())
         y = stage(x)
@@ -181,7 +181,7 @@ def run_action(action: Action, stage: nn.Module, received: torch.Tensor | None,
         # END SOLUTION
 
     if action.kind == "B":
-        # BEGIN SOLUTION lab4: the backward action: backpropagate through the stage from what its forward kept, with the gradient that arrived (on the last stage the loss seeds itself), accumulating into the parameters' .grad; return the gradient the previous stage needs, none before stage 0. What the rank still holds afterwards is the activation memory the schedule promises: a whole backward lets go of this microbatch's entry; a split one (context.split_backward, ZB-H1) runs with every linear layer's weight gradient deferred into context.deferred[key] (split_backward.weight_grads_deferred) and keeps only that store, for its W
+        # BEGIN SOLUTION lab4: run_action, B (hint: "the actions of a step" in the notebook)
         x, y = saved[key]
         grad = None if is_last else received  # the loss is a scalar: d loss / d loss = 1
         if context.split_backward:
@@ -195,7 +195,7 @@ def run_action(action: Action, stage: nn.Module, received: torch.Tensor | None,
         return x.grad if action.stage > 0 else None
         # END SOLUTION
 
-    # BEGIN SOLUTION lab4: the weight-gradient action (W, ZB-H1 only): the weight gradients its B deferred (context.deferred[key], DeferredWeightGrads.flush adds them into .grad; no graph is walked), then let go of everything this microbatch held at this stage, in saved and in context.deferred; nothing to send
+    # BEGIN SOLUTION lab4: run_action, W (hint: "the actions of a step" in the notebook)
     saved.pop(key)
     context.deferred.pop(key).flush()
     return None
@@ -310,7 +310,7 @@ def run_schedule(schedule: Schedule, stage_modules: dict[int, nn.Module], inputs
         planned = exchanges.get(step)
         if planned is None:
             return
-        # BEGIN SOLUTION lab4: the step's exchange: post its planned sends (each message carries the previous action's output, outgoing, to message.dst with message.tag) and receives (each into a fresh buffer of boundary_shape and boundary_dtype on this rank's device, kept in arrived under its message, from message.src) all posted together over group (post_exchange). Before returning, wait for exactly what the next computation reads: the receive requests. Never wait for a send here (the receiver may still be computing): keep each send request with the tensor it reads in sending, waited for at the end of the step (the tensor must stay alive until its send completes)
+        # BEGIN SOLUTION lab4: PipelineRun.exchange (hint: "the point-to-point layer" in the notebook)
         sends = [(outgoing.contiguous(), message.dst, message.tag) for message in planned.sends]
         for message in planned.receives:
             arrived[message] = torch.empty(tuple(boundary_shape), dtype=boundary_dtype,

@@ -1,23 +1,10 @@
 """The communication a pipeline schedule implies: its messages, and how an executor groups them.
 
-Across ranks a schedule's order is enforced by messages: the F of stage s needs the activation
-from stage s-1, the B of stage s the gradient from stage s+1 (:func:`input_message`), and each
-F and B sends what its neighbour needs (:func:`output_message`). :func:`messages` lists, per
-rank and in order, the sends and receives the actions imply: what an executor posts around
-each action.
-
-**Rendezvous sends.** Where a send finishes without its receiver (gloo's buffered sends), any
-order of posting works. On NCCL a send larger than its buffer waits until the receiver has
-posted the matching receive, and operations to one peer run in order. Under that model the
-naive executor (each send and each receive posted alone) deadlocks 1F1B at p = 2: in the
-steady state rank 0 sends an activation while rank 1 sends a gradient, and neither has posted
-the receive the other's send needs. Megatron-LM (``send_forward_recv_backward``), picotron and
-PyTorch's pipelining all post a step's send and receive *together*. :func:`exchange_plan`
-is that plan, per rank: before each action, one :class:`Exchange` holding the send of the
-previous action's output and the receive of this action's input, posted as one batch
-(``batch_isend_irecv``) and waited for as a whole. :func:`run_exchanges` advances the ranks
-through such a plan with rendezvous sends; the validator's ``check_rendezvous`` reports the
-cycle where they jam, and the executor runs exactly this plan.
+:func:`input_message`, :func:`output_message` and :func:`messages`: per rank and in order, the
+sends and receives the actions imply. :func:`exchange_plan` posts each step's send and receive
+together (one ``batch_isend_irecv``), as Megatron-LM, picotron and PyTorch do, because on NCCL
+posting them alone deadlocks 1F1B at p = 2; :func:`run_exchanges` runs the ranks through it with
+rendezvous sends. Why: docs/library.md, 'Validating, simulating, splitting the backward'.
 """
 from __future__ import annotations
 

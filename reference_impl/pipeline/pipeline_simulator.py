@@ -1,37 +1,11 @@
 """Simulate a pipeline schedule: when each pass starts and ends, the bubble, the memory held.
 
-:func:`simulate` plays a schedule with given pass costs. A pass starts as soon as its rank is
-free (ranks run their actions in the schedule's order) and its input has arrived: the
-activation from stage s-1 for an F, the gradient from stage s+1 for a B, each ``comm`` after
-the pass that produced it ended (0 between stages on one rank); a W needs only its own B.
-
-Costs are per microbatch for one rank's whole share of the model:
-
-* ``cost_f``: a forward; ``cost_b``: the *whole* backward (input and weight gradients);
-* when the schedule splits the backward (ZB-H1), B costs ``cost_b - cost_w`` and W costs
-  ``cost_w``; ``cost_w`` defaults to ``cost_b / 2`` (the paper's T_B = T_W). Schedules that
-  do not split ignore ``cost_w``, so every schedule does the same work m*(cost_f + cost_b);
-* with v chunks per rank each chunk holds 1/v of the rank's layers, so each of its passes
-  costs 1/v of the above (Narayanan et al. 2021, section 2.2.2).
-
-The closed forms, :func:`makespan_formula` and :func:`bubble_formula`, which the tests check
-against :func:`simulate` (comm = 0, every stage the same cost; T_F = cost_f, T_B = cost_b the
-whole backward, except for ZB-H1 where T_B = cost_b - cost_w and T_W = cost_w):
-
-    GPipe, 1F1B        makespan (m + p - 1)(T_F + T_B)               any m >= 1
-                       bubble   (p - 1) / (m + p - 1)
-    interleaved, v     makespan (m + (p - 1)/v)(T_F + T_B)           m a multiple of p
-                       bubble   (p - 1) / (v*m + p - 1)
-    ZB-H1              makespan m(T_F + T_B + T_W) + (p - 1)(T_F + T_B - T_W)
-                                (Qi et al. 2023; for m >= p and T_W <= min(T_F, T_B),
-                                which includes the paper's T_F = T_B = T_W)
-
-where the bubble fraction is the idle time over p * makespan. The simulator gives these
-exactly (to floating-point rounding) within the stated ranges; outside them (ZB-H1 with
-m < p or a large T_W) it gives the true, longer, makespan of the schedule.
-
-A :class:`Timeline` can also hold times an executor measured (``unit="s"``): the same
-makespan, bubble and memory numbers then describe the real run.
+:func:`simulate` plays a schedule with per-microbatch pass costs (``cost_f``, the whole backward
+``cost_b``, ``cost_w`` for a split one, 1/v each per chunk); :func:`makespan_formula` and
+:func:`bubble_formula` are the closed forms of GPipe, 1F1B, interleaved 1F1B (Narayanan et al.
+2021) and ZB-H1 (Qi et al. 2023), which it gives exactly within their ranges. A
+:class:`Timeline` can also hold measured times. The cost model and the formulas:
+docs/library.md, 'Validating, simulating, splitting the backward'.
 """
 from __future__ import annotations
 
@@ -169,7 +143,7 @@ def simulate(schedule: Schedule, cost_f: float = 1.0, cost_b: float = 2.0,
 
 def makespan_formula(name: str, p: int, m: int, v: int = 1, cost_f: float = 1.0,
                      cost_b: float = 2.0, cost_w: float | None = None) -> float:
-    """The closed-form makespan of schedule ``name`` (see the module docstring), comm = 0."""
+    """The closed-form makespan of schedule ``name`` (docs/library.md), comm = 0."""
     if cost_w is None:
         cost_w = cost_b / 2
     if name in ("naive", "gpipe", "1f1b"):

@@ -1,37 +1,10 @@
 """Check a pipeline schedule with no communication at all: complete, ordered, deadlock-free.
 
-:func:`validate` runs three checks, in this order, and raises :class:`ScheduleError` naming
-the first problem (its rank, its step, its microbatch):
-
-1. **Completeness.** Every microbatch has exactly one F and one B (and one W when the schedule
-   splits the backward) at every stage, on the rank that holds the stage (stage s on rank
-   s % p).
-2. **Order on one rank.** A B after its own F, a W after its B, and when two neighbouring
-   stages share a rank (one rank, or v > 1 chunks) the forward of stage s after that of s-1
-   and the backward of stage s after that of s+1.
-3. **No deadlock.** Across ranks the order is enforced by messages: the F of stage s needs the
-   activation from stage s-1, the B of stage s the gradient from stage s+1 (see
-   ``pipeline_messages.input_message``). The check executes the ranks step by step with
-   *blocking receives* and *buffered sends* (each send is posted as ``isend`` and never waits
-   for the receiver): a rank stops at its next action until the message it needs has been
-   sent. If no rank can move while some still have actions, it reports the cycle of waiting
-   ranks.
-
-Steps are counted from 0: step i of rank r is ``schedule.actions[r][i]``.
-
-With ``in_order=True``, :func:`validate` also checks that on every link (sender, receiver) the
-messages (``pipeline_messages.messages``) are received in the order they are sent, which a
-backend that matches point-to-point messages by order instead of by tag (NCCL) needs.
-
-**Rendezvous sends.** The deadlock check above lets a send finish without its receiver, as
-gloo's buffered sends do. On NCCL a send larger than its buffer waits until the receiver has
-posted the matching receive. The executor therefore posts each step's send and receive
-together, as ``pipeline_messages.exchange_plan`` groups them; :func:`check_rendezvous` runs the
-ranks through their exchanges with rendezvous sends and reports the cycle if they jam.
-``validate(schedule, rendezvous=True)`` adds it; the executor runs exactly this plan. (It
-waits for less: for an exchange's receives before it computes, for the sends at the end of
-the step. Waiting less only lets a rank post its later operations sooner, in the same order
-per link, so a plan that passes with whole exchanges waited for passes with that too.)
+:func:`validate` checks completeness, the order on each rank, and deadlock with buffered sends
+(optionally the order on each link, ``in_order=True``, and the executor's exchange plan with
+NCCL's rendezvous sends, ``rendezvous=True`` / :func:`check_rendezvous`), and raises
+:class:`ScheduleError` naming the first problem's rank, step (from 0) and microbatch. The
+checks in full: docs/library.md, 'Validating, simulating, splitting the backward'.
 """
 from __future__ import annotations
 

@@ -1,24 +1,11 @@
 """The backward split in two, as zero-bubble pipelines need it (Qi et al., "Zero Bubble
 Pipeline Parallelism", 2023): B computes only the input gradient, W the weight gradients.
 
-A linear layer y = x W^T + b has two matmuls in its backward:
-
-    dx = dy W        (B: the next stage down the pipeline is waiting for it)
-    dW = dy^T x      (W: nobody waits for it; it can fill a bubble later)
-
-While the weight gradients are deferred, every linear layer of the stage runs through
-:class:`_SplitLinear`, whose backward computes dx only and hands the computation of dW = dy^T x
-(and db = sum dy) to a :class:`DeferredWeightGrads`, keeping (x, dy) for it; ``flush()`` later
-runs what was deferred, adding into the parameters' ``.grad``. B walks the graph once and frees
-it; W walks no graph at all, so B + W costs exactly one backward, matmul for matmul. Memory is
-the price: x and dy of every linear stay alive from B until W (the in-flight activations of a
-ZB-H1 rank are held until W, not until B).
-
-Only ``nn.Linear`` layers are split (every matmul with weights in the course's GPT); other
-parameters (layernorms, embeddings) get their small gradients during B. A module of another
-kind can take part by defining ``forward_deferring_weight_grads(*inputs, store)``: its forward
-while W is deferred, which calls ``store.defer(fn)`` from its backward with what W must run
-(the pipeline benchmark's sleeping stages do, to sleep their W time in W).
+Each ``nn.Linear`` runs through :class:`_SplitLinear`: B computes dx = dy W and defers
+dW = dy^T x to :class:`DeferredWeightGrads`, whose ``flush()`` runs it later, so B + W is one
+backward, matmul for matmul, at the price of keeping (x, dy) until W. Other modules take part by
+defining ``forward_deferring_weight_grads(*inputs, store)``. Details: docs/library.md,
+'Validating, simulating, splitting the backward'.
 """
 from __future__ import annotations
 

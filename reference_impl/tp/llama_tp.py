@@ -17,7 +17,7 @@ every parameter back to its single-device name) and the conjugate collectives.
 
   (the rule of Megatron-core's grouped-query attention and of vLLM's QKVParallelLinear, which
   replicate a KV head over the ranks that need it); any other (kv_heads, tp) is refused, with
-  the rule and the numbers (:func:`kv_head_layout`).
+  the rule and the numbers (``head_split.kv_head_layout``).
 * **Replicated KV weights** (:class:`ReplicatedHeads`): k and v stay whole on every rank, so
   ``full_state`` returns them as they are (a replicated parameter has no ``tp_dim``), and each
   rank computes only the rows of the KV head it uses. Each rank's gradient of the weight is then
@@ -45,24 +45,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.llama_blocks import GroupedQueryAttention, SwiGLU
+from reference_impl.tp.head_split import kv_head_layout
 from reference_impl.tp.sequence_parallel import (SequenceParallelColumnLinear,
                                                  SequenceParallelRowLinear, enter_tp_region)
 from reference_impl.tp.tp_collectives import copy_to_tp
 from reference_impl.tp.tp_layers import ColumnParallelLinear, RowParallelLinear
-
-
-def kv_head_layout(heads: int, kv_heads: int, tp: int) -> str:
-    """``"split"`` or ``"replicated"``: how ``tp`` ranks hold ``kv_heads`` KV heads serving
-    ``heads`` query heads; a ValueError with the rule and the numbers when they cannot."""
-    if heads % tp:
-        raise ValueError(f"heads {heads} is not divisible by the tensor-parallel size tp = {tp}")
-    if kv_heads % tp == 0:
-        return "split"
-    if tp % kv_heads == 0:
-        return "replicated"
-    raise ValueError(f"kv_heads {kv_heads} and tp = {tp}: the KV heads are split over the "
-                     f"tensor-parallel ranks when tp divides kv_heads, or replicated when "
-                     f"kv_heads divides tp; {tp} does not divide {kv_heads}, nor does {kv_heads} divide {tp}")
 
 
 class SharedInputColumnLinear(ColumnParallelLinear):

@@ -71,14 +71,14 @@ class DistributedLinear(nn.Module):
         tp = dist.get_world_size(group)
         check_divisible(linear.in_features, tp, "input features")
         self.group = group
-        # BEGIN SOLUTION lab2: DistributedLinear's shards: the outputs are completed by a reduce-scatter, a sum, so each rank must hold a part whose products add up to the whole layer's: its self.columns = in/tp input features of the weight (out x in), marked for full_state, as tp_layers makes shards; out need not divide by tp. The bias is not part of the sum: a whole copy on every rank, a Parameter of its own, trained apart from the nn.Linear's (None without bias)
+        # BEGIN SOLUTION lab2: DistributedLinear.__init__ (hint: "the distributed linear" in the notebook)
         self.columns = linear.in_features // tp  # this rank's slice of the input features
         self.weight = sharded_parameter(linear.weight, 1, group)  # W[:, cols_r]
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
         # END SOLUTION
 
     def forward(self, x):
-        # BEGIN SOLUTION lab2: DistributedLinear.forward: every rank's weight shard must see the samples of the whole group (gathered along BATCH_DIM, by the pair whose backward sums every rank's part of the input gradient); it multiplies only this rank's self.columns input features (its position in self.group), giving partial outputs for every sample without bias; summing them gives each rank back its own samples' outputs (reduce-scatter along BATCH_DIM); the bias is added once, after the sum, and its gradient must be the whole group's: use the pair that is the identity forward and sums backward
+        # BEGIN SOLUTION lab2: DistributedLinear.forward (hint: "the distributed linear" in the notebook)
         first = dist.get_rank(self.group) * self.columns
         samples = gather_from_sp(x, BATCH_DIM, self.group)[..., first:first + self.columns]
         y = reduce_scatter_to_sp(F.linear(samples, self.weight), BATCH_DIM, self.group)

@@ -1,34 +1,12 @@
 """Sequence parallelism for the transformer block (Korthikanti et al. 2022, "Reducing Activation
 Recomputation in Large Transformer Models", section 4.2.2 and its Figure 5).
 
-In a TP block (``tp_attention.ParallelBlock``) the layernorms and residual adds run on the whole
-activation (batch, seq, hidden) on every TP rank: the same work, and the same memory, tp times.
-They are independent along the sequence, so sequence parallelism (SP) splits them there: outside
-the attention and the MLP, TP rank r holds positions [r seq/tp, (r+1) seq/tp) only.
-
-A TP block's all-reduce is a reduce-scatter followed by an all-gather, and SP just moves them:
-
-    x_r -> ln1 -> g -> qkv (column) -> attention -> proj (row) -> g-bar -> + x_r = h_r
-    h_r -> ln2 -> g -> fc1 (column) -> GeLU      -> fc2 (row)  -> g-bar -> + h_r
-
-* g = ``gather_from_sp`` (all-gather along seq forward, reduce-scatter backward) takes the place
-  of the column-parallel layer's ``copy_to_tp``;
-* g-bar = ``reduce_scatter_to_sp`` (reduce-scatter along seq forward, all-gather backward) takes
-  the place of the row-parallel layer's all-reduce (``reduce_from_tp``).
-
-Per block and pass: 2 all-gathers and 2 reduce-scatters of the whole activation S instead of 2
-all-reduces of it. On a ring that is the same traffic, (n-1)/n S each against 2(n-1)/n S, while
-the layernorms' and the residuals' activations take 1/tp of the memory.
-
-**Gradient sync.** The parameters used on the sequence shard (both layernorms, and the
-row-parallel layers' biases, added after the reduce-scatter) are replicated, but each rank's
-gradient covers only its own positions. They are marked ``sequence_parallel = True`` (as in
-Megatron-LM), and :func:`sync_sequence_parallel_grads` sums their gradients over the TP group
-after the backward. Forgetting it is the classic SP bug: each rank steps with a different,
-partial gradient and the replicas drift apart.
-
-(Megatron-LM's column layer also saves only the sequence shard of its input, and all-gathers it
-again in the backward for the weight gradient; here autograd keeps the gathered input.)
+Outside the attention and the MLP, TP rank r holds only its 1/tp of the sequence: the
+column-parallel layer's ``copy_to_tp`` becomes ``gather_from_sp`` and the row-parallel layer's
+all-reduce ``reduce_scatter_to_sp``, the same traffic, with the layernorms' and residuals'
+activations at 1/tp. The replicated parameters used on the shard are marked
+``sequence_parallel = True`` and :func:`sync_sequence_parallel_grads` sums their gradients over
+the TP group. The data flow: docs/library.md, 'Sequence parallelism'.
 """
 from __future__ import annotations
 

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from reference_impl.model import Block, CausalSelfAttention, attention_core, merge_heads, split_heads
+from reference_impl.tp.head_split import check_head_split
 from reference_impl.tp.tp_layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
 
@@ -39,18 +40,16 @@ class ParallelSelfAttention(CausalSelfAttention):
     def __init__(self, attention: CausalSelfAttention, group=None):
         nn.Module.__init__(self)
         tp = dist.get_world_size(group)
-        if attention.heads % tp:
-            raise ValueError(f"heads {attention.heads} is not divisible by the "
-                             f"tensor-parallel size tp = {tp}")
+        check_head_split(attention.heads, tp)
         self.attention = attention.attention  # the same kernel ("explicit" or "sdpa")
-        # BEGIN SOLUTION lab3: ParallelSelfAttention.__init__: this rank computes heads/tp whole heads (self.heads), and owns exactly the weights those heads use: of the fused projection (self.qkv, whose 3h outputs are [q; k; v], heads side by side in each) the q, k and v features of its heads, and of the output projection (self.proj) the input features that its heads' outputs are; the all-reduce belongs after the output projection, once. Lab 2's layers, over the group; same attribute names as CausalSelfAttention, so the parameters pair up
+        # BEGIN SOLUTION lab3: ParallelSelfAttention.__init__ (hint: "the heads of a rank" in the notebook)
         self.heads = attention.heads // tp
         self.qkv = ColumnParallelLinear(attention.qkv, group, blocks=3)
         self.proj = RowParallelLinear(attention.proj, group, input_is_parallel=True)
         # END SOLUTION
 
     def forward(self, x):
-        # BEGIN SOLUTION lab3: ParallelSelfAttention.forward: x is whole on every rank, and so is the output: the whole attention's. This rank computes its own heads only: its part of the fused projection holds the q, then the k, then the v features of its self.heads heads (d = hidden/heads features each), and each head attends with its own q, k and v alone (scale 1/sqrt(d), causal, by the module's kernel self.attention); the heads' outputs side by side are exactly this rank's slice of the output projection's input, whose row-parallel layer sums every rank's partial product and adds the bias once. Not inherited: the single-device forward would read every head
+        # BEGIN SOLUTION lab3: ParallelSelfAttention.forward (hint: "forward on its heads" in the notebook)
         q, k, v = split_heads(self.qkv(x), self.heads)  # this rank's heads: [q; k; v] of them
         heads = attention_core(q, k, v, self.attention)  # (batch, self.heads, seq, d)
         return self.proj(merge_heads(heads))  # this rank's slice of proj's input, summed by g
@@ -66,7 +65,7 @@ class ParallelBlock(Block):
         if hidden % tp:
             raise ValueError(f"hidden size {hidden} is not divisible by the tensor-parallel "
                              f"size tp = {tp}")
-        # BEGIN SOLUTION lab3: ParallelBlock: model.Block's forward runs unchanged on ln1, attn, ln2 and mlp (same names, so the parameters pair up). Only the parts with large matrices are split, over the group; the layernorms stay whole on every rank and belong to this module alone: a parameter shared with the single-device block would take both models' gradients and steps
+        # BEGIN SOLUTION lab3: ParallelBlock.__init__ (hint: "the TP block" in the notebook)
         self.ln1, self.ln2 = copy.deepcopy(block.ln1), copy.deepcopy(block.ln2)
         self.attn = ParallelSelfAttention(block.attn, group)
         self.mlp = ParallelMLP(block.mlp, group)

@@ -65,13 +65,13 @@ class _CopyToTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        # BEGIN SOLUTION lab2: forward of copy_to_tp (f): every rank of the group already holds the whole x, so nothing moves; return a new tensor for autograd to attach this node to, never x itself
+        # BEGIN SOLUTION lab2: _CopyToTP.forward (hint: "the operators f and g" in the notebook)
         return x.view_as(x)
         # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
-        # BEGIN SOLUTION lab2: backward of copy_to_tp (f): x fed every rank's shard, so its gradient is the sum of every rank's part, and each rank holds only its own part; return one gradient per forward argument, the group's None. The tensor handed in must come out as it was: autograd hands one gradient tensor to every input of an add (the notebook's part 2)
+        # BEGIN SOLUTION lab2: _CopyToTP.backward (hint: "the operators f and g" in the notebook)
         return _all_reduce(grad, ctx.group), None
         # END SOLUTION
 
@@ -80,13 +80,13 @@ class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        # BEGIN SOLUTION lab2: forward of reduce_from_tp (g): each rank holds a partial result and the layer's output is their sum, wanted whole on every rank of the group
+        # BEGIN SOLUTION lab2: _ReduceFromTP.forward (hint: "the operators f and g" in the notebook)
         return _all_reduce(x, group)
         # END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
-        # BEGIN SOLUTION lab2: backward of reduce_from_tp (g): the gradient of a sum with respect to each addend is the sum's own gradient, which every rank already holds whole; one gradient per forward argument
+        # BEGIN SOLUTION lab2: _ReduceFromTP.backward (hint: "the operators f and g" in the notebook)
         return grad, None
         # END SOLUTION
 

@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from reference_impl.model import MLP, Block, CausalSelfAttention
+from reference_impl.tp.head_split import check_head_split
 
 
 def dtensor_mlp(mlp: MLP, mesh) -> nn.Module:
@@ -48,8 +49,7 @@ def dtensor_attention(attention: CausalSelfAttention, mesh) -> nn.Module:
     ``ParallelSelfAttention``.
     """
     tp = mesh.size()
-    if attention.heads % tp:
-        raise ValueError(f"heads {attention.heads} is not divisible by tp = {tp}")
+    check_head_split(attention.heads, tp)
     local = copy.deepcopy(attention)
     rows = qkv_rows_by_rank(attention.proj.in_features, tp).to(attention.qkv.weight.device)
     with torch.no_grad():

@@ -41,7 +41,7 @@ def shard(full: torch.Tensor, dim: int, rank: int, tp: int, blocks: int = 1) -> 
     """Rank ``rank``'s shard of ``full``: along ``dim``, ``full`` is ``blocks`` equal blocks (a
     fused [q; k; v] weight is 3), each split in tp equal pieces on its own; rank r keeps piece r
     of every block, in block order. A new tensor, not a view of ``full``."""
-    # BEGIN SOLUTION lab2: shard: along dim, full is `blocks` equal blocks (3 for a fused [q; k; v] weight); cut each block into tp equal pieces on its own and keep piece number `rank` of every block, joined in block order, as a tensor of its own (not a view of full). Why per block: tp contiguous pieces of a fused [q; k; v] would give rank 0 every query and no value
+    # BEGIN SOLUTION lab2: shard (hint: "shards of a fused weight" in the notebook)
     pieces = [block.chunk(tp, dim=dim)[rank] for block in full.chunk(blocks, dim=dim)]
     return torch.cat(pieces, dim=dim).clone()
     # END SOLUTION
@@ -50,7 +50,7 @@ def shard(full: torch.Tensor, dim: int, rank: int, tp: int, blocks: int = 1) -> 
 def unshard(local: torch.Tensor, parameter: nn.Parameter, group=None) -> torch.Tensor:
     """The full tensor (a parameter's value or gradient) from every rank's shard; a replicated
     parameter's tensor is returned as it is. Collective over the TP group."""
-    # BEGIN SOLUTION lab2: unshard, the inverse of shard: for every rank r of the group, shard(unshard(local_r), dim, r, tp, blocks) must give local_r back. A parameter without the mark tp_dim is whole on every rank already (gathered, it would come back tp times as long). Every rank of `group`, and only those, holds a part; all of them call this together; tp is the group's size and `blocks` the parameter's tp_blocks. The gathered parts arrive rank by rank, each rank's part holding its piece of every block, while the full tensor lists block by block, each block holding every rank's piece
+    # BEGIN SOLUTION lab2: unshard (hint: "shards of a fused weight" in the notebook)
     dim = getattr(parameter, "tp_dim", None)
     if dim is None:
         return local
@@ -63,7 +63,7 @@ def unshard(local: torch.Tensor, parameter: nn.Parameter, group=None) -> torch.T
 def sharded_parameter(full: torch.Tensor, dim: int, group, blocks: int = 1) -> nn.Parameter:
     """This rank's shard of ``full`` as a parameter of its own, marked ``tp_dim`` and
     ``tp_blocks`` for :func:`unshard`."""
-    # BEGIN SOLUTION lab2: sharded_parameter: the shard this rank trains is its piece of full within `group`, which need not be the world: with two TP groups [0, 1] and [2, 3], world rank 2 is rank 0 of its group and holds what rank 0 holds, and tp is the group's size. The parameter is trained on its own: autograd must not reach back into full, and full's storage must not change with it. It carries tp_dim (dim) and tp_blocks (blocks): unshard and full_state read them to put the shards back together
+    # BEGIN SOLUTION lab2: sharded_parameter (hint: "shards of a fused weight" in the notebook)
     tp, rank = dist.get_world_size(group), dist.get_rank(group)
     parameter = nn.Parameter(shard(full.detach(), dim, rank, tp, blocks))
     parameter.tp_dim, parameter.tp_blocks = dim, blocks
@@ -84,14 +84,14 @@ class ColumnParallelLinear(nn.Module):
         check_divisible(linear.out_features // blocks, tp,
                          "output features" + (f" per block ({blocks} blocks)" if blocks > 1 else ""))
         self.group, self.gather_output = group, gather_output
-        # BEGIN SOLUTION lab2: ColumnParallelLinear's shards: rank r of the group computes the complete values of its out/tp output features, so it holds exactly the rows of the weight (out x in) and the entries of the bias that belong to those features, taken from each of the `blocks` blocks on its own, as parameters of its own marked for full_state. A layer without bias keeps self.bias = None
+        # BEGIN SOLUTION lab2: ColumnParallelLinear.__init__ (hint: "shards of both layers" in the notebook)
         self.weight = sharded_parameter(linear.weight, 0, group, blocks)
         self.bias = (sharded_parameter(linear.bias, 0, group, blocks)
                      if linear.bias is not None else None)
         # END SOLUTION
 
     def forward(self, x):
-        # BEGIN SOLUTION lab2: ColumnParallelLinear.forward: x is whole on every rank and each rank's shard uses it, so it enters the TP region through f (its backward sums the input gradient over self.group); the local shard gives this rank's slice of the output features; only if self.gather_output, the slices are assembled along the last dimension with the pair whose backward keeps this rank's slice
+        # BEGIN SOLUTION lab2: ColumnParallelLinear.forward (hint: "the two forward passes" in the notebook)
         y = F.linear(copy_to_tp(x, self.group), self.weight, self.bias)
         return gather_from_tp(y, -1, self.group) if self.gather_output else y
         # END SOLUTION
@@ -104,13 +104,13 @@ class RowParallelLinear(nn.Module):
         super().__init__()
         check_divisible(linear.in_features, dist.get_world_size(group), "input features")
         self.group, self.input_is_parallel = group, input_is_parallel
-        # BEGIN SOLUTION lab2: RowParallelLinear's shards: rank r of the group multiplies only its in/tp input features, so it holds exactly those columns of the weight (out x in), marked for full_state; every output feature is a sum over the ranks, so the bias is not split: a whole copy on every rank, a Parameter of its own, so that a step on this layer leaves the nn.Linear as it was (None without bias)
+        # BEGIN SOLUTION lab2: RowParallelLinear.__init__ (hint: "shards of both layers" in the notebook)
         self.weight = sharded_parameter(linear.weight, 1, group)
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
         # END SOLUTION
 
     def forward(self, x):
-        # BEGIN SOLUTION lab2: RowParallelLinear.forward: unless self.input_is_parallel, x is whole and this rank keeps only its slice of the last dimension (the pair whose backward all-gathers); its shard gives a partial sum of every output feature, summed over self.group by g; the whole bias belongs to the sum, so it is added once, after g: added on every rank before it, it would count tp times
+        # BEGIN SOLUTION lab2: RowParallelLinear.forward (hint: "the two forward passes" in the notebook)
         if not self.input_is_parallel:
             x = scatter_to_tp(x, -1, self.group)
         y = reduce_from_tp(F.linear(x, self.weight), self.group)
@@ -124,7 +124,7 @@ class ParallelMLP(MLP):
 
     def __init__(self, mlp: MLP, group=None):
         nn.Module.__init__(self)
-        # BEGIN SOLUTION lab2: ParallelMLP: model.MLP's forward runs unchanged on self.fc1 and self.fc2 (same names, so the parameters pair up with the single-device MLP's). Choose each layer's split so that nothing moves between them: GeLU acts feature by feature, so fc1's output may stay split; fc2 then starts from that split, with its input already parallel. Pass the group on
+        # BEGIN SOLUTION lab2: ParallelMLP.__init__ (hint: "the TP MLP" in the notebook)
         self.fc1 = ColumnParallelLinear(mlp.fc1, group)
         self.fc2 = RowParallelLinear(mlp.fc2, group, input_is_parallel=True)
         # END SOLUTION

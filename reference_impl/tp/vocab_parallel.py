@@ -53,7 +53,7 @@ def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
 
 def _vocab_range(local_size: int, group) -> tuple[int, int]:
     """The [start, end) of the (padded) vocabulary this rank holds."""
-    # BEGIN SOLUTION lab3: _vocab_range: the [start, end) of the padded vocabulary this rank holds, local_size rows or logits of it: the ranks of group hold consecutive, equal pieces in rank order (numbered within group, which need not be the world)
+    # BEGIN SOLUTION lab3: _vocab_range (hint: "split by vocabulary" in the notebook)
     start = dist.get_rank(group) * local_size
     return start, start + local_size
     # END SOLUTION
@@ -65,14 +65,14 @@ class VocabParallelEmbedding(nn.Module):
 
     def __init__(self, embedding: nn.Embedding, group=None):
         super().__init__()
-        # BEGIN SOLUTION lab3: VocabParallelEmbedding.__init__: self.group, self.vocab_size (the real vocabulary) and self.weight, this rank's rows of the table. The vocabulary need not divide by tp, yet every rank holds the same number of rows and the rows past the real vocabulary must change no result (the notebook's part 5); the shard is a parameter lab 2's full_state can gather back to the padded table
+        # BEGIN SOLUTION lab3: VocabParallelEmbedding.__init__ (hint: "split by vocabulary" in the notebook)
         self.group, self.vocab_size = group, embedding.num_embeddings
         rows = padded_vocab_size(self.vocab_size, dist.get_world_size(group))
         self.weight = sharded_parameter(_pad_rows(embedding.weight, rows), 0, group)
         # END SOLUTION
 
     def forward(self, tokens):
-        # BEGIN SOLUTION lab3: VocabParallelEmbedding.forward: every rank gets every token (whole tokens, the same on each rank) and must return every token's whole row (batch, seq, hidden), the same on every rank, while it holds only the rows [start, end) of the (padded) table (_vocab_range). Exactly one rank holds each token's row: that rank contributes it, every other rank zeros (an index outside its slice must never be read), and one collective over group adds them up; its backward must leave each rank the gradient of the rows it holds, of every token that looked one up
+        # BEGIN SOLUTION lab3: VocabParallelEmbedding.forward (hint: "split by vocabulary" in the notebook)
         start, end = _vocab_range(self.weight.shape[0], self.group)
         elsewhere = (tokens < start) | (tokens >= end)  # another rank holds their rows
         local = F.embedding((tokens - start).masked_fill(elsewhere, 0), self.weight)
@@ -85,7 +85,7 @@ class ParallelLMHead(ColumnParallelLinear):
     for ``vocab_parallel_cross_entropy(logits, targets, group, vocab_size=head.vocab_size)``."""
 
     def __init__(self, linear: nn.Linear, group=None):
-        # BEGIN SOLUTION lab3: ParallelLMHead.__init__: a column-parallel linear (lab 2's ColumnParallelLinear.__init__, via super()) over the vocabulary padded to a multiple of tp: a linear layer of padded_vocab_size rows, on the head's device and dtype, holding the head's weight (and bias, if any) with zero rows appended (_pad_rows), without recording a graph; self.vocab_size, the real vocabulary, for the loss to ignore the padded logits
+        # BEGIN SOLUTION lab3: ParallelLMHead.__init__ (hint: "split by vocabulary" in the notebook)
         rows = padded_vocab_size(linear.out_features, dist.get_world_size(group))
         padded = nn.Linear(linear.in_features, rows, bias=linear.bias is not None,
                            device=linear.weight.device, dtype=linear.weight.dtype)
@@ -100,7 +100,7 @@ class ParallelLMHead(ColumnParallelLinear):
 class _VocabParallelCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local_logits, targets, vocab_size, group):
-        # BEGIN SOLUTION lab3: vocab-parallel cross-entropy, forward: local_logits holds this rank's slice [start, end) of the padded vocabulary for every token (_vocab_range); work in fp32 (bf16 logits too), with the padded positions (index vocab_size and past) made to count for nothing (-inf: exp gives 0); set losses, every token's log(sum over the WHOLE vocabulary of exp(l_v)) - l_target (shape of targets, the same on every rank), without gathering the logits: only per-token numbers cross ranks (the notebook's part 5 derives the loss from per-slice quantities). Invariants: exp must not overflow (fp32 overflows above ~88) and the ranks' partial sums only add up if every rank shifted its logits by the same number; the target's logit is held by exactly one rank, and an index outside a rank's slice is never read. Save with ctx.save_for_backward what the backward needs to compute this slice's gradient without any communication
+        # BEGIN SOLUTION lab3: _VocabParallelCrossEntropy.forward (hint: "the loss forward" in the notebook)
         start, end = _vocab_range(local_logits.shape[-1], group)
         padding = torch.arange(start, end, device=local_logits.device) >= vocab_size
         logits = local_logits.float().masked_fill(padding, float("-inf"))
@@ -124,7 +124,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
-        # BEGIN SOLUTION lab3: vocab-parallel cross-entropy, backward: set grad, the gradient of the losses (times grad_loss, one number per token, the same on every rank) with respect to this rank's slice of the logits: softmax - one_hot(target), per token. The softmax of the slice comes from what the forward saved (exp(l - max) over the global sum; padded positions give 0); the -1 goes on the target's position only on the rank that holds it, nowhere on the others. No communication: each rank needs only the gradient of its own logits, and everything it depends on (the global max and sum) was already reduced in the forward
+        # BEGIN SOLUTION lab3: _VocabParallelCrossEntropy.backward (hint: "the loss backward" in the notebook)
         softmax, mine, local_targets = ctx.saved_tensors
         one_hot = F.one_hot(local_targets, softmax.shape[-1]) * mine.unsqueeze(-1)
         grad = (softmax - one_hot) * grad_loss.unsqueeze(-1)

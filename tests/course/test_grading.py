@@ -294,6 +294,38 @@ def test_malformed_markers_are_refused(tmp_path, source, message):
         make_labs.student_module(module)
 
 
+def test_a_marker_s_hint_longer_than_the_limit_is_refused(tmp_path):
+    """A marker's hint names the exercise and its folded hint in the notebook; prose in it
+    is refused, with the file, the line, the length and the limit."""
+    limit = make_labs.HINT_LIMIT
+    module = tmp_path / "example.py"
+    region = "def f():\n    # BEGIN SOLUTION lab1: {}\n    return 1\n    # END SOLUTION\n"
+    module.write_text(region.format("x" * (limit + 1)))
+    with pytest.raises(ValueError, match=rf"example\.py:2: .* {limit + 1} characters, over the "
+                                         rf"limit of {limit}"):
+        make_labs.student_module(module)
+    module.write_text(region.format("x" * limit))
+    assert f"raise NotImplementedError('lab1: {'x' * limit}')" in make_labs.student_module(module)
+
+
+def test_every_marker_s_hint_is_a_folded_hint_of_its_lab_s_notebook():
+    """``name (hint: "title" in the notebook)``: the title is in a ``<summary>`` of the
+    lab's solved notebook, so a student finds the hint from the stub's message."""
+    begin = re.compile(r"^\s*# BEGIN SOLUTION (lab\d+): .*\(hint: \"([^\"]+)\" in the notebook\)$")
+    summaries = {lab.marker: re.findall(r"<summary>(.*?)</summary>", "".join(
+        cell.source for cell in nbformat.read(REPO / "solutions" / f"{lab.notebook}.ipynb",
+                                              as_version=4).cells
+        if cell.cell_type == "markdown")) for lab in syllabus.LABS}
+    unnamed = []
+    for path in make_labs.modules_with_exercises():
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if "# BEGIN SOLUTION" in line:
+                marker = begin.match(line)
+                if not (marker and any(marker[2] in title for title in summaries[marker[1]])):
+                    unnamed.append(f"{path.name}:{number}")
+    assert not unnamed, f"markers whose hint names no folded hint of their notebook: {unnamed}"
+
+
 def test_notebook_solutions_answers_outputs_and_imports_are_replaced(tmp_path):
     notebook = nbformat.v4.new_notebook()
     code = nbformat.v4.new_code_cell(

@@ -1,5 +1,5 @@
 """The command: ``python -m reference_impl.course.grade SUBMISSIONS --labs 2,3 --out RESULTS``
-(the package's docstring says what it writes and how points are given)."""
+(what it writes and how points are given: docs/grading.md, 'A whole class in one command')."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("submissions", type=Path, help="a folder with one folder per submission")
     parser.add_argument("--labs", required=True, help="the labs to grade, e.g. 2,3 or lab2,lab3")
     parser.add_argument("--out", type=Path, required=True, help="where the results go")
-    parser.add_argument("--points", help="points per test or per lab (JSON; see above)")
+    parser.add_argument("--points", help="points per test or per lab (JSON; its format: docs/grading.md)")
     parser.add_argument("--jobs", type=int, default=None,
                         help="submissions graded at once (default: as many as the GPUs allow, "
                              "1 on CPU ranks)")

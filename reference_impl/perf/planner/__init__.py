@@ -6,16 +6,8 @@ published training runs.
     python -m reference_impl.perf.planner --validate
     python -m reference_impl.perf.planner calibrate --dry-run
 
-One idea per module: ``model_spec`` (shapes, parameters, FLOPs), ``layer_efficiency`` (a layer's
-time from its TP-local shapes, fitted to a calibration table), ``calibrate`` (measuring that
-table), ``hardware`` (GPUs, links, clusters), ``framework_memory`` (model states and gradient
-traffic as ZeRO, DeepSpeed, Megatron-LM and FSDP allocate them), ``layout`` (degrees and the rules),
-``memory_estimate``, ``time_estimate``, ``plans`` (evaluate, rank, recommend), ``explain``,
-``practice`` (public recipes' layouts), ``published_runs`` and ``validation`` (predicted
-against published).
-
-Mixture-of-experts models (``ModelSpec(experts=, top_k=)``, the ``mixtral-8x7b`` preset) are
-planned with expert parallelism (``Layout.ep``, carved out of dp) among the layouts searched.
+One idea per module, mixture-of-experts models included (expert parallelism carved out of dp).
+The modules and the model, term by term: docs/library.md, 'The planner's model, term by term'.
 """
 from reference_impl.perf.planner.hardware import GB, GPUS, GiB, Cluster, cluster_of
 from reference_impl.perf.planner.layout import Layout, check_layout

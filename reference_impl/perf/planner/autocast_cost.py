@@ -1,21 +1,11 @@
 """What autocast adds to a layer's time: fp32 weights and residual stream around bf16 matmuls.
 
-The layer model (``layer_efficiency.py``) is fitted to layers stored and computed in bf16, as
-Megatron-LM and FSDP's mixed precision run them. The kit's trainer keeps fp32 weights and an
-fp32 residual stream and computes under ``torch.autocast`` (``precision.py``), which moves
-more bytes each step:
-
-* per weight: a cast to bf16 in the forward (read 4, write 2 bytes) and the weight
-  gradient's cast back to fp32 in the backward (read 2, write 4): 12 bytes counted;
-* per token and hidden element: the layernorms read and write fp32 and their outputs are
-  cast for the next matmul, the residual adds read an fp32 and a bf16 tensor and write fp32,
-  and the backward does the same for the gradients: about 58 bytes counted.
-
-The casting kernels run below the memory bandwidth, so the two costs are fitted, in bytes
-at the bandwidth, to the same block timed both ways (``data/h200_autocast_layers.json``:
-``reference_impl.model.Block``, GPT parts, hidden 1024-4096, micro-batch 1-8, on one H200):
-:data:`PARAMETER_BYTES` and :data:`ACTIVATION_BYTES`, refitted by
-``tests/library/planner/test_planner_autocast.py``.
+The layer model is fitted to bf16 layers; the kit's trainer casts each fp32 weight and its
+gradient (12 bytes per weight counted) and keeps the residual stream and norms in fp32 (about
+58 bytes per token and hidden element counted). :data:`PARAMETER_BYTES` and
+:data:`ACTIVATION_BYTES` are fitted to the same block timed both ways on an H200
+(``data/h200_autocast_layers.json``). The count: docs/library.md, 'The planner's model, term by
+term'.
 """
 from __future__ import annotations
 

@@ -1,18 +1,11 @@
-"""Measure on one machine what it can show of the cluster terms (``cluster_compute.py``):
-
-* the SMs an overlapped collective takes: one layer's forward + backward timed alone, an
-  all-reduce of a gradient bucket timed alone, and the two launched together (the all-reduce
-  on NCCL's own stream, as a framework overlaps its gradient reduction with the backward);
-  the layer's extra time over the all-reduce's is the share of the GPU the collective held;
-* the clock under load: the SM clock after a few seconds of that layer against the GPU's
-  maximum, from NVML (``torch.cuda.clock_rate``, which needs the ``pynvml`` package).
+"""Measure on one machine what it can show of the cluster terms (``cluster_compute.py``): the
+SMs an overlapped all-reduce takes from a layer, and the SM clock under load (NVML, ``pynvml``).
 
     torchrun --nproc-per-node 8 -m reference_impl.perf.planner calibrate --cluster-terms
     python -m reference_impl.perf.planner calibrate --cluster-terms --dry-run   # CPU, gloo
 
-Alone in its process (no torchrun) it makes a group of one, whose all-reduce moves nothing
-between GPUs: the numbers then only show that the measurement runs. On the CPU (``--dry-run``)
-the layer is tiny and the group is gloo's.
+Alone in its process it makes a group of one, whose numbers only show that the measurement
+runs. How: docs/library.md, 'The planner's model, term by term'.
 """
 from __future__ import annotations
 
@@ -57,7 +50,7 @@ def clock_fraction(device: torch.device) -> float | None:
 
 def measure(dry_run: bool = False) -> dict:
     """Times of a layer alone, an all-reduce alone and both together, the SM share the
-    all-reduce took, and the clock fraction under load (module docstring)."""
+    all-reduce took, and the clock fraction under load (docs/library.md)."""
     if dry_run:
         device, dtype, steps = torch.device("cpu"), torch.float32, (1, 3)
         shape, seq, elements = TINY, 64, DRY_RUN_ELEMENTS

@@ -2,32 +2,10 @@
 sit, what each node's NICs give each of them, ring or tree over the nodes, and the buckets the
 frameworks send the gradients in.
 
-**Placement.** In Megatron-LM's order (TP fastest, then CP, DP, PP) the ranks of a data-parallel
-group are tp x cp apart: ``k`` = min(n, gpus_per_node / (tp cp)) of them share a node (1 when
-tp x cp fills it), spread over N = n / k nodes.
-
-**Bandwidth per node, shared.** Every GPU of a node is in some data-parallel group, and all
-groups reduce at the same time, so the node's NICs are shared by all its GPUs: each gets
-``Cluster.inter_bw_gbs`` (the node's NIC bandwidth over its GPUs; one NIC per GPU on DGX A100
-and H100 nodes, hardware.py). A group's k ranks on a node together get k of those shares.
-
-**Two levels, ring or tree.** The k ranks of a node reduce-scatter over NVLink, each then
-all-reduces its 1/k of the payload across the N nodes on its NIC share, and they all-gather
-over NVLink (a reduce-scatter or an all-gather is half of it). Across the nodes NCCL picks the
-faster of a ring and a tree for each size; the alpha-beta cost of each (the ring's is lab 0's
-``alpha_beta.ring_all_reduce_seconds``, so that in a student handout the planner runs on the
-student's lab 0; Sanders, Speck and Träff 2009, "Two-tree algorithms for full bandwidth
-broadcast, reduction and scan", for the double binary tree NCCL implements, whose latency grows
-as log2 N)::
-
-    ring  2 (N-1) alpha + 2 (N-1)/N  S / B
-    tree  2 ceil(log2 N) alpha + 2 S / B
-
-**Buckets.** Gradients go out in buckets as the backward produces them, each a collective that
-pays the latency terms: Megatron-LM's DistributedDataParallel buckets max(40M, 1M x dp)
-parameters (its default ``bucket_size``), so the last bucket, which only starts when the
-backward ends, grows with the data-parallel degree; DeepSpeed's ``reduce_bucket_size`` is 5e8
-elements; FSDP reduces each wrapped layer on its own.
+Two levels (NVLink inside a node, each GPU's share of the NICs across nodes); the ring is lab
+0's alpha-beta cost (``alpha_beta.ring_all_reduce_seconds``), the tree NCCL's double binary tree
+(Sanders, Speck and Träff 2009). The formulas and the frameworks' bucket sizes:
+docs/library.md, 'The planner's model, term by term'.
 """
 from __future__ import annotations
 
@@ -70,7 +48,7 @@ def across_nodes_seconds(nbytes: float, nodes: int, alpha: float, bandwidth: flo
 def collective_seconds(nbytes: float, n: int, stride: int, cluster: Cluster,
                        all_reduce: bool = True) -> float:
     """One collective of ``nbytes`` (the full tensor) over a group of ``n`` ranks ``stride``
-    GPUs apart (module docstring)."""
+    GPUs apart (docs/library.md)."""
     if n == 1 or nbytes == 0:
         return 0.0
     k = ranks_per_node(cluster, n, stride)
@@ -83,7 +61,7 @@ def collective_seconds(nbytes: float, n: int, stride: int, cluster: Cluster,
 
 
 def bucket_parameters(params: float, dp: int, accounting: str, layers: int) -> float:
-    """Parameters per gradient bucket as each framework sends them (module docstring)."""
+    """Parameters per gradient bucket as each framework sends them (docs/library.md)."""
     if accounting == "fsdp":
         return params / max(1, layers)
     if accounting == "deepspeed":

@@ -1,35 +1,10 @@
 """Model-state bytes per GPU and data-parallel traffic, as each framework allocates and moves them.
 
-``accounting`` selects whose bookkeeping (P = parameters this GPU's stage holds, d = the degree
-the states are sharded over, dp x cp):
-
-=============  =====================================================  ===========================
-accounting     bytes per parameter                                    gradient traffic
-=============  =====================================================  ===========================
-``zero``       the ZeRO paper (Rajbhandari et al. 2020, section 3):   once per step, 2-byte
-               stage 0 16, 1: 4 + 12/d, 2: 2 + 14/d, 3: 16/d           gradients; stage 3 x 1.5
-``deepspeed``  as the paper, plus DeepSpeed's default buffers: stage  stage 2 reduce-scatters
-               2 two buckets of 5e8 bf16 elements (reduce and         every micro-step, stage 3
-               all-gather), stage 3 1e9 live bf16 parameters          also all-gathers the
-                                                                      parameters twice per
-                                                                      micro-step
-``megatron``   Megatron-LM: stage 0 18 (bf16 parameter 2, fp32        once per step: all-reduce
-               main gradient 4, fp32 master 4, Adam 8); stage 1, the  (stage 0) or reduce-scatter
-               distributed optimizer, 6 + 12/d                        (fp32) + all-gather (bf16)
-``fsdp``       PyTorch FSDP: stage 3 (FULL_SHARD) 16/d plus the       stage 3 per micro-step:
-               unsharded working set (:func:`fsdp_unsharded_bytes`);  all-gather x 2, fp32
-               stage 2 (no resharding after forward, gradients        reduce-scatter; stage 2
-               accumulated unsharded, as the Llama 3 paper            once per step
-               describes) 2 + 2 + 16/d
-=============  =====================================================  ===========================
-
-FSDP2 with torchtitan's default mixed precision (``MixedPrecisionPolicy(param_dtype=bfloat16,
-reduce_dtype=float32)``; torchtitan's ``mixed_precision_param`` / ``mixed_precision_reduce``)
-keeps the sharded parameters, their gradients and Adam's two moments in fp32 (16/d) and
-gathers bf16 copies for compute: :func:`fsdp_unsharded_bytes` counts those copies.
-
-Megatron-LM's distributed optimizer shards only the optimizer (ZeRO-1): stages 2 and 3 are
-refused there, as FSDP has no stage 1.
+``accounting`` selects whose bookkeeping: ``zero`` (Rajbhandari et al. 2020, section 3),
+``deepspeed`` (the paper plus DeepSpeed's default buffers), ``megatron`` (18 bytes per
+parameter; the distributed optimizer is ZeRO-1) or ``fsdp`` (FSDP2 with torchtitan's mixed
+precision, plus the unsharded working set, :func:`fsdp_unsharded_bytes`). The table of bytes and
+traffic: docs/library.md, 'The planner's model, term by term'.
 """
 from __future__ import annotations
 
@@ -75,7 +50,7 @@ def fsdp_unsharded_bytes(layer_params: float, root_params: float = 0.0) -> float
 
 def model_state_bytes(params: float, shards: int, zero: int, accounting: str,
                       layer_params: float = 0.0, root_params: float = 0.0) -> float:
-    """Bytes of parameters, gradients and optimizer states one GPU holds (module docstring);
+    """Bytes of parameters, gradients and optimizer states one GPU holds (docs/library.md);
     ``layer_params``: one layer's parameters on this GPU and ``root_params`` the embedding's,
     the LM head's and the final norm's (FSDP's unsharded working set)."""
     check_accounting(accounting, zero)

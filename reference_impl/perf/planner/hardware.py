@@ -1,24 +1,11 @@
 """GPUs and clusters: peak, memory, links, and each GPU's layer-time model.
 
-Peaks are dense BF16 tensor-core figures from the vendors' data sheets (A100 SXM 312 TFLOP/s,
-H100 SXM and H200 989); memory bandwidth likewise (A100 80GB 2.04 TB/s, H100 SXM 3.35, H200
-4.8). Link bandwidths are per GPU and direction, as NCCL's bus bandwidth reaches them in
-practice, about 80% of the nominal figure: NVLink 3 (A100, 300 GB/s nominal) 240 GB/s, NVLink 4
-(H100/H200, 450) 360 GB/s; one 200 Gb/s HDR NIC per A100 (25 GB/s nominal) 20 GB/s, one 400 Gb/s
-NIC per H100 (50) 40 GB/s. The inter-node figure is each GPU's share of its node's NICs when
-every GPU of the node communicates at once (eight NICs for eight GPUs on DGX A100 and DGX H100
-nodes); ``dp_collectives`` gives a group with several ranks on a node that many shares.
-
-A cluster also carries the end-to-end terms a single-layer benchmark misses
-(``cluster_compute.ClusterTerms``: the clock under load, the SMs overlapped collectives take,
-the framework's time per micro-step).
-
-``GPU_VARIANTS`` are the memory and bandwidth variants of each type (the H100 with 96 GB of
-HBM2e that torchtitan's H100 benchmarks ran on, the A100 40GB, ...), each a :class:`GPU` with its
-figures and their data sheet; ``cluster_of`` takes their names too. The memory a layout may use
-(``Cluster.usable_bytes``) is the GPU's memory less what lives outside PyTorch's caching
-allocator (:func:`outside_allocator_bytes`): the estimate (``memory_estimate``) is of the
-allocator's reserved peak, ``torch.cuda.max_memory_reserved``.
+Peaks and memory bandwidths from the vendors' data sheets (dense BF16 tensor-core figures);
+links per GPU and direction as NCCL's bus bandwidth reaches them (about 80% of nominal); the
+inter-node figure each GPU's share of its node's NICs. ``GPU_VARIANTS`` are the memory and
+bandwidth variants of each type; ``Cluster.usable_bytes`` leaves out what lives outside the
+caching allocator (:func:`outside_allocator_bytes`). The figures: docs/library.md, 'The
+planner's model, term by term'.
 """
 from __future__ import annotations
 
@@ -137,7 +124,7 @@ def outside_allocator_bytes() -> float:
     return CUDA_CONTEXT_BYTES + NCCL_BUFFER_BYTES
 
 
-LINKS = {  # GB/s per GPU and direction as reached (module docstring): intra-node, inter-node
+LINKS = {  # GB/s per GPU and direction as reached (docs/library.md): intra-node, inter-node
     "a100": (240.0, 20.0),
     "h100": (360.0, 40.0),
     "h200": (360.0, 40.0),

@@ -1,38 +1,10 @@
 """Activation bytes of one transformer layer from its real shapes: the MLP's width, a gated MLP,
 and the key/value heads, on one rank of a TP group.
 
-Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"),
-Table 2, count a GPT layer (4h MLP, as many key/value heads as query heads) as sbh (34 +
-5as/h) bytes. The same count, tensor by tensor, with the shapes kept apart (e bytes an
-element, m bytes a dropout-mask element, k = key/value width = kv_heads x head size,
-f = the MLP's width, u = its first matrix's outputs: 2f gated, f plain)::
-
-    tensor saved for the backward                 bytes                 split by
-    the two norms' inputs, the QKV and fc1 inputs  4 e sbh               t with SP
-    dropout masks after the projection and fc2     2 m sbh               t with SP
-    Q, K, V                                        e sb (h + 2k)         t
-    the attention output (projection input)        e sbh                 t
-    fc1's output (the activation's input)          e sb u                t
-    the activation's output (fc2's input)          e sb f                t
-    scores: softmax, dropout output, mask          (2e + m) a s^2 b      t   (explicit attention)
-    or flash attention's log-sum-exp               4 a s b               t
-
-With h = k and f = 4h, u = f this is the paper's 34 sbh + 5 a s^2 b (e = 2, m = 1). A gated
-MLP (SwiGLU) saves its 2f input and its f output, 3f, when the activation is one fused
-function that recomputes SiLU in its backward (Megatron-LM's fused bias-SwiGLU); grouped-query
-attention shrinks K and V to k = kv_heads x head size. Selective recomputation drops the
-scores; full recomputation keeps the layer's input, e sbh (e sbh / t with SP: the shard).
-The norms' statistics (4 bytes per token each) are left out, as the paper leaves them.
-
-PyTorch's selective activation checkpointing as torchtitan configures it
-(``selective_ac_option = "op"``, torchtitan's llama3_8b.toml; the policy in its
-``apply_ac``) saves a different set: the outputs of every other matmul of the layer (Q, V, the
-gate's fc1 and fc2 in a Llama layer), the attention kernel's output and log-sum-exp, and the
-layer's input, and recomputes the rest (:func:`op_sac_bytes`).
-
-:func:`measured_layer_bytes` runs a Llama-style layer of the same shapes on the CPU and
-counts what autograd saves (``SavedActivations``), the check of the count
-(tests/library/planner/test_planner_activations.py).
+Korthikanti et al. 2022, Table 2 (sbh (34 + 5as/h) for a GPT layer), tensor by tensor with the
+shapes kept apart; :func:`op_sac_bytes` for torchtitan's op-level selective checkpointing;
+:func:`measured_layer_bytes` checks the count against what autograd saves. The table:
+docs/library.md, 'The planner's model, term by term'.
 """
 from __future__ import annotations
 
@@ -48,7 +20,7 @@ from reference_impl.perf.planner.model_spec import ModelSpec
 def activation_bytes(model: ModelSpec, s: int, b: int, t: int = 1,
                      sequence_parallel: bool = False, recompute: str | None = None,
                      attention: str = "flash", bytes_per_element: int = 2) -> float:
-    """Bytes one TP rank keeps for one layer's backward (module docstring): ``s`` tokens of
+    """Bytes one TP rank keeps for one layer's backward (docs/library.md): ``s`` tokens of
     each of ``b`` sequences on this rank (s / cp under context parallelism)."""
     if recompute not in MODES:
         raise ValueError(f"recompute must be one of {MODES}, got {recompute!r}")
@@ -73,7 +45,7 @@ def activation_bytes(model: ModelSpec, s: int, b: int, t: int = 1,
 def op_sac_bytes(model: ModelSpec, s: int, b: int, t: int = 1,
                  sequence_parallel: bool = False, bytes_per_element: int = 2) -> float:
     """Bytes one TP rank keeps for one layer under torchtitan's op-level selective
-    checkpointing (module docstring): of the matmuls in order (Q, K, V, the projection, then
+    checkpointing (docs/library.md): of the matmuls in order (Q, K, V, the projection, then
     the gate, up and down matmuls of a gated MLP, or fc1 and fc2), the 1st, 3rd, ... outputs
     (h, k, f, h wide in a Llama layer), the attention output (h) and its log-sum-exp, and the
     layer's input (a shard with SP)."""

@@ -1,31 +1,11 @@
 """How fast one transformer layer runs on one GPU, from the shapes one TP rank holds.
 
-A fixed "MFU" cannot rank layouts: narrowing the matrices (more TP) or shrinking the
-micro-batch lowers the fraction of peak a GPU reaches (measured on an H100: llama3-70b shapes at
-seq 4096, micro-batch 1, 0.67 of peak at tp 1 and 0.54 at tp 8; llama-7b at tp 8, seq 2048:
-0.16). The model here, five numbers fitted to a calibration table (``calibrate.py`` measures one;
-``data/h100_layer_efficiency.json`` is the H100's)::
-
-    layer fwd+bwd = max(launch_floor,
-                        sum over the layer's GEMMs  (F_g + F0) / (peak * e_gemm)
-                        + causal attention flops / (peak * e_attention)
-                        + elementwise * tokens * hidden)
-
-* ``e_gemm``: the fraction of peak a large GEMM reaches;
-* ``F0``: a fixed cost per GEMM in flop-equivalents (tile and wave quantization, launch): a GEMM
-  of F flops runs at ``e_gemm * F / (F + F0)``, so small or narrow GEMMs are slower;
-* ``e_attention``: the fused (flash) attention kernel on the flops it executes (half of the
-  12 b s^2 h of the reporting convention: the causal mask skips the upper triangle);
-* ``elementwise``: seconds per token and hidden element for the memory-bound work (norms,
-  rotary, the SwiGLU activation, residual adds), which TP does not shrink;
-* ``launch_floor``: a layer cannot take less than its kernel launches (eager PyTorch).
-
-The FLOPs of each GEMM are 6 M K N (forward and backward, M = b s tokens). Explicit (unfused)
-attention, the kind Megatron-LM ran in 2021-2022, is counted instead as its matmuls at the GEMM
-rate plus the s x s score tensors it reads and writes: 34 bytes per score element, forward and
-backward (Megatron's fused scale-mask-softmax and dropout: forward writes the scores 2, the
-softmax reads 2 and writes 2, dropout reads 2, writes 2 and a 1-byte mask, the AV matmul reads 2;
-the backward reads and writes about 21 more), at the GPU's memory bandwidth.
+A fixed "MFU" cannot rank layouts: narrower matrices and smaller micro-batches reach less of the
+peak. The model is five numbers (``e_gemm``, ``F0``, ``e_attention``, ``elementwise``,
+``launch_floor``) fitted to a calibration table (``calibrate.py``;
+``data/h100_layer_efficiency.json``), explicit attention adding 34 bytes per score element at
+the memory bandwidth. The formula and the measurements behind it: docs/library.md, 'The
+planner's model, term by term'.
 """
 from __future__ import annotations
 
@@ -38,7 +18,7 @@ from reference_impl.perf.planner.model_spec import ModelSpec
 
 DATA = Path(__file__).with_name("data")
 H100_TABLE = DATA / "h100_layer_efficiency.json"
-EXPLICIT_SCORE_BYTES = 34  # per score element, forward + backward (see the module docstring)
+EXPLICIT_SCORE_BYTES = 34  # per score element, forward + backward (docs/library.md)
 ATTENTION_KERNELS = ("flash", "explicit")
 
 # The shapes the calibration table is measured at (its README): llama-7b (Touvron et al. 2023),
@@ -56,7 +36,7 @@ CALIBRATION_SHAPES = {
 
 @dataclass(frozen=True)
 class LayerEfficiency:
-    """One GPU's layer-time model (module docstring); peak in FLOP/s, bandwidth in bytes/s."""
+    """One GPU's layer-time model (docs/library.md); peak in FLOP/s, bandwidth in bytes/s."""
     device: str
     peak_flops: float
     memory_bandwidth: float

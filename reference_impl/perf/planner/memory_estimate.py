@@ -1,31 +1,10 @@
 """Memory per GPU of a layout, on the pipeline stage that needs most: the peak of PyTorch's
-caching allocator, ``torch.cuda.max_memory_reserved`` (what torchtitan logs as "memory"), which
-the CUDA context and NCCL's buffers are not part of (``hardware.outside_allocator_bytes`` takes
-those off the GPU's memory instead: ``Cluster.usable_bytes``).
+caching allocator, ``torch.cuda.max_memory_reserved`` (what torchtitan logs as "memory").
 
-* model states: :func:`framework_memory.model_state_bytes` on the stage's parameters (its layers
-  / tp, the embedding on the first stage, the LM head on the last), sharded over dp x cp; with
-  experts, a layer's experts are split over the EP group too (E / ep per rank, / tp each) and
-  their states sharded over the dp x cp / ep ranks holding the same experts (Megatron-core's
-  expert-data-parallel group); with FSDP, the unsharded working set (two layers gathered, one
-  layer's gradients, the root group of embedding and LM head: ``fsdp_unsharded_bytes``);
-* activations per layer: Korthikanti et al. 2022's count with the layer's real shapes (the
-  MLP's width, a gated MLP, the key/value heads: :func:`layer_activations.activation_bytes`)
-  on the s/cp tokens a CP rank holds; no 1-byte dropout masks for models without dropout
-  (Llama); with flash attention no s x s term (the kernel keeps one fp32 log-sum-exp per row
-  and head); "selective" is Megatron-LM's (the attention core) except under FSDP accounting,
-  where it is torchtitan's op-level policy (:func:`layer_activations.op_sac_bytes`);
-* layers per stage: ceil(L/pp) on the first, one fewer with the embedding counted in the split
-  (``layout.first_stage_layers``);
-* in flight on the first stage: 1F1B holds min(pp, m) microbatches; the interleaved schedule
-  a factor 1 + (pp-1)/(pp v) more (Korthikanti et al. 2022, section 4.2.3; lab 7 writes it:
-  ``capacity.in_flight_microbatches``); full recomputation
-  keeps each layer's input and rebuilds one layer at a time (:func:`rebuilt_layer_bytes`);
-* the loss on the last stage, one microbatch at a time (:func:`cross_entropy_bytes`), and the
-  allocator's blocks it strands (:func:`stranded_logits_bytes`); the loss's peak and a
-  layer's rebuild come at different times, so the larger of the two counts;
-* reserved beyond allocated: the stranded blocks above and a share of the activations
-  (:func:`fragmentation_bytes`).
+Model states (``framework_memory``), activations per layer (``layer_activations``, Korthikanti
+et al. 2022) times the microbatches in flight, the loss and the blocks it strands, and
+fragmentation; the CUDA context and NCCL's buffers come off the GPU's memory instead
+(``Cluster.usable_bytes``). Term by term: docs/library.md, 'The planner's model, term by term'.
 """
 from __future__ import annotations
 

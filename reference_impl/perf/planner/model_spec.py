@@ -1,18 +1,9 @@
 """A decoder-only transformer described by its shape: parameters, the GEMMs one TP rank runs,
 and the FLOPs of a training step as the published runs count them.
 
-**Mixture of experts** (``experts`` > 0: every layer's MLP is ``experts`` MLPs of width
-``ffn_hidden`` and a router, each token going through ``top_k`` of them; Shazeer et al. 2017,
-"Outrageously Large Neural Networks", as Mixtral: Jiang et al. 2024, "Mixtral of Experts").
-Two counts of parameters then differ:
-
-    total   N     = L (attention + E x expert MLP + router h E) + embeddings   (memory)
-    active  N_act = L (attention + k x expert MLP + router h E) + embeddings   (compute)
-
-A token's FLOPs are those of the active parameters (6 N_act + attention), and the GEMMs a
-layer runs are a dense layer's with an MLP k experts wide (each expert sees k/E of the tokens);
-the model states hold all N, the experts sharded over the expert-parallel group
-(``memory_estimate``).
+With ``experts`` > 0 (Shazeer et al. 2017; Mixtral, Jiang et al. 2024) the total parameters N
+(memory) and the active ones N_act (compute: 6 N_act + attention per token) differ. The counts:
+docs/library.md, 'The planner's model, term by term'.
 """
 from __future__ import annotations
 

@@ -1,28 +1,10 @@
 """Published training runs the planner is checked against, each with its source and the FLOP
 count that source reports with.
 
-Sources (by public title):
-
-* Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
-  Megatron-LM", Table 1: GPT models (vocabulary 51200, sequence 2048) on 80 GB A100s, TFLOP/s
-  per GPU counted as 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) per iteration (full
-  recomputation included). Micro-batch and interleaving are not in the table: the planner
-  picks them (the fastest that fits), by the same rule for every row.
-* Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-  Tables 3 and 5: sequence parallelism + selective recomputation on A100s, Model FLOPs
-  Utilization counted as 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) / (time x GPUs x 312 TFLOP/s).
-* Dubey et al. 2024, "The Llama 3 Herd of Models", Table 4: Llama 3 405B on H100s, TFLOPs per
-  GPU; the 8K pre-training ran without activation checkpointing, with FSDP sharding the
-  optimizer states and gradients (section 3.3.2). The paper does not give its FLOP count:
-  6N + 12 L h s is assumed. Its pipeline held one layer fewer on the first and last stages
-  (126 layers on 16 stages, section 3.3.2): the embedding and the loss counted as a layer each
-  in the split, which makes 128 = 16 x 8 slots and equal interleaved chunks possible; "the
-  first model chunk on the first stage has only the embedding": chunks of one slot, v = 8.
-* torchtitan (PyTorch), docs/performance.md: Llama 3 70B and Llama 2 70B with FSDP2 on 64 A100
-  (80 GB), MFU counted as 6N + 12 L h s per token with N all the parameters, the embedding
-  included: the published 51.7% for Llama 3 70B reproduces from its tokens per second only so.
-* NeMo 24.07, docs/source/performance/performance_summary.md: the Llama 2 and Llama 3 70B H100
-  recipes (TP 4 x PP 4 with virtual stages, CP 2 for Llama 3), FP8: listed, not predicted.
+Narayanan et al. 2021 (Table 1), Korthikanti et al. 2022 (Tables 3 and 5), Dubey et al. 2024,
+"The Llama 3 Herd of Models" (Table 4), torchtitan's docs/performance.md, and NeMo 24.07's
+performance summary (listed, not predicted). Each source's FLOP count and what the planner
+assumes: docs/library.md, 'The planner's model, term by term'.
 """
 from __future__ import annotations
 

@@ -1,19 +1,10 @@
 """Reported peak memory of published training runs, each with the counter it is and its source:
 what the planner's memory estimate (``memory_estimate``) is checked against (``validation``).
 
-Source (by public name): torchtitan (PyTorch), benchmarks/llama3_h100_202412_torchtitan.md,
-the same tables as docs/performance.md at the end of 2024 and Liang et al. 2024, "TorchTitan:
-One-stop PyTorch native solution for production ready LLM pre-training", Tables 1-6: Llama 3.1
-8B, 70B and 405B on H100s of 96 GB HBM2e at 500 W (``hardware.GPU_VARIANTS["h100-sxm-96gb"]``),
-FSDP2 with bf16 parameters and fp32 reduction (torchtitan's default), local batch = the
-micro-batch (no gradient accumulation), "Memory(GiB)" the maximum over the GPUs of what
-torchtitan logs as "memory": ``torch.cuda.memory_stats()["reserved_bytes.all.peak"]``
-(torchtitan's ``DeviceMemoryMonitor.get_peak_stats``, ``max_reserved_gib``), the caching
-allocator's reserved peak, without the CUDA context or NCCL's buffers.
-
-What the planner does not model, each row says: ``compiled`` (torch.compile of each layer) and
-``float8`` (Float8 linears) rows are priced as the eager bf16 run; rows the planner cannot
-place are listed with ``not_predicted`` saying why.
+Source: torchtitan's benchmarks/llama3_h100_202412_torchtitan.md (Liang et al. 2024,
+"TorchTitan", Tables 1-6), "Memory(GiB)" the caching allocator's reserved peak. The runs, the
+counter and what the planner does not model: docs/library.md, 'The planner's model, term by
+term'.
 """
 from __future__ import annotations
 

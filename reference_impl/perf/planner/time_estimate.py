@@ -1,67 +1,11 @@
 """Step time of a layout, term by term, communication overlapped as the frameworks overlap it.
 
-Per microbatch and stage (``layer`` from the GPU's :class:`LayerEfficiency`, divided by the
-clock the GPU holds under load, ``cluster_compute.ClusterTerms``)::
-
-    layer'   = layer x (4/3 under full recomputation; + the attention forward again under
-               selective recomputation of explicit attention, Korthikanti et al. 2022)
-               + TP: k ring all-reduces of b (s/cp) h 2 bytes over tp GPUs on NVLink, k = 4
-                 (6 under full recomputation); with sequence parallelism the all-gather +
-                 reduce-scatter pairs move the same bytes; exposed, as Megatron-LM runs them
-                 by default. ``tp_comm_overlap`` (Megatron-Core's option of that name, which
-                 NeMo's recipes turn on) splits each collective and its GEMM into tp chunks
-                 and overlaps chunk i's transfer with chunk i-1's GEMM (Wang et al. 2023,
-                 "Overlap Communication with Dependent Computation via Decomposition in Large
-                 Deep Learning Models"): one chunk in tp stays exposed, or what outlasts the
-                 GEMMs if more, and the GEMMs lose the SMs the transfers take while they
-                 overlap: max(TP/tp, TP - GEMMs) + share x min(TP (1 - 1/tp), GEMMs). The
-                 bound max(0, TP - GEMMs) is the best case (``--best-case``)
-               + CP: the ring exchange of K and V (forward, and twice that backward) beyond
-                 what the attention it overlaps with hides, and the SMs it takes meanwhile
-               + EP (experts over ep > 1 ranks): the all-to-alls of the tokens' rows,
-                 dispatch + combine, forward + backward (and the forward's again under full
-                 recomputation), each b (s/cp) k rows of h bf16 values of which (ep-1)/ep
-                 leave the rank (GShard's count, ``moe/moe_costs.py``), over the links the
-                 EP group spans (tp x cp x ep GPUs): exposed, as Megatron-core's default
-                 dispatcher runs them between the router and the experts
-    stage    = the slowest pipeline stage: whole layers per stage, none holding more than
-               ceil(L/pp) (the memory estimate's count), the LM head on the last, which may
-               take fewer layers to balance it (as Llama 3 did):
-               min over k of max(k layer' + LM head, ceil((L-k)/(pp-1)) layer'); with 80
-               layers on 16 stages every stage holds 5, so the last one paces the pipeline at
-               5 layers + the head (:func:`slowest_stage`)
-    pipeline = makespan_formula('1f1b' or 'interleaved', p, m, v) with F + B = stage:
-               stage (m + (p-1)/v), the bubble (p-1)/(v m + p-1)
-    framework = the framework's time per forward or backward of a model chunk
-               (``cluster_compute.MICROSTEP_OVERHEAD_S``) on every slot of the critical path:
-               2 (v m + p - 1) x overhead
-    sends    = 2 v (p-1) (alpha + b (s/cp) h 2 / (tp with SP) / link): the stage-boundary
-               activations and gradients on the critical path of warm-up and cool-down; in the
-               steady state they overlap the next microbatch's compute (batched isend/irecv)
-    DP       = gradients reduced once per step in buckets (``dp_collectives``: two levels,
-               ring or tree over the nodes, each GPU's share of its node's NICs), overlapped
-               with the last microbatch's backward (2/3 of a stage slot): exposed max(last
-               bucket, reduce - that), the last bucket starting only when the backward ends;
-               the parameter all-gather mirrored over the next step's first forward (1/3 of a
-               slot). With v model chunks per rank Megatron-LM reduces (and gathers) each
-               chunk's share on its own, as soon as the chunk's last backward ends: in the
-               interleaved schedule's cool-down chunk k's last backward ends k p
-               chunk-backwards before the step's, so the reduction overlaps that much more
-               (:func:`exposed_seconds`); ZeRO-3 (and DeepSpeed's ZeRO-2 reduce-scatter) every
-               micro-step, overlapped with that microbatch's compute: m x max(0, traffic -
-               stage). Whatever overlaps compute slows it by the SMs it takes
-               (``ClusterTerms.overlap_slowdown``), counted here
-    optimizer = 30 bytes per local parameter shard at memory bandwidth (Adam: fp32 master,
-               gradient, m and v read and written, the bf16 copy written)
-    step     = pipeline + framework + sends + DP + optimizer, or, term by term
-               (:meth:`TimeEstimate.breakdown`), m x (the slowest stage's layers,
-               recomputation, TP, CP, EP, LM head) + bubble + framework + sends + DP +
-               optimizer. The DP term reduces every local parameter over dp x cp: the
-               experts' (over dp x cp / ep ranks, fewer per gradient) are priced alike
-
-Ring collectives inside a node use lab 0's alpha-beta cost (``dp_collectives.ring_seconds``);
-a reduce-scatter or an all-gather is half an all-reduce. A group lies inside a node when the
-GPUs it spans (Megatron-LM's order: TP fastest, then CP, DP, PP) fit in one.
+Per microbatch and stage a layer's time (``LayerEfficiency`` at the clock under load) plus
+recomputation and the TP, CP and EP collectives; the pipeline's makespan at its slowest stage;
+the framework's time per micro-step; the stage-boundary sends; the data-parallel reduction in
+buckets, overlapped as Megatron-LM and FSDP overlap it; the optimizer. TP overlap follows
+Megatron-Core's ``tp_comm_overlap`` (Wang et al. 2023). The formula, term by term:
+docs/library.md, 'The planner's model, term by term'.
 """
 from __future__ import annotations
 
@@ -136,7 +80,7 @@ def exposed_seconds(collective_s: float, v: int, pp: int, pass_s: float,
 
 def tp_exposed_seconds(tp_comm: float, gemms: float, tp: int, overlap: bool,
                        terms: ClusterTerms) -> float:
-    """What a layer waits for of its TP collectives (module docstring)."""
+    """What a layer waits for of its TP collectives (docs/library.md)."""
     if not overlap or tp_comm == 0:
         return tp_comm
     if terms.tp_overlap_bound:
@@ -236,7 +180,7 @@ def estimate_time(model: ModelSpec, cluster: Cluster, layout: Layout, microbatch
 
 
 def all_to_all_seconds(model: ModelSpec, cluster: Cluster, layout: Layout) -> float:
-    """One layer's expert all-to-alls per microbatch (the module docstring's EP term): rows =
+    """One layer's expert all-to-alls per microbatch (docs/library.md's EP term): rows =
     b (s/cp) k, each exchange (ep-1)/ep of rows x h x 2 bytes; 0 without expert parallelism."""
     ep = layout.ep
     if ep == 1 or not model.experts:

@@ -17,7 +17,10 @@ from reference_impl.llama_blocks import RMSNorm, GroupedQueryAttention, SwiGLU
 from reference_impl.model import GPT, Block, CausalSelfAttention, ModelConfig, llama_config
 from reference_impl.pipeline.pipeline_partition import gpt_layers
 from reference_impl.rotary import apply_rotary
-from reference_impl.tp.llama_tp import kv_head_layout
+from reference_impl.perf.planner.hardware import Cluster
+from reference_impl.perf.planner.layout import Layout, check_layout, splits_heads
+from reference_impl.perf.planner.model_spec import PRESETS
+from reference_impl.tp.head_split import kv_head_layout, kv_heads_per_rank
 from reference_impl.toys import random
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
@@ -177,6 +180,24 @@ def test_kv_heads_are_split_replicated_or_refused(heads, kv_heads, tp, expected)
     else:
         with pytest.raises(ValueError, match=expected):
             kv_head_layout(heads, kv_heads, tp)
+
+
+@pytest.mark.parametrize("heads, kv_heads, tp, held", [(8, 4, 2, 2), (8, 8, 8, 1), (8, 2, 4, 1),
+                                                       (8, 1, 8, 1), (16, 8, 2, 4)])
+def test_a_rank_holds_its_share_of_kv_heads_or_one(heads, kv_heads, tp, held):
+    assert kv_heads_per_rank(heads, kv_heads, tp) == held
+
+
+def test_the_planner_takes_the_trainers_head_rule_and_prices_split_kv_heads_only():
+    """The planner refuses what the trainer refuses, with the same rule, and names replicated
+    KV heads (which the trainer runs) as outside what it prices."""
+    model, cluster = PRESETS["70b"], Cluster(nodes=2, gpus_per_node=16)
+    with pytest.raises(ValueError, match="tp 16 would replicate the 8 key/value heads"):
+        check_layout(model, cluster, Layout(tp=16, pp=1, dp=2))
+    assert not splits_heads(model, 16) and splits_heads(model, 8)
+    with pytest.raises(ValueError, match="heads 64 is not divisible by the tensor-parallel size "
+                                         "tp = 3"):
+        check_layout(model, Cluster(nodes=1, gpus_per_node=3), Layout(tp=3, pp=1, dp=1))
 
 
 @pytest.mark.parametrize("fields, config, message", [
