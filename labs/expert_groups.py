@@ -1,4 +1,4 @@
-# Student file for the labs, generated from reference_impl/moe/expert_groups.py by
+# Student file for the labs, generated from reference_impl/comm/expert_groups.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """The process groups of expert parallelism (GShard, Lepikhin et al. 2020; Megatron-core's

@@ -21,7 +21,7 @@ from torch import nn
 from reference_impl.comm.device import current_device
 from reference_impl.comm.launcher import launch
 from reference_impl.model import MLP
-from reference_impl.moe.expert_groups import create_expert_groups
+from reference_impl.comm.expert_groups import create_expert_groups
 from reference_impl.moe.expert_parallel import ExpertParallelMoE
 from reference_impl.moe.moe_costs import all_to_all_bytes, load_imbalance, relative_load
 from reference_impl.moe.moe_layer import MoELayer

@@ -1,8 +1,8 @@
 """The layout of a parallel run, at the bottom of the library: its sizes (dp replicas x tp x cp
 x pp ranks; ep ranks of a replica group sharing each MoE block's experts) and rank order,
-checked once, and what it builds on the ranks: the rank layout, the process groups and a
-``DeviceMesh`` over them, in one :class:`ParallelContext` that every parallel module takes its
-groups from (the shape of torchtitan's ``ParallelDims``).
+checked once, and what it builds on the ranks: the rank layout, the process groups, a
+``DeviceMesh`` over them and the expert-parallel groups, in one :class:`ParallelContext` that
+every parallel module takes its groups from (the shape of torchtitan's ``ParallelDims``).
 """
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from reference_impl.comm.device import current_device
+from reference_impl.comm.expert_groups import (ExpertGroups, check_expert_parallel,
+                                               create_expert_groups, experts_of_rank)
 from reference_impl.comm.groups import (RankCoordinates, RankLayout, build_rank_layout,
                                         parse_order, rank_mesh)
 from reference_impl.comm.process_groups import ParallelGroups, create_process_groups
@@ -20,16 +22,14 @@ from reference_impl.comm.process_groups import ParallelGroups, create_process_gr
 def check_expert_split(experts: int | None, ep: int, dp: int, model: str = "the model") -> None:
     """EP groups are cut from the replicas (an EP rank is a replica for everything but the
     experts) and each EP rank holds experts / ep of them: ``ep`` divides ``dp`` and the
-    ``experts`` (None: the model is not known yet)."""
+    ``experts`` (None: the model is not known yet), lab 9's rules (``expert_groups``)."""
     if ep == 1:
         return
     if experts == 0:
         raise ValueError(f"ep {ep} needs a mixture-of-experts model; {model} is dense")
-    if dp % ep:
-        raise ValueError(f"ep {ep} must divide dp {dp}: EP groups are cut from the replicas")
-    if experts and experts % ep:
-        raise ValueError(f"ep {ep} must divide the {experts} experts: each EP rank holds "
-                         f"experts / ep of them")
+    check_expert_parallel(dp, ep)
+    if experts:
+        experts_of_rank(experts, ep, 0)  # refuses experts that ep does not divide
 
 
 @dataclass(frozen=True)
@@ -72,17 +72,21 @@ class ParallelDims:
         grid, names = rank_mesh(layout)  # a mesh over the groups just made: no new groups
         mesh = DeviceMesh.from_group([getattr(groups, name) for name in names],
                                      current_device().type, mesh=grid, mesh_dim_names=names)
-        return ParallelContext(self, layout, groups, mesh)
+        experts = (create_expert_groups(self.ep, layout.groups["RDP"]) if self.ep > 1
+                   else None)  # EP groups cut from every replica group
+        return ParallelContext(self, layout, groups, mesh, experts)
 
 
 @dataclass(frozen=True)
 class ParallelContext:
-    """The layout, this rank's process groups and coordinates, and the device mesh."""
+    """The layout, this rank's process groups and coordinates, the device mesh, and with ep > 1
+    the expert-parallel groups."""
 
     dims: ParallelDims
     layout: RankLayout
     groups: ParallelGroups
     mesh: DeviceMesh  # dimensions named tp, pp, rdp (and cp), slowest first
+    experts: ExpertGroups | None = None  # with ep > 1: this rank's DP, EP and EDP groups
 
     dp = property(lambda self: self.dims.dp)
     tp = property(lambda self: self.dims.tp)

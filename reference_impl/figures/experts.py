@@ -22,7 +22,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 from reference_impl.figures.style import (GREY, HIGHLIGHT, NOTEBOOK_FONTSIZE, RANK_COLOURS,
                                           OPEN_SPINES, cycle_colour, hide_spines,
                                           legend_below, new_figure, swatch)
-from reference_impl.moe.expert_groups import expert_parallel_groups
+from reference_impl.comm.expert_groups import expert_parallel_groups
 from reference_impl.moe.moe_costs import tokens_to_ranks
 
 

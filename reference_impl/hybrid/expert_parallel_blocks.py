@@ -6,24 +6,21 @@ over the ranks holding the same experts (EDP), both divided by dp (``sync_moe_gr
 """
 from __future__ import annotations
 
-from reference_impl.moe.expert_groups import create_expert_groups
 from reference_impl.moe.expert_parallel import ExpertParallelMoE, is_expert_parameter
 from reference_impl.moe.moe_blocks import MoEFeedForward
 
 
-def apply_ep(model, ep: int) -> None:
-    """Each MoE block's layer to its expert-parallel version over EP groups cut from every
-    RDP group (collective: every rank creates every group)."""
-    if ep == 1 or not model.experts[0]:
+def apply_ep(model) -> None:
+    """Each MoE block's layer to its expert-parallel version over the context's EP groups."""
+    groups = model.context.experts
+    if groups is None or not model.experts[0]:
         return
-    groups = create_expert_groups(ep, model.context.layout.groups["RDP"])
     before = dict(model.named_parameters())
     for stage in model.stages.values():
         for layer in stage.modules():
             if isinstance(layer, MoEFeedForward):
                 layer.moe = ExpertParallelMoE(layer.moe, groups)
     model.remap_names(before)
-    model.expert_groups = groups
 
 
 def expert_gradients(gradients) -> tuple[list, list]:

@@ -67,9 +67,9 @@ def global_grad_norm(model) -> torch.Tensor:
     device = owned[0][1].device if owned else next(model.parameters()).device
     dense, expert = expert_gradients(owned)
     squares = _squares(dense, device)
-    if model.expert_groups is not None:  # each EP rank holds other experts: sum over EP
+    if model.context.experts is not None:  # each EP rank holds other experts: sum over EP
         experts = _squares(expert, device)
-        dist.all_reduce(experts, group=model.expert_groups.ep)
+        dist.all_reduce(experts, group=model.context.experts.ep)
         squares = squares + experts
     for group in norm_groups(model):
         dist.all_reduce(squares, group=group)

@@ -169,8 +169,8 @@ def gather_full_state(model: ParallelGPT) -> dict[str, torch.Tensor]:
             full = full[:model.config.vocab_size]  # drop the vocabulary's padding rows
         local[name] = full.clone()
     pieces = [(model.context.pp, groups.pp)]
-    if model.expert_groups is not None:  # each EP rank holds other experts
-        pieces.insert(0, (model.expert_groups.ep_size, model.expert_groups.ep))
+    if model.context.experts is not None:  # each EP rank holds other experts
+        pieces.insert(0, (model.context.experts.ep_size, model.context.experts.ep))
     for size, group in pieces:
         if size > 1:
             parts: list = [None] * size

@@ -119,7 +119,6 @@ class ParallelGPT(nn.Module):
         self.dp_kind = plan.kind
         self.dp_state = None  # what the kind keeps: its hooks, ZeroOptimizer, device mesh
         self.experts = (0, 0)  # (experts, top_k) of the whole model's MoE blocks
-        self.expert_groups = None  # with ep > 1: this rank's DP, EP and EDP groups
 
     def stage_modules(self) -> dict[int, nn.Module]:
         return {int(s): module for s, module in self.stages.items()}
@@ -226,7 +225,7 @@ def parallelize_gpt(gpt: nn.Module, plan: TrainingPlan, context) -> ParallelGPT:
     apply_tp(model, stage_layers, plan.sp)
     apply_cp(model)
     apply_recompute(model, plan.recompute)
-    apply_ep(model, plan.ep)
+    apply_ep(model)
     apply_dp(model)
     return model
 
@@ -246,10 +245,10 @@ def finish_gradients(model: ParallelGPT, convention: str = "megatron") -> SyncRe
     kind, report = model.dp_kind, None
     if convention != "megatron" and kind.name != "sync":
         raise ValueError(f"convention {convention!r} is for dp_kind sync only (got {kind.name})")
-    if model.expert_groups is None:
+    if model.context.experts is None:
         report = kind.reduce(model, convention)
     else:  # dense over the replicas, experts over EDP (dp_kind sync: check_experts)
-        sync_moe_grads(model.stages, model.expert_groups)
+        sync_moe_grads(model.stages, model.context.experts)
     if model.plan.sp:
         grads = [kind.gradient(model, p) for p in model.parameters()
                  if getattr(p, "sequence_parallel", False)]

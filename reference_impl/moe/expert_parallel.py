@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 from reference_impl.comm.mean_all_reduce import all_reduce_mean
-from reference_impl.moe.expert_groups import ExpertGroups, experts_of_rank
+from reference_impl.comm.expert_groups import ExpertGroups, experts_of_rank
 from reference_impl.moe.moe_layer import MoELayer, MoEOutput
 from reference_impl.moe.router import Router
 from reference_impl.moe.token_exchange import all_to_all_rows

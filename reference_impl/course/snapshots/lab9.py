@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from reference_impl.moe import moe_layer, router
-from reference_impl.moe.expert_groups import experts_of_rank, expert_parallel_groups
+from reference_impl.comm.expert_groups import experts_of_rank, expert_parallel_groups
 
 GRADED = Path(__file__).resolve().parents[3] / "tests" / "labs"
 SEEDS = (0, 1, 2)       # the public sweep's (0) and the hidden checks'

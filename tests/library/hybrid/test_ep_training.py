@@ -32,8 +32,8 @@ def test_expert_parallel_training_matches_one_device(flags):
 
 @pytest.mark.parametrize("flags, message", [
     ("--ep 2 --dp 2", "ep 2 needs a mixture-of-experts model; the model is dense"),
-    ("--experts 4 --ep 2 --dp 3 --batch 6", "ep 2 must divide dp 3"),
-    ("--experts 3 --ep 2 --dp 2", "ep 2 must divide the 3 experts"),
+    ("--experts 4 --ep 2 --dp 3 --batch 6", "the data-parallel size dp = 3 is not divisible by ep = 2"),
+    ("--experts 3 --ep 2 --dp 2", "3 experts are not divisible by ep = 2"),
     ("--experts 4 --tp 2", "experts with tp = 2"),
     ("--experts 4 --ep 2 --dp 2 --dp-kind zero1", "ep = 2 with dp_kind zero1"),
     ("--experts 4 --ep 2 --dp 2 --recompute full", "ep = 2 with recompute full"),

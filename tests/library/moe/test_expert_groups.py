@@ -2,7 +2,7 @@
 naming the numbers: E divisible by ep, dp divisible by ep."""
 import pytest
 
-from reference_impl.moe.expert_groups import ExpertGroups, expert_parallel_groups, experts_of_rank
+from reference_impl.comm.expert_groups import ExpertGroups, expert_parallel_groups, experts_of_rank
 from reference_impl.moe.expert_parallel import ExpertParallelMoE
 from reference_impl.moe.moe_layer import MoELayer
 

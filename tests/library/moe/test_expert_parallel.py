@@ -26,7 +26,7 @@ import torch.distributed as dist
 from reference_impl.checks import assert_close
 from reference_impl.comm.device import current_device, gpu_count
 from reference_impl.comm.launcher import launch
-from reference_impl.moe.expert_groups import ExpertGroups, create_expert_groups
+from reference_impl.comm.expert_groups import ExpertGroups, create_expert_groups
 from reference_impl.moe.expert_parallel import ExpertParallelMoE, sync_moe_grads
 from reference_impl.moe.moe_costs import all_to_all_bytes, tokens_to_ranks
 from reference_impl.moe.moe_layer import MoELayer

@@ -63,8 +63,8 @@ def test_the_all_to_all_term_is_the_formula():
 
 @pytest.mark.parametrize("model, layout, message", [
     (get_model("70b"), Layout(8, 1, 8, ep=2), "ep 2 needs a mixture-of-experts model"),
-    (MIXTRAL, Layout(8, 1, 8, ep=16), "ep 16 must divide dp 8: EP groups are cut from the replicas"),
-    (MIXTRAL, Layout(4, 1, 16, ep=16), "ep 16 must divide the 8 experts"),
+    (MIXTRAL, Layout(8, 1, 8, ep=16), "the data-parallel size dp = 8 is not divisible by ep = 16"),
+    (MIXTRAL, Layout(4, 1, 16, ep=16), "8 experts are not divisible by ep = 16"),
 ])
 def test_ep_rules_name_the_numbers(model, layout, message):
     with pytest.raises(ValueError, match=message):

@@ -26,7 +26,7 @@ def held_by_rank(args, plan) -> dict:
             kind = ("expert" if is_expert_parameter(parameter)
                     else "position" if "position_embedding" in name else "dense")
             held[kind] += parameter.numel()
-    groups = model.expert_groups
+    groups = model.context.experts
     return {**held, "ep": dist.get_world_size(groups.ep), "edp": dist.get_world_size(groups.edp)}
 
 
