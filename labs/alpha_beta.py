@@ -4,18 +4,13 @@
 """The alpha-beta cost model of communication, how to fit it to measurements, and which
 all-reduce it picks.
 
-A message of S bytes costs alpha + S/B: a fixed latency alpha plus the bytes over the
-bandwidth B. A ring all-reduce over n ranks (``collectives.py``) takes 2(n-1) steps, each
-moving S/n bytes, so
-
-    T_ring(S, n) = 2(n-1) * alpha + 2(n-1)/n * S / B
-
-Measured times of all-reduce over several sizes lie on a line T = a + b*S; the fitted
-intercept and slope give alpha and B. Recursive doubling (``collectives.py``) swaps the whole
-S bytes log2(n) times: fewer latencies, more bytes, so it wins on small messages and the ring
-on large ones, and the fitted alpha and B say where the two cross (Thakur, Rabenseifner and
-Gropp 2005, "Optimization of collective communication operations in MPICH", pick MPICH's
-all-reduce this way). The lab's notebook derives both models (parts 4 and 5) and the crossover.
+A message of S bytes costs alpha + S/B; a ring all-reduce over n ranks (``collectives.py``)
+costs 2(n-1) alpha + 2(n-1)/n S/B, recursive doubling log2(n) (alpha + S/B). Measured times
+fitted to a line give alpha (intercept) and B (slope), and the two models then say where the
+algorithms cross, as MPICH picks its all-reduce (Thakur, Rabenseifner and Gropp 2005,
+"Optimization of collective communication operations in MPICH"). The derivations: lab 0's
+notebook, sections "4. What does an all-reduce cost? The alpha-beta model" and "5. Ring or
+recursive doubling? Let the model choose".
 """
 from __future__ import annotations
 

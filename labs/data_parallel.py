@@ -3,63 +3,17 @@
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """Data-parallel gradient synchronisation for hybrid (TP x PP x DP) parallelism.
 
-After the backward, every rank holds the gradients of *its* samples; data parallelism makes
-them the gradients of the *global* batch. Which ranks must be summed, and what to divide by,
-depends on two things: whether a parameter is split over the TP group, and which samples the
-ranks of a TP group hold. The rule of the SageMaker model parallelism library documentation
-("Ranking Mechanism when Using a Combination of Pipeline Parallelism and Tensor Parallelism"):
+After the backward every rank holds the gradients of its own samples; :func:`sync_gradients`
+makes them the gradients of the global batch. Which group sums a gradient, and what to divide
+by, depends on whether the parameter is TP-distributed (carries ``tp_dim``, or shares a module
+with one that does) and on which samples a TP group's ranks hold: the rule of the SageMaker
+model parallelism library's "Ranking Mechanism" page (distributed over RDP_GROUP, replicated
+over DP_GROUP) for SageMaker's layout, where TP peers hold different samples, and every
+gradient over RDP_GROUP for Megatron-LM's, where they share them. Either way, divide by the
+number of distinct data shards. The all-reduces are bucketed, as DDP and Megatron do.
 
-    "For the model parameters that are distributed within the TP_GROUP, the gradient
-     allreduce operation is performed only for reduced data parallel group, while for the
-     parameters that are not distributed, the gradient allreduce takes place over the entire
-     DP_GROUP."
-
-That rule is right for SageMaker's *data layout*, where TP runs over data-parallel ranks
-(SageMaker's "How Tensor Parallelism Works", ``sagemaker_linear.DistributedLinear``): the tp
-ranks of a TP group hold *different* samples. Megatron-LM's layout is different: the tp ranks
-of a TP group see the *same* micro-batch, and the data is split over the replicas (the RDP
-group) only. Side by side, for one pipeline stage, W ranks, tp x pp x rdp (``dp = tp * rdp``
-= SageMaker's DP_GROUP size):
-
-    convention     samples of a TP group    TP-sharded parameter      replicated parameter
-                   (data split over)        (``tp_dim`` set)          (layernorm, row bias,
-                                                                       replicated embedding)
-    ------------   ----------------------   -----------------------   -----------------------
-    "sagemaker"    different on each rank   sum over RDP_GROUP        sum over DP_GROUP
-                   (DP_GROUP: dp shards)    / dp                      (= RDP x TP) / dp
-    "megatron"     the same on each rank    sum over RDP_GROUP        sum over RDP_GROUP
-                   (RDP_GROUP: rdp shards)  / rdp                     / rdp
-
-Why (local loss = the mean over the rank's own samples, global loss = mean over all B):
-
-* **sagemaker, replicated**: each rank's gradient is its own B/dp samples' mean gradient, and
-  every rank of the DP group holds different samples: average over all dp of them.
-* **sagemaker, distributed**: a distributed module runs on the samples of the *whole* TP group
-  (all-gathered), so its shard's gradient already sums the tp ranks' losses (and the bias of a
-  distributed module sums itself over the TP group with ``copy_to_tp``): tp * the TP group's
-  mean gradient. What is left is the other replicas: sum over RDP, and (tp * rdp = dp) divide
-  by dp. Summing it over the DP group too would add the same shard's gradient to other shards.
-* **megatron, both kinds**: the TP group computes one replica's forward together; a replicated
-  parameter (layernorm) gets the *same full* gradient on every TP rank (the layer input is
-  whole everywhere), a sharded one its shard of that replica's gradient. Nothing is missing
-  inside the TP group, so both are averaged over the rdp replicas only. An all-reduce over
-  the whole DP group here would sum tp identical copies (tp times too large, or, divided by
-  dp, right but tp times the traffic for nothing).
-
-The relation to SageMaker's ranking page: its "entire DP_GROUP" for non-distributed parameters
-is RDP x TP *because* the TP ranks hold different data; with Megatron's data layout the TP
-ranks' copies are already equal, and Megatron's "data-parallel group" is exactly SageMaker's
-RDP_GROUP (``groups.py``). Either way, divide by the number of distinct data shards.
-
-Which parameters are "distributed" (SageMaker's word): those carrying ``tp_dim``
-(``tp_layers``), and the other parameters *of the same module* (a distributed module's
-replicated bias, e.g. ``DistributedLinear.bias``, whose gradient is summed over the TP group
-in its backward). Everything else is replicated.
-
-Communication is **bucketed**, as DDP and Megatron do: the gradients reduced over the same
-group are flattened into buckets of at most ``bucket_bytes`` (a larger tensor gets a bucket
-of its own), one all-reduce per bucket, then copied back. Fewer, larger messages amortise
-each collective's latency (alpha in the alpha-beta model); the sums are the same.
+The table of both conventions and why: lab 5's notebook, "3. Which group, and what to divide
+by"; the wrong group's cost and the buckets: ``docs/library.md``, "Hybrid and 3D parallelism".
 """
 from __future__ import annotations
 

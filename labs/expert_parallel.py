@@ -1,36 +1,20 @@
 # Student file for the labs, generated from reference_impl/moe/expert_parallel.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
-"""The expert-parallel MoE layer (GShard, Lepikhin et al. 2020; Switch Transformers; the
-token dispatcher of Megatron-core): the experts split over the ranks of an EP group, the tokens
-sent to their experts and back with two all-to-alls.
+"""The expert-parallel MoE layer (GShard, Lepikhin et al. 2020; Switch Transformers; Megatron-core's
+token dispatcher): the experts split over the ranks of an EP group, the tokens sent to their
+experts and back with two all-to-alls.
 
-Built shard-from-full from a single-device :class:`~reference_impl.moe.moe_layer.MoELayer`:
-every rank rebuilds the router (replicated) and copies the experts it holds
-(``expert_groups.experts_of_rank``); the experts keep their single-device names
-(``experts.5.fc1.weight`` is expert 5 on whichever rank holds it). On each rank, for its own
-tokens:
+Built shard-from-full from a single-device :class:`~reference_impl.moe.moe_layer.MoELayer`: the
+router replicated, each rank's experts copied under their single-device names
+(``experts.5.fc1.weight`` is expert 5 on whichever rank holds it). Each rank routes its own
+tokens (its own capacity and auxiliary loss), permutes the kept assignments by expert,
+exchanges the counts, dispatches the rows (``token_exchange.all_to_all_rows``), runs its
+experts, combines the rows back and un-permutes them, weighted. The calls are recorded in
+``all_to_all_log``; ``moe_costs.py`` has their bytes.
 
-1. route: its own router call, so its own capacity and auxiliary loss (GShard's groups: a
-   rank's tokens are one group; the single-device oracle routes each rank's tokens as one
-   group, ``MoELayer(x, routing_groups=...)``);
-2. permute: the kept (token, slot) assignments sorted by expert (stably: token order within an
-   expert), so that the rows for EP rank d, holding experts [d E/ep, (d+1) E/ep), are
-   consecutive;
-3. exchange counts: an all-to-all of the E tokens-per-expert counts (E/ep to each rank) tells
-   each rank how many rows it will receive from each rank for each of its experts;
-4. dispatch: ``all_to_all_rows`` (``dist.all_to_all_single`` with uneven splits, and its
-   backward: ``token_exchange.py``);
-5. run each local expert on its rows (from every source rank);
-6. combine: the reverse all-to-all brings every row home, in the order it left;
-7. un-permute and weight: y_t = sum of w_ts * row, ``index_add`` into the token's place.
-
-The calls of steps 4 and 6, forward and backward, are recorded in ``all_to_all_log``
-(``token_exchange.AllToAllCall``); ``moe_costs.py`` has their bytes as a formula.
-
-The backward runs the combine's all-to-all backward, then the dispatch's, the latter only when the
-input requires a gradient: as with every collective in a backward, the ranks of an EP group
-must agree on it (inside a model they do: the input of a layer comes out of the layers below).
+The steps: lab 9's notebook, "6. Dispatch and combine"; the backward's agreement rule and the
+oracle: ``docs/library.md``, "Beyond the three dimensions" (expert parallelism).
 """
 from __future__ import annotations
 

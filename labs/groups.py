@@ -2,67 +2,19 @@
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """Rank layout for tensor x pipeline x data (x context) parallelism: every rank's coordinates
-and groups.
+and groups, a pure function of (world size, tp, pp, order, cp), so that it can be printed,
+drawn and tested without a process group (``process_groups.py`` makes the real groups).
 
-A pure function of (world size, tp, pp, order, cp): no process group is needed, so the layout can
-be printed, drawn and tested anywhere. ``process_groups.py`` turns it into real
-``torch.distributed`` groups.
+The definitions (the SageMaker model parallelism library's "Ranking Mechanism" page): a rank
+has coordinates tp, pp and rdp (which of the W / (tp*pp) replicas), and cp when cp > 1; a group
+is the ranks that agree on every coordinate except those listed: TP_GROUP tp, PP_GROUP pp,
+RDP_GROUP rdp, DP_GROUP tp and rdp (and cp), MP_GROUP tp and pp, CP_GROUP cp, RDP_CP_GROUP cp
+and rdp, WORLD all. A rank's ``tp_rank``, ``dp_rank``, ... is its index in that group, members
+in increasing order (what ``dist.get_rank(group)`` returns). ``order`` lists the axes fastest
+first (``sagemaker`` = pp-tp-rdp, ``megatron`` = tp-rdp-pp); :func:`rank_mesh` is the grid.
 
-The groups (the SageMaker model parallelism library documentation, "Ranking Mechanism when
-Using a Combination of Pipeline Parallelism and Tensor Parallelism"). With W ranks, tp-way
-tensor parallelism and pp-way pipeline parallelism, each rank has three coordinates, tp, pp
-and rdp, where rdp counts the W / (tp*pp) model replicas. A group is the set of ranks that
-agree on every coordinate except the ones listed:
-
-    TP_GROUP   varies tp        the tp ranks that share the shards of one layer
-    PP_GROUP   varies pp        the pp stages of one pipeline
-    RDP_GROUP  varies rdp       "reduced" data parallel: same stage, same shard, other replicas
-    DP_GROUP   varies tp, rdp   every rank of the same stage (W / pp ranks); contains TP_GROUP
-    MP_GROUP   varies tp, pp    the ranks that together store the whole model (tp*pp ranks):
-                                the union of the PP groups of the ranks in one's TP group
-    WORLD      varies all
-
-Which of the two data-parallel groups a gradient is summed over is lab 1's closing question
-(its notebook, "two data-parallel groups").
-
-A rank's ``tp_rank``, ``pp_rank``, ``rdp_rank``, ``dp_rank`` and ``mp_rank`` are its index in
-that group, members in increasing order: the same number ``dist.get_rank(group)`` returns.
-
-Which global rank gets which coordinates is a convention, chosen by ``order``: the axes
-listed fastest-varying first.
-
-* ``sagemaker`` = ``pp-tp-rdp`` (SageMaker's): neighbouring ranks are pipeline stages, GPU1 is
-  pp_rank 1. ``python -m reference_impl.comm.groups --world-size 8 --tp 2 --pp 2`` prints the
-  ranking page's 8-GPU table (``python -m reference_impl.figures.rank_groups``, with the same
-  arguments and ``--plot FILE``, draws it too).
-* ``megatron`` = ``tp-rdp-pp`` (Megatron-LM's default, tp-dp-pp): neighbouring ranks are TP
-  peers, so a TP group sits inside one node's fast links. Megatron's "data-parallel group" is
-  the RDP_GROUP here, and its "model-parallel group" the MP_GROUP; SageMaker's larger DP_GROUP
-  (RDP x TP) is Megatron's ``TENSOR_AND_DATA_PARALLEL_GROUP`` (ranks from its 'tp-dp' axes),
-  over which Megatron reduces what every TP rank holds a copy of.
-
-Any other permutation of tp, pp and rdp may be given, e.g. ``rdp-tp-pp``.
-
-The same layout is a grid (:func:`rank_mesh`): a tensor of ranks with one dimension per axis,
-slowest first, numbered row-major as PyTorch's ``DeviceMesh`` numbers its ranks. A kind's
-groups are then the grid's sub-grids along the kind's axes (:func:`mesh_groups`), and a rank's
-coordinates its place in the grid (:func:`mesh_position`, :func:`mesh_group_rank`).
-
-**Context parallelism** (``cp``, default 1): a fourth axis, the cp ranks that split one sequence
-(``reference_impl.cp``). It sits just faster than rdp in every order, so ``megatron`` becomes
-Megatron-core's ``tp-cp-dp-pp`` (its "tp-cp-ep-dp-pp" without experts): TP peers neighbours,
-then the CP peers, then the replicas, then the stages. With cp > 1 the layout has two more
-kinds of group, and the others keep their meaning:
-
-    CP_GROUP      varies cp        the cp ranks holding the parts of one sequence
-    RDP_CP_GROUP  varies cp, rdp   the replicas and their CP ranks (Megatron-core's data-parallel
-                                   group with CP): gradients are averaged over it, since each CP
-                                   rank's loss covers its own tokens only
-    RDP_GROUP     varies rdp       the replicas only (W / (tp*cp*pp) ranks)
-    DP_GROUP      varies tp, cp, rdp   every rank of the same stage, W / pp ranks
-    TP, PP, MP, WORLD              as above (MP: tp*pp ranks, one CP rank's copy of the model)
-
-and every rank a ``cp_rank``, its index in its CP group (0 when cp = 1).
+Lab 1's notebook derives it ("1. Three coordinates, six kinds of group" to "4. The layout as a
+grid"); the orders, Megatron's names, CP's groups: ``docs/library.md``, "Rank groups".
 """
 from __future__ import annotations
 

@@ -3,46 +3,18 @@
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """Pipeline schedules as data: for every rank, the ordered list of passes it runs.
 
-A pipeline cuts the model into stages and sends each microbatch through them: forward from the
-first stage to the last, backward from the last to the first. A *schedule* fixes, for every
-rank, the order of its passes. Here it is plain data, with no communication at all, so one
-validator (``pipeline_validator``), one simulator (``pipeline_simulator``) and one executor
-serve every schedule (PyTorch's ``torch.distributed.pipelining`` and DeepSpeed test their
-schedules the same way).
+A schedule holds no communication, so one validator, one simulator and one executor serve every
+schedule. An :class:`Action` is one pass of one microbatch through one stage: F (forward), B
+(backward: the input gradient, or the whole backward when the schedule does not split it) or W
+(weight gradient, zero-bubble schedules only); with v chunks per rank, virtual stage s runs on
+rank s % p. The generators: :func:`naive`, :func:`gpipe` (Huang et al. 2018),
+:func:`one_f_one_b` (PipeDream-flush, Narayanan et al. 2021),
+``interleaved.interleaved_one_f_one_b`` (Narayanan et al. 2021, section 2.2.2) and :func:`zb_h1`
+(Qi et al. 2023, "Zero Bubble Pipeline Parallelism"); ``named_schedules.build_schedule`` builds
+one by name, :func:`schedule_from_strings` one written by hand (``rank 0: F0 F1 B0``).
 
-An :class:`Action` is one pass of one microbatch through one stage:
-
-    F  forward
-    B  backward: the input gradient; the whole backward when the schedule does not split it
-    W  weight gradient, only in schedules that split the backward (zero bubble)
-
-With ``v`` model chunks per rank there are ``p*v`` *virtual* stages and stage ``s`` runs on
-rank ``s % p`` (Megatron's interleaved placement): rank 0 holds stages 0, p, 2p, ...
-
-The generators, p ranks, m microbatches:
-
-* :func:`naive`: one microbatch (m = 1), forward through every stage, then backward;
-  only one rank works at a time.
-* :func:`gpipe` (Huang et al. 2018): all m forwards, then all m backwards. Bubble fraction
-  (p-1)/(m+p-1), and every rank holds the activations of all m microbatches.
-* :func:`one_f_one_b`, PipeDream-flush (Narayanan et al. 2021): after a warm-up of
-  forwards rank r alternates one forward and one backward. Same bubble as GPipe but at most
-  min(p - r, m) microbatches in flight on rank r.
-* ``interleaved.interleaved_one_f_one_b`` (Narayanan et al. 2021, "Efficient Large-Scale
-  Language Model Training on GPU Clusters", section 2.2.2): v chunks per rank; the bubble
-  shrinks v times, for v times more point-to-point messages (in a module of its own).
-* :func:`zb_h1` (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): the backward split into
-  B and W; W passes are postponed to fill the cool-down, bubble (p-1)(T_F + T_B - T_W)
-  instead of (p-1)(T_F + T_B + T_W), with 1F1B's peak activation memory (reached on every
-  rank: a microbatch's weight-gradient inputs are held until its W).
-
-``named_schedules.build_schedule`` builds any of them by its name. A schedule can also be
-written by hand, one string per rank (see :func:`schedule_from_strings`)::
-
-    >>> print(one_f_one_b(2, 3))
-    1f1b: p=2 ranks, m=3 microbatches
-    rank 0: F0 F1 B0 F2 B1 B2
-    rank 1: F0 B0 F1 B1 F2 B2
+Lab 4's notebook, sections 1 to 6; the closed forms: ``docs/library.md``, "Validating,
+simulating, splitting the backward".
 """
 from __future__ import annotations
 

@@ -4,33 +4,16 @@
 """Ring attention: causal self-attention over a sequence split across a context-parallel group
 (Liu et al. 2023, "Ring Attention with Blockwise Transformers for Near-Infinite Context").
 
-Each of the cp ranks of the group holds the queries, keys and values of its tokens (the
-load-balanced layout of ``load_balance.py``: chunks i and 2cp-1-i of the sequence). Queries
-stay; the K/V blocks travel round the ring, rank r sending to r+1 and receiving from r-1:
+Each rank holds the queries, keys and values of its tokens in the load-balanced layout
+(``load_balance.py``). Queries stay; the K/V blocks (with their kv_heads only) travel round the
+ring, rank r sending to r+1 while it attends its queries to the visible part of the block it
+holds and merges the result (``online_softmax.py``), so the transfer overlaps the compute. The
+backward sends the blocks round again, dQ staying home and each block's dK/dV following it one
+hop behind back to its owner (:func:`backward_step`); nothing of size seq x seq outlives a step.
 
-    forward, step t = 0 .. cp-1, on rank r (holding the K/V block of rank r - t):
-        start sending that block to r+1 and receiving the next one from r-1   (cp - 1 times)
-        attend this rank's queries to the block's visible part (below) -> (out, lse)
-        merge into the running (out, lse) (online softmax, ``online_softmax.py``)
-        wait for the transfer: it ran while the block was computed (overlap)
-
-Keys and values travel with their kv_heads only and are expanded on arrival (grouped-query
-attention): a step moves 2 * batch * kv_heads * (seq/cp) * head_dim elements, heads/kv_heads
-times less than the queries would be.
-
-Backward (the standard ring backward): the K/V blocks go round again. At each step a rank
-computes, from the lse the forward saved, its queries' gradients through the block it holds
-(added to its dQ, which never leaves the rank) and its share of that block's dK/dV
-(:func:`backward_step`). A block's dK/dV gathers the shares of every rank the block visits:
-it follows the block round the ring, one hop behind it, and reaches the block's owner after
-the last step (the owner's own share, from step 0, stays home). Each rank sends cp - 1 K/V
-blocks and cp - 1 dK/dV blocks (fp32). Only q, k, v, out and lse are saved: nothing of size
-seq x seq outlives a step.
-
-Only the visible part of a block is computed (``load_balance.visible_part``): a rank's own
-block, masked by the tokens' global positions, and half of any other rank's block, whole, with
-no mask. So every rank computes the same number of (query, key) pairs at every step, the point
-of the load-balanced layout.
+The derivations: lab 8's notebook, "3. The load-balanced layout", "4. The ring" and "4b. The
+ring's backward: dK and dV travel home"; the bytes and memory: ``docs/library.md``, "Beyond
+the three dimensions" (context parallelism).
 """
 from __future__ import annotations
 

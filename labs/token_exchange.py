@@ -4,19 +4,11 @@
 """The all-to-all that moves tokens between the ranks of an EP group, with its backward, and a
 record of what each call sent.
 
-``dist.all_to_all_single(output, input, output_split_sizes, input_split_sizes, group)``: rank r
-sends rows [sum(input_split_sizes[:d]), ... + input_split_sizes[d]) of ``input`` to rank d,
-and receives rank s's rows into ``output`` in source order. The sizes may differ from rank to
-rank (how many tokens each rank routes to each other rank); they are Python ints, known on
-both sides once the counts have been exchanged (``expert_parallel.py``). gloo runs it on the
-CPU with uneven splits (checked in torch 2.13: ``tests/library/moe/test_expert_parallel.py``),
-NCCL on the GPU.
-
-Its backward is the lab's exercise :class:`_AllToAll` (a small ``torch.autograd.Function``): the
-notebook's section "The all-to-all's backward" derives it from the forward seen as one
-permutation of the rows of the whole group. (torch also has autograd-aware all-to-alls,
-``torch.distributed.nn.functional.all_to_all_single``, deprecated in torch 2.13 for the private
-``torch.distributed._functional_collectives``; the small class here says exactly what runs.)
+``dist.all_to_all_single`` with uneven split sizes (Python ints, known on both sides once the
+counts are exchanged, ``expert_parallel.py``) has no gradient; the lab's exercise
+:class:`_AllToAll` gives it one, derived from the forward seen as one permutation of the rows of
+the whole group: lab 9's notebook, "5. The all-to-all's backward". Backends and torch's own
+autograd all-to-alls: ``docs/library.md``, "Beyond the three dimensions" (expert parallelism).
 """
 from __future__ import annotations
 

@@ -1,25 +1,18 @@
 # Student file for the labs, generated from reference_impl/tp/tp_attention.py by
 # `python -m reference_impl.course.make_labs`: fill in every
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
-"""Megatron tensor-parallel attention and transformer block.
+"""Megatron tensor-parallel attention and transformer block: the lab "Implement Tensor-Parallel
+Attention" of the course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism".
 
-The lab "Implement Tensor-Parallel Attention" of the course notes "Week 15 - Tensor Parallelism and
-Pipeline Parallelism".
+Attention heads are independent, so each of the tp ranks computes heads/tp of them with no
+communication between two linear layers split the Megatron way (Shoeybi et al. 2019): the fused
+QKV projection column-parallel with ``blocks=3`` (rank r gets the q, k and v rows of its heads),
+causal attention on the local heads (``model.CausalSelfAttention``'s forward, with either
+kernel, ``"explicit"`` or ``"sdpa"``), and the output projection row-parallel, one all-reduce
+summing the partial outputs. A TP block puts attention and the TP MLP between replicated
+layernorms: 2 all-reduces forward and 2 backward (the input gradients of QKV and of fc1).
 
-Attention heads are independent, so tp ranks can each compute heads/tp of them, with no
-communication, between two linear layers split the Megatron way:
-
-* the fused QKV projection is **column-parallel**, split so that rank r gets the q, k and v
-  rows of *its* heads (``blocks=3``: the [q; k; v] blocks are split one by one);
-* each rank runs causal attention on its heads only;
-* the output projection is **row-parallel**: its input is the concatenation of all heads, and
-  rank r holds exactly its heads' slice of it; one all-reduce sums the partial outputs.
-
-The forward pass is ``model.CausalSelfAttention``'s, with ``heads`` = the local heads and the
-single-device module's attention kernel (``attention``: ``"explicit"`` or ``"sdpa"``, see
-``model.py``; heads are independent, so either kernel runs on a rank's heads alone). A TP
-block puts attention and the TP MLP between replicated layernorms: 2 all-reduces forward (one
-after attention, one after the MLP) and 2 backward (the input gradients of QKV and of fc1).
+Lab 3's notebook, "1. Attention, head by head" to "4. Communication per block".
 """
 from __future__ import annotations
 
@@ -29,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from reference_impl.model import Block, CausalSelfAttention, attention_core, merge_heads, split_heads
-from reference_impl.tp.head_split import check_head_split
+from reference_impl.tp.tp_splits import check_divisible, check_head_split
 from reference_impl.tp.tp_layers import ColumnParallelLinear, ParallelMLP, RowParallelLinear
 
 
@@ -57,7 +50,5 @@ class ParallelBlock(Block):
     def __init__(self, block: Block, group=None):
         nn.Module.__init__(self)
         tp, hidden = dist.get_world_size(group), block.ln1.normalized_shape[0]
-        if hidden % tp:
-            raise ValueError(f"hidden size {hidden} is not divisible by the tensor-parallel "
-                             f"size tp = {tp}")
+        check_divisible(hidden, tp, "hidden size")
         raise NotImplementedError('lab3: ParallelBlock.__init__ (hint: "the TP block" in the notebook)')

@@ -4,35 +4,17 @@
 """Where a step's time goes, read from a merged trace: compute, communication, the part of the
 communication that is exposed, and the scaling efficiency of a run.
 
-The trace is the one :mod:`reference_impl.perf.traces` writes (``merge_traces``): one
-process (``pid``) per rank, complete events ("X", ``ts`` and ``dur`` in microseconds) for the
-named ranges, "attn forward" or "mlp backward" (compute) and "all_reduce" or
-"batch_isend_irecv wait" (communication), on the thread (``tid``) that opened them.
+The trace is :mod:`reference_impl.perf.traces`' (``merge_traces``): one process (``pid``) per
+rank, complete events ("X", ``ts`` and ``dur`` in microseconds) for named compute ranges ("attn
+forward") and communication ranges ("all_reduce"), on the thread (``tid``) that opened them.
+Per rank, the quantities of Holistic Trace Analysis (PyTorch's HTA): communication, compute
+(less the communication nested in it on the same thread), overlapped, exposed communication
+and idle; strong and weak scaling efficiency (the course notes "Week 15 - Tensor Parallelism
+and Pipeline Parallelism", lab step 3); and, for ranks on different clocks, the offsets read
+from the shared ends of blocking collectives, one aligned timeline and the straggler.
 
-The quantities are those of Holistic Trace Analysis (PyTorch's HTA, "Communication Computation
-Overlap" and "Temporal Breakdown"), per rank:
-
-* **communication**: the time in communication ranges (their union);
-* **compute**: the time in compute ranges, less the communication *on the same thread*
-  nested in them: a thread that called a blocking collective is waiting, not computing;
-* **overlapped**: communication while compute runs (on another thread or stream: DDP's
-  bucketed all-reduce during the backward, an NCCL kernel beside a GEMM);
-* **exposed communication** = communication - overlapped: what the rank waits for, the part
-  worth attacking first;
-* **idle**: the rank's span (first range's start to last range's end) in neither.
-
-A step is as slow as its slowest rank. Scaling efficiency compares N ranks with one: strong
-scaling (the same problem) T1 / (N * TN), weak scaling (the problem grown N times) T1 / TN;
-the course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism", lab step 3.
-
-**Per-rank clocks.** Ranks on different nodes trace on different clocks, so their traces
-cannot be laid side by side as they are. A blocking collective gives a shared instant: none
-of its ranks can leave it before the last one has joined, and they all leave together (within
-the last transfer's latency), so the k-th ``all_reduce`` ends at the same moment on every
-rank. :func:`clock_offsets` reads each rank's offset from those ends, :func:`aligned_timeline`
-merges the ranks on the lowest rank's clock, and :func:`arrival_waits` reads, at each
-collective, how long each rank sat in it waiting for the last to arrive: the rank that waits
-least is the straggler the others wait for (:func:`straggler`).
+Lab 6's notebook, "3. Exposed communication, read from the trace", "5. Scaling efficiency" and
+"6. Clocks that disagree: one timeline, and the straggler".
 """
 from __future__ import annotations
 

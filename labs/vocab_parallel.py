@@ -5,32 +5,16 @@
 Shoeybi et al. 2019, section 3: "parallelize the output embedding GEMM ... fuse the output with
 the cross entropy loss", and its vocab-parallel embedding).
 
-The vocabulary is a GPT's largest dimension (50k rows of ``hidden`` in the embedding table and
-again in the LM head). Rank r of the TP group holds rows [r V/tp, (r+1) V/tp) of both:
+Rank r of the TP group holds rows [r V/tp, (r+1) V/tp) of the embedding table and of the LM
+head. :class:`VocabParallelEmbedding` looks up the tokens in its range, zeros for the others,
+and ``reduce_from_tp`` sums; :class:`ParallelLMHead` leaves the logits split;
+:func:`vocab_parallel_cross_entropy` computes the loss from the split logits with three
+all-reduces of batch*seq numbers (the global max, the sum of exponentials, the target's logit),
+and its backward needs no communication. A vocabulary not divisible by tp is padded to a
+multiple of tp (:func:`padded_vocab_size`), the padded logits set to -inf.
 
-* :class:`VocabParallelEmbedding` looks up the tokens in its range, writes zeros for the others,
-  and ``reduce_from_tp`` (all-reduce) sums: exactly one rank contributed each token's row.
-* :class:`ParallelLMHead` is a column-parallel linear over the vocabulary; its output, the
-  logits, stays split: gathering batch*seq*V floats would cost far more than the loss.
-* :func:`vocab_parallel_cross_entropy` computes the loss from the split logits l with three
-  all-reduces of batch*seq numbers, never the logits themselves:
-
-      m    = max over ranks of the local max of l           all-reduce MAX
-      S    = sum over ranks of sum_v exp(l_v - m)           all-reduce SUM
-      t    = l_target - m on the rank holding the target,   all-reduce SUM
-             0 on the others
-      loss = log S - t
-
-  Subtracting the global max m keeps exp from overflowing (fp32 exp overflows above ~88).
-  Backward needs no communication: d loss / d l = softmax(l) - one_hot(target), which each rank
-  computes on its own slice from the saved exp(l - m) / S.
-
-**A vocabulary not divisible by tp** is padded up to the next multiple of tp
-(:func:`padded_vocab_size`): the embedding table and the head get zero rows at the end. No token
-looks up a padded row, and the cross-entropy, told the real ``vocab_size``, sets the padded
-logits to -inf, so exp(-inf - m) = 0: they change neither the loss nor any gradient (theirs is
-0). Gathered (``tp_layers.full_state``), the sharded weights have the padded shape; their first
-``vocab_size`` rows are the single-device ones.
+The derivation: lab 3's notebook, "5. The loss, split by vocabulary"; the padded rows under
+``full_state``: ``docs/library.md``, "Tensor parallelism".
 """
 from __future__ import annotations
 

@@ -3,53 +3,18 @@
 # `raise NotImplementedError`, then check with `pytest --impl labs -m labN`.
 """ZeRO: data parallelism that shards the model states over the data-parallel ranks.
 
-ApX Machine Learning's masterclass on hybrid parallelism counts it among the hybrid strategies:
-not a parallelism dimension but a way to save data parallelism's memory. Rajbhandari et al.
-2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models". Plain data
-parallelism keeps every model state whole on each of the N ranks. ZeRO keeps each rank's 1/N
-*shard* of some of them, in three stages:
+Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models" (ApX Machine Learning's masterclass counts it among the hybrid strategies: a way to save
+data parallelism's memory, not a parallelism dimension). Each of the N ranks keeps its 1/N
+shard of the optimizer states (stage 1), of the gradients too, reduce-scattered during the
+backward (stage 2), and of the parameters, gathered around each layer's forward and backward
+(stage 3). Each parameter is flattened, zero-padded to a multiple of N and cut into N shards;
+the step is ``torch.optim.Adam``'s (or AdamW's) math on the shards, so they end up exactly as
+unsharded Adam leaves them. :func:`model_state_bytes` measures what a rank holds, against
+``zero_memory_formula`` (``memory/model_states.py``).
 
-    stage 1  optimizer states sharded. Gradients are all-reduced (averaged) in full; each rank
-             runs Adam on its shard only (its slice of m and v), then the updated slices are
-             all-gathered, so every rank has the whole parameters again.
-    stage 2  + gradients sharded. During backward, as soon as a parameter's gradient is ready
-             it is *reduce-scattered*: each rank keeps only its shard of the averaged gradient
-             and the full gradient is freed. Step and all-gather as in stage 1.
-    stage 3  + parameters sharded. Each rank keeps only its shard of every parameter. A
-             layer's parameters are all-gathered just before its forward (forward pre-hook)
-             and freed right after it (forward hook); they are gathered again just before the
-             layer's backward (a hook on the layer's output gradient) and freed once all their
-             gradients have been reduce-scattered. The step updates the shards in place; no
-             all-gather after it (the next forward gathers).
-
-The optimizer is ``torch.optim.Adam``'s math (its single-tensor path), or with
-``decoupled_weight_decay`` ``torch.optim.AdamW``'s, elementwise, on the shards, with torch's
-parameter groups (each its own lr and weight decay): a rank's shards end up with exactly the
-values that unsharded Adam gives those elements, given the same averaged gradients (the tests
-check 1e-6 in fp32). Before the step the gradient shards can be read and scaled (gradient
-clipping, ``grad_norm.py``): :meth:`ZeroOptimizer.reduce_gradients`.
-
-**Sharding.** Each parameter is flattened, padded with zeros to a multiple of N and cut into
-N equal shards; rank r owns shard r (one collective per parameter: simple and readable;
-DeepSpeed flattens all parameters into a few buckets instead, fewer and larger messages).
-The padding is at most N - 1 elements per parameter; :func:`padded_numel` counts it, and the
-memory formula takes it into account exactly.
-
-**Memory.** :func:`model_state_bytes` measures the bytes this rank holds for parameters,
-gradients and optimizer states; ``zero_memory_formula`` (``memory/model_states.py``, imported
-here) is the course's formula, per parameter per stage: 16 bytes whole (fp32 or mixed
-precision), down to 16/N under stage 3.
-
-With TP x DP, the ZeRO group is the RDP group (the replicas of the same TP shard) and what
-gets ZeRO-sharded is each rank's TP shard: pass the TP module and ``groups.rdp``.
-
-Limits (kept simple on purpose): stage 3 gathers the parameters a module owns directly
-(``recurse=False``), once per forward, so a module called twice in one forward (weight
-tying) or a parameter used outside its module's forward is not supported; between layers a
-stage-3 parameter's storage is empty, so read it through :meth:`ZeroOptimizer.full_state_dict`,
-not directly. After backward under stages 2 and 3, ``param.grad`` is None: the gradient lives
-in the optimizer's shard. Every rank must produce gradients for the same parameters (the
-collectives are per parameter, in the same order on every rank).
+Lab 5's notebook, "6. ZeRO: the memory of the model states" and "ZeRO's shards and step";
+stage 3's hooks and the limits: ``docs/library.md``, "Hybrid and 3D parallelism".
 """
 from __future__ import annotations
 

@@ -1,26 +1,16 @@
 """All-reduce built by hand from point-to-point sends and receives: the ring, and recursive
 doubling.
 
-**The ring.** The n ranks of a group form a ring; each sends to its right neighbour and
-receives from its left. The tensor is cut into n chunks (``ring_chunks``), and the all-reduce
-runs in two phases of n-1 steps, every rank sending one chunk at every step:
+* The ring (``ring_chunks``, ``ring_reduce_scatter``, ``ring_all_gather``): the tensor in n
+  chunks, a reduce-scatter then an all-gather of n-1 steps each, every rank sending one chunk
+  per step to its right neighbour; after the reduce-scatter rank r holds the full sum of chunk
+  (r + 1) mod n. Each rank sends 2(n-1)/n S bytes whatever n: bandwidth-optimal, and the cost
+  of ``alpha_beta.py``.
+* Recursive doubling (Thakur, Rabenseifner and Gropp 2005), n = 2^k ranks: log2(n) swaps of
+  the whole tensor with a partner; fewer latencies, more bytes (``alpha_beta.faster_all_reduce``).
 
-1. reduce-scatter: a rank adds the chunk it receives into its own copy of that chunk and passes
-   the grown chunk on at the next step, so a partial sum collects one rank's contribution per
-   hop. After n-1 steps rank r holds the full sum of chunk (r + 1) mod n.
-2. all-gather: starting from that one complete chunk, a rank passes on the complete chunk it
-   holds most recently and stores the one it receives in place, so after n-1 steps every rank
-   has every complete chunk.
-
-Each rank sends 2(n-1) chunks of S/n bytes: 2(n-1)/n * S in all, nearly independent of n. That
-is why the ring is bandwidth-optimal, and where the alpha-beta cost 2(n-1)*alpha +
-2(n-1)/n * S/B of ``alpha_beta.py`` comes from.
-
-**Recursive doubling** (Thakur, Rabenseifner and Gropp 2005) on a group of n = 2^k ranks: at
-each of k steps a rank swaps its whole tensor with one partner and adds, doubling the number of
-ranks summed into it. It sends log2(n) messages of S bytes: fewer latencies than the ring's
-2(n-1), more bytes; which one is faster depends on S (``alpha_beta.faster_all_reduce``).
-The lab's notebook derives what every rank holds after each step of both (parts 3 and 5).
+The derivations, what every rank holds after each step: lab 0's notebook, sections "3. The
+ring all-reduce, by hand" and "5. Ring or recursive doubling? Let the model choose".
 """
 from __future__ import annotations
 

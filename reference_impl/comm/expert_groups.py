@@ -1,23 +1,16 @@
 """The process groups of expert parallelism (GShard, Lepikhin et al. 2020; Megatron-core's
 ``expert_model_parallel_size``): which ranks share out the experts, and which hold copies.
 
-Inside a data-parallel group of dp ranks (each with its own tokens), expert parallelism of
-size ep cuts the group into dp / ep EP groups of ep consecutive ranks (Megatron-core's default
-order, experts varying fastest). The E experts are split over each EP group, E / ep per rank,
-rank i of the EP group holding experts [i E/ep, (i+1) E/ep); the router and anything else dense
-stays replicated on all dp ranks. So:
+Inside a data-parallel group of dp ranks, expert parallelism of size ep cuts it into dp / ep
+EP groups of ep consecutive ranks (Megatron-core's order, experts varying fastest), rank i of
+an EP group holding experts [i E/ep, (i+1) E/ep): tokens travel inside an EP group
+(all-to-all). An EDP group ("expert data parallel", dp / ep ranks, stride ep) is the ranks
+holding the same experts, one per EP group; everything dense stays replicated over the DP
+group. With dp = 8 and ep = 4: EP [0 1 2 3] [4 5 6 7], EDP [0 4] [1 5] [2 6] [3 7].
+:func:`expert_parallel_groups` is the pure layout, :func:`create_expert_groups` the torch groups.
 
-    EP group    ep consecutive ranks         together they hold every expert once; tokens
-                                             travel between them (all-to-all)
-    EDP group   dp / ep ranks, stride ep     "expert data parallel": the ranks holding the
-                                             same experts, one per EP group
-    DP group    dp ranks                     everything dense is replicated over it
-
-With dp = 8 and ep = 4: EP groups [0 1 2 3] [4 5 6 7], EDP groups [0 4] [1 5] [2 6] [3 7].
-
-The layout is a pure function of the DP groups and ep (:func:`expert_parallel_groups`, for
-printing or drawing as ``comm.groups`` does); :func:`create_expert_groups` makes the torch
-groups.
+Lab 9's notebook, "4. The EP and EDP groups"; ``docs/library.md``, "Beyond the three
+dimensions" (expert parallelism).
 """
 from __future__ import annotations
 

@@ -1,24 +1,15 @@
 """Turn a :class:`~reference_impl.comm.groups.RankLayout` into real ``torch.distributed`` groups.
 
 The thin last step after the pure layout (``groups.py``): call it on every rank, after the
-default process group is initialised (the launcher does that), with the same layout.
+default process group is initialised (the launcher does that), with the same layout::
 
-    layout = build_rank_layout(dist.get_world_size(), tp=2, pp=2)
-    groups = create_process_groups(layout)
+    groups = create_process_groups(build_rank_layout(dist.get_world_size(), tp=2, pp=2))
     dist.all_reduce(grad, group=groups.rdp)
 
-The same layout is also a ``DeviceMesh`` (:func:`device_mesh`), PyTorch's own description of
-a multi-dimensional rank grid: its ``tp``, ``pp`` and ``rdp`` dimensions (and ``cp``) are
-exactly the TP, PP and RDP (and CP) groups, and the groups of several axes (DP, MP, RDP_CP)
-its sub-meshes.
-
-Underneath, :func:`new_groups` creates the groups of any kinds given as lists of ranks (the
-expert-parallel groups of ``reference_impl.moe`` too), and :func:`members_by_all_reduce`
-checks a group by communicating over it.
-
-With context parallelism (a layout with cp > 1) there are two more groups, ``cp`` and
-``rdp_cp``; without it they are None, and :attr:`ParallelGroups.rdp_cp_or_rdp` is the RDP
-group: the group gradients are averaged over either way.
+:func:`device_mesh` gives the same layout as PyTorch's ``DeviceMesh``; :func:`new_groups`
+creates groups of any kinds given as lists of ranks, and :func:`members_by_all_reduce` checks
+a group by communicating over it. Lab 1's notebook, "5. Real process groups"; the mesh and the
+context-parallel groups (``cp``, ``rdp_cp``): ``docs/library.md``, "Rank groups".
 """
 from __future__ import annotations
 

@@ -1,26 +1,16 @@
 """Attention one block of keys at a time, and the rule that merges the blocks' results.
 
-A block of keys gives each query row a partial result: its output ``out`` (the softmax over
-the block's keys only, applied to their values) and ``lse``, the log-sum-exp of the row's
-scores over those keys. Two blocks of the same queries merge exactly (Milakov & Gimelshein
-2018, "Online normalizer calculation for softmax"; Dao et al. 2022, "FlashAttention"):
+A block of keys gives each query row a partial result, ``out`` (the softmax over the block's
+keys applied to their values) and ``lse`` (the log-sum-exp of the row's scores over them). Two
+partial results of the same rows merge exactly, the online softmax (Milakov & Gimelshein 2018,
+"Online normalizer calculation for softmax"; Dao et al. 2022, "FlashAttention"):
+lse = logaddexp(lse1, lse2), out = exp(lse1 - lse) out1 + exp(lse2 - lse) out2; a row that
+sees no key is (out, lse) = (0, -inf), never NaN. The backward recomputes a block's
+probabilities from the row's final lse (FlashAttention's recomputation), with grouped-query
+K/V heads expanded inside and their gradients summed back.
 
-    lse = logaddexp(lse1, lse2)
-    out = exp(lse1 - lse) * out1 + exp(lse2 - lse) * out2
-
-so attention over a sequence cut into blocks, merged in any order, is attention over the
-whole sequence. A row that sees no key of a block (every score masked) has lse = -inf and
-out = 0: it adds nothing to a merge, and a row that sees nothing at all stays (0, -inf)
-instead of becoming NaN.
-
-The backward recomputes a block's probabilities from the row's final lse,
-p = exp(scores - lse), so nothing of size seq x seq is kept between the forward and the
-backward (FlashAttention's recomputation). Keys and values have ``kv_heads`` heads and are
-expanded to the queries' heads inside (grouped-query attention, ``model.repeat_kv_heads``);
-their gradients are summed back over each group of query heads.
-
-Dtypes: the matmuls run in the inputs' dtype (bf16 under autocast), scores, softmax
-statistics, outputs to be merged and gradients in fp32.
+The derivation: lab 8's notebook, "2. Attention block by block: the online softmax"; the
+dtypes: ``docs/library.md``, "Beyond the three dimensions" (context parallelism).
 """
 from __future__ import annotations
 

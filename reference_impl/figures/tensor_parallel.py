@@ -14,7 +14,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Rectangle
 
 from reference_impl.figures.style import (BACKWARD, GOOD, GREY_20, GREY_27, GREY_33, GREY_47,
                                           GREY_53, HIGHLIGHT, RANK_COLOURS, SLATE, new_figure)
-from reference_impl.tp.head_split import check_head_split
+from reference_impl.tp.tp_splits import check_head_split
 
 _WHOLE = SLATE  # a tensor every rank holds whole
 _FORWARD = HIGHLIGHT  # an all-reduce in the forward pass

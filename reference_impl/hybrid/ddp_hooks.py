@@ -1,41 +1,17 @@
 """Data parallelism whose all-reduces overlap the backward: hooks, async handles, buckets.
 
-``data_parallel.sync_gradients`` waits for the whole backward, then all-reduces: every byte of
-communication is *exposed* (nothing else runs while it travels). PyTorch's
-``DistributedDataParallel`` (Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating
-Data Parallel Training", section 3.2) starts reducing while the backward still runs:
+``data_parallel.sync_gradients`` all-reduces after the whole backward, so all its communication
+is exposed. :class:`OverlappingDataParallel` does what PyTorch's ``DistributedDataParallel``
+does (Li et al. 2020, "PyTorch Distributed: Experiences on Accelerating Data Parallel
+Training", section 3.2): a ``register_post_accumulate_grad_hook`` per parameter; gradients
+grouped, in the order the backward produces them, into buckets of about ``bucket_bytes``; one
+async all-reduce per bucket, launched when its last gradient is ready; every handle waited and
+the sums averaged in :meth:`~OverlappingDataParallel.finish_gradient_sync`, before the step;
+``no_sync()`` for gradient accumulation. The group is the data-parallel group (the RDP group
+under TP x DP), not necessarily the world.
 
-1. **A hook per parameter.** ``Tensor.register_post_accumulate_grad_hook`` calls back as soon
-   as a parameter's ``.grad`` holds this backward's gradient. The backward produces gradients
-   roughly in the reverse order of the parameters (the last layer's first).
-2. **Async all-reduce.** ``dist.all_reduce(tensor, group=..., async_op=True)`` returns a handle
-   at once; the sum travels while autograd computes the earlier layers' gradients. Before the
-   optimizer step every handle must be *waited* (``handle.wait()``): until then the tensor may
-   hold the local value, or half a sum.
-3. **Buckets.** One all-reduce per parameter pays the latency (alpha in the alpha-beta model of
-   lab 0) once per parameter. DDP groups the parameters, in the order the backward produces
-   them, into buckets of about ``bucket_bytes`` (``bucket_cap_mb``, 25 MiB by default), and
-   launches a bucket's single all-reduce when its *last* gradient is ready; a bucket launched
-   earlier would send a gradient that does not exist yet.
-4. **Averaging.** The all-reduce sums; divided by the group's size the sum becomes the
-   gradient of the mean loss over the group's batch (every rank's loss is the mean over its
-   own samples).
-5. **Accumulation without sync.** Inside ``with ddp.no_sync():`` the hooks launch nothing and
-   ``.grad`` just accumulates the micro-batches' gradients; the first backward outside it
-   reduces the accumulated sum (DDP's ``no_sync``, the same name).
-
-The group is the data-parallel group, which need not be the whole world: with TP x DP it is
-the RDP group (Megatron's data-parallel group), one per TP rank, several at once.
-
-Use::
-
-    ddp = OverlappingDataParallel(model, group=groups.rdp, bucket_bytes=2**20)
-    loss = loss_fn(ddp(x)); loss.backward()      # all-reduces start inside the backward
-    ddp.finish_gradient_sync(); optimizer.step()  # wait, average, write back; then step
-
-Limits (kept simple on purpose): every parameter that requires a gradient must get one in
-every synced backward (DDP's ``find_unused_parameters`` is not offered), and a parameter
-used twice in one forward gets one hook call, after its accumulation, as it should.
+The mechanics: lab 5's notebook, "5. Data parallelism that overlaps the backward"; use and
+limits: ``docs/library.md``, "Hybrid and 3D parallelism".
 """
 from __future__ import annotations
 

@@ -1,54 +1,16 @@
 """The course's GPT under a layout (lab 5's API): dp x tp x pp, and whatever else the plan
-composes (``parallelize.py``).
-
-The composition, in the spirit of the high-level API of ApX Machine Learning's masterclass on
-hybrid parallelism:
+composes (``parallelize.py``), in the spirit of ApX Machine Learning's masterclass on hybrid
+parallelism:
 
     context = initialize_parallelism(dp=2, tp=2, pp=2)          # on every one of 8 ranks
     model = build_3d_gpt(gpt, context, microbatches=2, schedule="1f1b")  # precision="bf16"
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loss = train_step(model, tokens, targets, optimizer)          # the global batch, every rank
-    # max_norm=1.0: gradients clipped by their global norm (return_report=True: .grad_norm)
-    loss.item()                                                   # a 0-d tensor: read it to log
     state = gather_full_state(model)                              # the single-device state_dict
 
-What each piece does:
-
-* :func:`initialize_parallelism` lays out ``dp * tp * pp`` ranks (``groups.build_rank_layout``,
-  rank order ``"megatron"`` = tp fastest by default, or ``"sagemaker"``) and creates the process
-  groups. ``dp`` is the number of model replicas: Megatron's data-parallel degree, the size of
-  SageMaker's RDP_GROUP (SageMaker's DP_GROUP would be ``dp * tp``).
-* :func:`build_3d_gpt` is ``parallelize.parallelize_gpt`` with dp x tp x pp only: it cuts
-  ``gpt_layers(gpt)`` (embedding, blocks, head) into ``pp`` stages by parameter count
-  (``pipeline_partition.partition``) and builds this rank's stage from tensor-parallel layers
-  over its TP group, from the single-device weights (shard-from-full): each block a
-  ``ParallelBlock``; the embedding a ``VocabParallelEmbedding`` (position embedding
-  replicated); the head a replicated final layernorm, a ``ParallelLMHead`` and the loss
-  ``vocab_parallel_cross_entropy``, so the logits are never gathered. With
-  ``vocab_parallel=False`` embedding and head are replicated on every TP rank instead.
-  ``parallelize.py`` adds sequence parallelism, recomputation and the other ways of data
-  parallelism (DDP hooks, ZeRO 1-3) to the same model; :func:`train_step` trains either.
-* :func:`train_step` gives replica ``rdp_rank`` its slice of the global batch (the **Megatron
-  data layout**: every rank of a TP group sees the same micro-batches, the data is split over
-  the RDP group; with context parallelism, ``initialize_parallelism(..., cp=)``, each CP rank
-  its load-balanced share of the slice's tokens, ``context_parallel.py``), runs the pipeline
-  schedule over the PP group (``pipeline_executor``), where the TP collectives run inside each
-  stage, then synchronises the gradients
-  (``data_parallel.sync_gradients``, convention ``"megatron"``: every gradient averaged over
-  RDP_GROUP; see that module for why, and for SageMaker's rule; or what the model's
-  ``dp_kind`` leaves to do, ``parallelize.finish_gradients``), with ``max_norm`` clips them by
-  the whole model's gradient norm (``grad_norm.py``: each piece counted once, whatever the
-  layout), and steps. It returns the loss as a 0-d tensor on the device and never waits for
-  the device itself: the host reads the loss when it needs it (a trainer, when it logs), so on
-  a GPU the steps queue up.
-* ``precision="bf16"`` (:func:`build_3d_gpt`) runs every forward under bf16 autocast with fp32
-  weights, gradients, reduction and optimizer state (``precision.py``).
-* :func:`gather_full_state` unshards every parameter over the TP group and collects the stages
-  over the PP group: the single-device GPT's ``state_dict`` (parameters), on every rank.
-
-Equivalence: the loss of every step and the weights after it match single-device training of
-the same GPT on the same global batch up to fp32 rounding (``tests/library/hybrid/test_hybrid.py``); in bf16,
-single-device training in bf16 up to bf16 rounding (``tests/library/hybrid/test_bf16.py``).
+Every step's loss and the weights after it match single-device training of the same GPT on the
+same global batch (``tests/library/hybrid/test_hybrid.py``). What each piece does (the Megatron
+data layout, the schedule, the gradient reduction, clipping): docs/library.md, "Hybrid and 3D
+parallelism".
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from reference_impl.model import ModelConfig
 from reference_impl.pipeline.named_schedules import build_schedule
 from reference_impl.pipeline.pipeline_schedules import Schedule
 from reference_impl.precision import check_precision
-from reference_impl.tp.head_split import kv_head_layout
+from reference_impl.tp.tp_splits import check_block_split
 
 RECOMPUTE_MODES = ("none", *(mode for mode in MODES if mode))
 
@@ -105,10 +105,8 @@ class TrainingPlan:
 
 def check_tensor_parallel(config: ModelConfig, tp: int) -> None:
     """tp splits the heads (KV heads split or replicated), the hidden size and the MLP."""
-    kv_head_layout(config.heads, config.kv_heads or config.heads, tp)
-    for what, size in (("hidden size", config.hidden), ("MLP's inner size", config.ffn_size)):
-        if size % tp:
-            raise ValueError(f"the {what} {size} is not divisible by tp = {tp}")
+    check_block_split(config.heads, config.kv_heads or config.heads, config.hidden,
+                      config.ffn_size, tp)
 
 
 def check_sequence_parallel(config: ModelConfig, tp: int, cp: int, sp: bool) -> None:

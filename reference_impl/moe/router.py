@@ -1,40 +1,17 @@
 """The top-k router of a mixture-of-experts layer: which experts each token goes to, with which
-weight, and which of those assignments an expert has room for.
+weight, and which of those assignments an expert has room for (Shazeer et al. 2017, top-k
+gating; GShard, Lepikhin et al. 2020, capacity; Switch Transformers, Fedus et al. 2021, k = 1
+and the load-balancing loss). The rule, for tokens x (T, hidden) and E experts:
 
-Shazeer et al. 2017 ("Outrageously Large Neural Networks: The Sparsely-Gated Mixture-of-Experts
-Layer") gate each token with a linear layer and keep its k largest gates; GShard (Lepikhin et al.
-2020) adds an expert *capacity* and drops what does not fit; Switch Transformers (Fedus et al.
-2021) route to k = 1 expert and add a load-balancing auxiliary loss. Here, for tokens x of shape
-(T, hidden) and E experts:
+    probabilities = softmax(x W_gate^T), in fp32 (T, E); expert_index, p = its top-k (T, k)
+    weight = p / sum_k p (renormalize=True, the default: GShard, Mixtral), or p (Switch)
+    capacity = ceil(capacity_factor * T * k / E) per expert and router call; an expert keeps
+        its first assignments in token order, drops the rest (capacity_factor=None: dropless)
+    aux_loss = E * sum_e f_e * P_e (Switch, eq. 4): f_e the share of the T * k assignments to
+        e before dropping (no gradient), P_e the mean of probabilities[:, e]; 1 when uniform
 
-    probabilities = softmax(x W_gate^T)                  (T, E), in fp32
-    expert_index, p = top-k of probabilities            (T, k), the k experts of each token
-    weight = p / sum_k p      (renormalize=True)         the k weights of a token add up to 1
-           = p                (renormalize=False)        Switch's raw gate value
-
-Renormalising over the k chosen experts is the default (GShard's top-2 gating, Mixtral). At
-k = 1 it makes every weight exactly 1, so the router then learns only from the auxiliary loss;
-Switch Transformers keep the raw probability instead (``renormalize=False``).
-
-**Capacity** (GShard, Switch): expert e takes at most
-
-    capacity = ceil(capacity_factor * T * k / E)
-
-of the T * k assignments of *this router call* (its group, in GShard's words: an expert-parallel
-rank routes its own tokens, so each rank has its own capacity). An expert's assignments queue in
-token order (a token picks an expert at most once, so token order is the whole rule; it is
-Megatron-core's "position" drop policy; GShard instead queues every first choice before any
-second choice); those past the capacity are dropped: the expert never sees them, their
-contribution is 0, and the residual connection around the layer carries the token on.
-``capacity_factor=None`` is dropless (every assignment is kept, as in MegaBlocks).
-
-**Auxiliary loss** (Switch Transformers, eq. 4), over this call's tokens:
-
-    aux_loss = E * sum_e f_e * P_e,
-    f_e = (assignments to e, before dropping) / (T * k),   P_e = mean over tokens of probabilities[:, e]
-
-f_e is a count (no gradient); the gradient reaches the gate through P_e. With perfectly uniform
-routing f_e = P_e = 1/E and the loss is 1, its minimum.
+Lab 9's notebook, "2. The router: top-k and capacity" and "3. The load, with and without the
+auxiliary loss"; GShard's drop order, k = 1: ``docs/library.md``, "Beyond the three dimensions".
 """
 from __future__ import annotations
 

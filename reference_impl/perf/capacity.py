@@ -1,31 +1,17 @@
 """The 70B calculation by hand: the numbers a layout decision rests on, one formula each.
 
-The course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism", 15.5: "for your
-hardware, what TP/PP/DP degrees do you choose for a 70B model? Document the math." Each
-function is one term of that math, written from the paper that states it; the planner
-(``reference_impl/perf/planner/``) computes the same terms for every layout it tries.
+The course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism", 15.5: "what TP/PP/DP
+degrees do you choose for a 70B model? Document the math." Each function is one term of it, from
+its paper: a Llama-style decoder's parameters (Dubey et al. 2024, "The Llama 3 Herd of Models",
+Table 3) and those one GPU of the first stage holds; model-state bytes (ZeRO, Rajbhandari et al.
+2020, section 3; Megatron-LM's distributed optimizer); activation bytes per layer (Korthikanti
+et al. 2022, Table 2, without dropout masks, with flash attention's log-sum-exp); microbatches
+in flight under (interleaved) 1F1B (:func:`in_flight_microbatches`, Korthikanti et al. 2022,
+section 4.2.3) and the bubble; the TP all-reduces of a layer on a ring (Shoeybi et al. 2019; lab
+0's alpha-beta cost); a step from its parts, as the planner adds them
+(``perf/planner/time_estimate.py``).
 
-* parameters of a Llama-style decoder: attention with grouped-query K and V, a SwiGLU
-  (gated) or plain MLP, the embedding and, unless tied, the output layer (Dubey et al. 2024,
-  "The Llama 3 Herd of Models", Table 3 for the shapes);
-* the parameters one GPU of the first pipeline stage holds under TP and PP;
-* model-state bytes per parameter with mixed-precision Adam: the ZeRO paper's stages
-  (Rajbhandari et al. 2020, section 3) and Megatron-LM's distributed optimizer (fp32 gradients);
-* activation bytes per layer (Korthikanti et al. 2022, "Reducing Activation Recomputation in
-  Large Transformer Models", Table 2), without dropout masks for models without dropout and
-  with flash attention's log-sum-exp in place of the s x s scores;
-* microbatches in flight on the first stage under 1F1B, and interleaved 1F1B's extra factor
-  (Korthikanti et al. 2022, section 4.2.3); the pipeline bubble (Narayanan et al. 2021);
-* the TP all-reduces of one layer: 2 in the forward and 2 in the backward (Shoeybi et al.
-  2019, "Megatron-LM"), and their time on a ring (lab 0's alpha-beta cost);
-* a step from its parts, as the planner adds them (``time_estimate.py``): the slowest stage
-  (its layers' compute and exposed TP collectives, the LM head on the last stage), the 1F1B
-  pipeline's m + (p-1)/v slots of it (the bubble is the excess), and what the data-parallel
-  gradient reduction (and, with a sharded optimizer, the parameter gather) leaves exposed
-  beyond the backward (forward) it overlaps.
-
-The planner's memory estimate takes its microbatches in flight from
-:func:`in_flight_microbatches` here.
+Lab 7's notebook, sections 1 to 3; ``docs/library.md``, "The planner's model, term by term".
 """
 from __future__ import annotations
 

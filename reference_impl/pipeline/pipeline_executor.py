@@ -1,62 +1,17 @@
 """Run a pipeline schedule for real: every rank executes its actions over point-to-point messages.
 
-The executor is the third consumer of a schedule (after ``pipeline_validator`` and
-``pipeline_simulator``), and like them it serves every schedule: naive, GPipe, 1F1B,
-interleaved 1F1B and ZB-H1 differ only in the per-rank action lists it is given (schedules are
-data). On each rank, for each of its actions in order:
+The third consumer of a schedule (after ``pipeline_validator`` and ``pipeline_simulator``):
+naive, GPipe, 1F1B, interleaved 1F1B and ZB-H1 differ only in the action lists it is given. On
+each rank, for each action in order: (1) exchange: post the send of the previous action's output
+with the receive of this action's input as one ``batch_isend_irecv`` (:func:`post_exchange`,
+following ``pipeline_messages.exchange_plan``, checked for deadlock under NCCL's waiting sends
+before any message moves) and wait for the receives; (2) compute: :func:`run_action`, which
+keeps each (microbatch, stage)'s activations until their last use (B, or W when the backward is
+split). Every rank returns a :class:`PipelineRun` (the loss, per-action times, peaks);
+:func:`measured_timeline` joins them; :func:`pipeline_train_step` runs the course's GPT.
 
-1. **Exchange**: post the send of the previous action's output together with the receive of
-   this action's input (and any receive the plan posts early), as one ``batch_isend_irecv``,
-   and wait for the receives; the sends are waited for at the end of the step, as PyTorch's
-   pipelining does, so a rank never idles until its neighbour takes a message. This is
-   ``exchange_plan`` (``pipeline_messages``), checked before a single message moves under the
-   strictest model (a send completes only when its receiver has posted the receive, as on
-   NCCL with large tensors; messages matched in order per link; each exchange waited for as a
-   whole), so a plan that could jam is refused with its cycle named instead of hanging.
-   Waiting for less than the whole exchange only lets a rank post its later operations
-   sooner, in the same order, so a plan that passes that check cannot jam here either.
-   Posting each send and each receive alone would deadlock 1F1B at p = 2 on NCCL: in the
-   steady state both ranks of the link send at once and neither has posted the receive the
-   other needs. When the neighbouring stage is on this rank (interleaved with p = 1), the
-   tensor is handed over in memory instead.
-   :func:`post_exchange` is the point-to-point layer: it posts one exchange's sends and
-   receives as one batch and hands back the requests, which the step waits for.
-2. **Compute**: :func:`run_action`, the only place that computes.
-
-Lab 4's student writes :func:`post_exchange` and the step's exchange in :func:`run_schedule`
-(which requests are waited for before computing), the F, B (whole and split) and W of
-:func:`run_action` (where the backward frees its activations) and, in ``pipeline_schedules``,
-GPipe and 1F1B.
-
-State per (microbatch, stage), the activation memory: an F keeps its input (``requires_grad``
-when it is floating point) and its output; the last stage's F also computes the loss, scaled
-by 1/m, so that the gradients accumulated over the m microbatches are those of the full-batch
-mean. The B of that (microbatch, stage) frees it; in schedules that split the backward (ZB-H1)
-B computes the input gradient only, with every linear layer's weight gradient deferred
-(``split_backward.py``: B keeps each linear's input and output gradient, not the graph), and
-the W that follows computes the weight gradients from those and frees the entry, so B + W is
-one backward, matmul for matmul. The executor counts the entries held after each action,
-until their last use (B, or W when the backward is split): with one chunk per rank the peak
-is the number of microbatches whose activations a rank holds, the simulator's
-``peak_in_flight`` (1F1B: ``min(p - r, m)`` on rank r, GPipe: m), and, with saved-tensor
-hooks, the bytes that autograd saved for them (parameters not counted).
-
-Every rank returns a :class:`PipelineRun`: the loss (the mean of the microbatch losses,
-*broadcast from the last stage to every rank*, so each rank can log it; a 0-d tensor on the
-rank's device, which the host reads only when it asks, e.g. ``float(run.loss)``), this rank's
-:class:`TimedAction` per action (seconds since a barrier that all ranks leave together, so the
-ranks' times share one origin to within the barrier's skew) and the peaks. Timing waits for
-the device around every action; ``timed=False`` (what a trainer passes) records no times, and
-the step then runs without a single host sync on a GPU. ``precision="bf16"`` runs every F
-(forward and loss) under bf16 autocast (``precision.py``). In the parent,
-:func:`measured_timeline` joins the ranks' events into a ``Timeline`` with ``unit="s"``: its
-``bubble_fraction`` is the measured counterpart of the simulator's (the course
-measures every formula it states and checks that the two agree).
-
-:func:`pipeline_train_step` does it all for the course's GPT: it builds the schedule and
-splits the batch, and ``gpt_stages`` cuts the GPT into this rank's stages (shard-from-full),
-runs them through :func:`run_schedule` and returns the loss and the gradients by parameter
-name, to compare with single-device training.
+Lab 4's notebook, "7. Running 1F1B for real"; the exchange, the memory counts and the timing:
+``docs/library.md``, "Pipeline parallelism".
 """
 from __future__ import annotations
 

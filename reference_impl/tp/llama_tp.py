@@ -1,40 +1,11 @@
 """Tensor (and sequence) parallelism for the Llama-style parts (``llama_blocks.py``), built from
-the single-device modules' weights (shard-from-full) as ``tp_layers`` and ``tp_attention`` do,
-with their layers, their ``shard`` marks (``tp_dim``, ``tp_blocks``: ``full_state`` gathers
-every parameter back to its single-device name) and the conjugate collectives.
-
-* **SwiGLU**: ``gate_up`` column-parallel with ``blocks=2``, so that rank r holds its slice of
-  the gate *and* its slice of up (silu(gate) * up is then local), ``down`` row-parallel: one
-  all-reduce forward and one backward, as the GeLU MLP (Shoeybi et al. 2019).
-* **Grouped-query attention** (Ainslie et al. 2023): the query heads are split over the tp
-  ranks (heads % tp == 0), q column-parallel and ``proj`` row-parallel as in the GPT. Rank r's
-  query heads [r h/tp, (r+1) h/tp) use the KV heads [r h/tp / g, ...) with g = heads / kv_heads,
-  and the KV heads are
-
-      split        kv_heads % tp == 0   k and v column-parallel: rank r holds kv_heads / tp heads
-      replicated   tp % kv_heads == 0   rank r uses one KV head, r // (tp / kv_heads), shared
-                                        with the tp / kv_heads ranks of its group of query heads
-
-  (the rule of Megatron-core's grouped-query attention and of vLLM's QKVParallelLinear, which
-  replicate a KV head over the ranks that need it); any other (kv_heads, tp) is refused, with
-  the rule and the numbers (``head_split.kv_head_layout``).
-* **Replicated KV weights** (:class:`ReplicatedHeads`): k and v stay whole on every rank, so
-  ``full_state`` returns them as they are (a replicated parameter has no ``tp_dim``), and each
-  rank computes only the rows of the KV head it uses. Each rank's gradient of the weight is then
-  its own query heads' part, on its KV head's rows only; the single-device gradient is the sum
-  of those parts over the ranks. The weight enters the forward through ``copy_to_tp``
-  (identity forward, all-reduce backward), so autograd itself sums the parts over the TP group:
-  every rank ends the backward with the whole gradient, the same on every rank, before any
-  data-parallel reduction or optimizer step sees it (no extra sync to forget, unlike the
-  sequence-parallel parameters). ``tests/library/llama`` checks the gradient, and that one
-  rank's part alone is not it.
-* **RMSNorm** is replicated (with sequence parallelism, marked ``sequence_parallel`` and summed
-  by ``sync_sequence_parallel_grads``, as the GPT's layernorms).
-
-The attention's input enters the TP region once for q, k and v: ``copy_to_tp`` (one
-all-reduce of its gradient), or with sequence parallelism ``gather_from_sp`` (all-gather
-along the sequence; Korthikanti et al. 2022). The rotary positions are then the whole
-sequence's 0..s-1 on every rank.
+the single-device modules' weights (shard-from-full) as ``tp_layers`` and ``tp_attention`` do:
+SwiGLU's ``gate_up`` column-parallel per block and ``down`` row-parallel (one all-reduce each
+way, Shoeybi et al. 2019); grouped-query attention (Ainslie et al. 2023) with the query heads
+split over tp and the KV heads split or replicated (``tp_splits.kv_head_layout``, the rule of
+Megatron-core and vLLM), replicated KV weights' gradients summed over TP by ``copy_to_tp``;
+RMSNorm replicated. Why, and the replicated heads' gradient: docs/library.md, "Beyond the three
+dimensions".
 """
 from __future__ import annotations
 
@@ -45,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference_impl.llama_blocks import GroupedQueryAttention, SwiGLU
-from reference_impl.tp.head_split import kv_head_layout
+from reference_impl.tp.tp_splits import kv_head_layout
 from reference_impl.tp.sequence_parallel import (SequenceParallelColumnLinear,
                                                  SequenceParallelRowLinear, enter_tp_region)
 from reference_impl.tp.tp_collectives import copy_to_tp

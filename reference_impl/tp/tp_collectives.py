@@ -1,8 +1,9 @@
 """Autograd-aware collectives for tensor parallelism: Megatron-LM's conjugate pairs.
 
-Each collective in a TP layer has a partner in the backward pass, because the gradient of a
-"copy to every rank" is a "sum over every rank", and the reverse (Shoeybi et al. 2019, the
-f and g operators of Figure 3; Korthikanti et al. 2022 for the sequence-parallel pair):
+The gradient of a "copy to every rank" is a "sum over every rank", and the reverse (Shoeybi et
+al. 2019, the f and g operators of Figure 3; Korthikanti et al. 2022 for the sequence-parallel
+pair; lab 2's notebook, "2. Two collectives and their gradients"; ``docs/library.md``, "Sequence
+parallelism"). On a group of one rank every function is the identity.
 
     function                    forward         backward        used at
     copy_to_tp                  identity        all-reduce      input of a column-parallel layer (f)
@@ -11,8 +12,6 @@ f and g operators of Figure 3; Korthikanti et al. 2022 for the sequence-parallel
     gather_from_tp(x, dim)      all-gather      keep my slice   output of a column-parallel layer, gathered
     reduce_scatter_to_sp(x,dim) reduce-scatter  all-gather      output of a row-parallel layer, SP (g-bar)
     gather_from_sp(x, dim)      all-gather      reduce-scatter  input of a column-parallel layer, SP (f-bar)
-
-On a group of one rank every function is the identity and communicates nothing.
 """
 from __future__ import annotations
 

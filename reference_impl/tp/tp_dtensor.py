@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from reference_impl.model import MLP, Block, CausalSelfAttention
-from reference_impl.tp.head_split import check_head_split
+from reference_impl.tp.tp_splits import check_head_split
 
 
 def dtensor_mlp(mlp: MLP, mesh) -> nn.Module:

@@ -1,24 +1,16 @@
 """Megatron-style tensor-parallel linear layers and MLP, built from single-device modules.
 
-A linear layer y = x W^T + b (W of shape out x in) splits two ways (Shoeybi
-et al. 2019; the course notes "Week 15 - Tensor Parallelism and Pipeline Parallelism"):
+A linear layer y = x W^T + b splits two ways (Shoeybi et al. 2019, "Megatron-LM"; the course
+notes "Week 15 - Tensor Parallelism and Pipeline Parallelism"): :class:`ColumnParallelLinear`
+by output rows (rank r computes its slice of the output from the whole input, ``copy_to_tp``),
+:class:`RowParallelLinear` by input columns (partial outputs from its slice of the input,
+summed by ``reduce_from_tp``, the whole bias added once). Column then row needs nothing in
+between: the TP MLP (column fc1 -> GeLU -> row fc2) does one all-reduce forward and one
+backward. A sharded parameter carries ``tp_dim`` (the dimension split) and ``tp_blocks`` (equal
+blocks split one by one, 3 for a fused [q; k; v]); one without ``tp_dim`` is replicated.
+:func:`shard` and :func:`unshard` convert between the two.
 
-* **ColumnParallelLinear** splits W by *output* rows: rank r holds W_r (out/tp x in) and b_r and
-  computes its slice y_r = x W_r^T + b_r of the output. The input must be whole on every rank
-  (``copy_to_tp``: identity forward, all-reduce of the input gradient backward). The output
-  stays split unless ``gather_output``.
-* **RowParallelLinear** splits W by *input* columns: rank r holds W_r (out x in/tp) and, given
-  its slice x_r of the input, computes a partial output x_r W_r^T; the partial outputs are
-  summed (``reduce_from_tp``: all-reduce forward, identity backward) and the bias, kept whole
-  on every rank, added once.
-
-Column then row needs no communication in between: the **TP MLP** (column fc1 -> GeLU -> row
-fc2) does one all-reduce forward and one backward.
-
-Each sharded parameter carries ``tp_dim`` (the dimension it is split along) and ``tp_blocks``
-(how many equal blocks the full dimension is made of, e.g. 3 for a fused [q; k; v]: each block
-is split on its own, so every rank gets its heads' q, k and v). Parameters without ``tp_dim``
-are replicated on every TP rank. :func:`shard` and :func:`unshard` convert between the two.
+Lab 2's notebook, "1. Splitting a linear layer" to "4. The tensor-parallel MLP".
 """
 from __future__ import annotations
 
@@ -30,11 +22,7 @@ from torch import nn
 from reference_impl.model import MLP
 from reference_impl.tp.tp_collectives import (all_gather_along, copy_to_tp, gather_from_tp,
                                            reduce_from_tp, scatter_to_tp)
-
-
-def check_divisible(size: int, tp: int, what: str) -> None:
-    if size % tp:
-        raise ValueError(f"{what} {size} is not divisible by the tensor-parallel size tp = {tp}")
+from reference_impl.tp.tp_splits import check_divisible
 
 
 def shard(full: torch.Tensor, dim: int, rank: int, tp: int, blocks: int = 1) -> torch.Tensor:

@@ -69,5 +69,5 @@ def test_the_argv_path_is_short_and_goes_one_way(monkeypatch):
     summary = (f"{len(modules)} modules (bound {MODULES}), {climbs} climbs (bound {CLIMBS}), "
                f"{returns_up} returns up (bound {RETURNS_UP})")
     print(f"\n{summary}:\n{path}")
-    assert (len(modules), climbs, returns_up) <= (MODULES, CLIMBS, RETURNS_UP) and (
-        climbs <= CLIMBS and returns_up <= RETURNS_UP), f"the argv path: {summary}\n{path}"
+    assert len(modules) <= MODULES and climbs <= CLIMBS and returns_up <= RETURNS_UP, (
+        f"the argv path: {summary}\n{path}")

@@ -10,7 +10,7 @@ from reference_impl.perf.planner.framework_memory import STAGES, check_accountin
 from reference_impl.perf.planner.hardware import Cluster
 from reference_impl.perf.planner.layer_efficiency import ATTENTION_KERNELS
 from reference_impl.perf.planner.model_spec import ModelSpec
-from reference_impl.tp.head_split import kv_head_layout
+from reference_impl.tp.tp_splits import check_block_split
 
 RECOMPUTE = (None, "selective", "full")
 MICRO_BATCHES = (1, 2, 4)
@@ -66,10 +66,11 @@ class Layout:
                 f"{f' {self.recompute}' if self.recompute else ''}")
 
 
-def splits_heads(model: ModelSpec, tp: int) -> bool:
-    """Whether ``tp`` ranks split the query and the KV heads (what the planner prices)."""
+def splits_block(model: ModelSpec, tp: int) -> bool:
+    """Whether ``tp`` ranks split a block, its KV heads included (what the planner prices)."""
     try:
-        return kv_head_layout(model.heads, model.kv_heads or model.heads, tp) == "split"
+        return check_block_split(model.heads, model.kv_heads or model.heads, model.hidden,
+                                 model.ffn, tp) == "split"
     except ValueError:
         return False
 
@@ -91,9 +92,9 @@ def check_layout(model: ModelSpec, cluster: Cluster, layout: Layout) -> None:
     if cluster.gpus_per_node % tp:
         raise ValueError(f"tp {tp} does not divide the {cluster.gpus_per_node} GPUs of a node")
     kv_heads = model.kv_heads or model.heads
-    if kv_head_layout(model.heads, kv_heads, tp) != "split":  # refuses what cannot split
+    if check_block_split(model.heads, kv_heads, model.hidden, model.ffn, tp) != "split":
         raise ValueError(f"tp {tp} would replicate the {kv_heads} key/value heads over the "
-                         f"tensor-parallel ranks (the trainer can, tp/head_split.py); the planner "
+                         f"tensor-parallel ranks (the trainer can, tp/tp_splits.py); the planner "
                          f"prices split KV heads only: tp must divide kv_heads")
     if model.seq_len % (2 * cp if cp > 1 else 1):
         raise ValueError(f"cp {cp} needs the sequence {model.seq_len} split in 2 cp chunks "
@@ -166,7 +167,7 @@ def candidate_layouts(model: ModelSpec, cluster: Cluster, global_batch: int,
     g = cluster.num_gpus
     recomputes = (None, "full") if attention == "flash" else RECOMPUTE
     for t in divisors(cluster.gpus_per_node):
-        if not splits_heads(model, t) or (tp and t != tp):
+        if not splits_block(model, t) or (tp and t != tp):
             continue
         for c in CONTEXT_PARALLEL if attention == "flash" else (1,):
             if (g // t) % c or model.seq_len % (2 * c if c > 1 else 1):

@@ -18,9 +18,9 @@ from reference_impl.model import GPT, Block, CausalSelfAttention, ModelConfig, l
 from reference_impl.pipeline.pipeline_partition import gpt_layers
 from reference_impl.rotary import apply_rotary
 from reference_impl.perf.planner.hardware import Cluster
-from reference_impl.perf.planner.layout import Layout, check_layout, splits_heads
+from reference_impl.perf.planner.layout import Layout, check_layout, splits_block
 from reference_impl.perf.planner.model_spec import PRESETS
-from reference_impl.tp.head_split import kv_head_layout, kv_heads_per_rank
+from reference_impl.tp.tp_splits import kv_head_layout, kv_heads_per_rank
 from reference_impl.toys import random
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
@@ -194,7 +194,7 @@ def test_the_planner_takes_the_trainers_head_rule_and_prices_split_kv_heads_only
     model, cluster = PRESETS["70b"], Cluster(nodes=2, gpus_per_node=16)
     with pytest.raises(ValueError, match="tp 16 would replicate the 8 key/value heads"):
         check_layout(model, cluster, Layout(tp=16, pp=1, dp=2))
-    assert not splits_heads(model, 16) and splits_heads(model, 8)
+    assert not splits_block(model, 16) and splits_block(model, 8)
     with pytest.raises(ValueError, match="heads 64 is not divisible by the tensor-parallel size "
                                          "tp = 3"):
         check_layout(model, Cluster(nodes=1, gpus_per_node=3), Layout(tp=3, pp=1, dp=1))
@@ -203,7 +203,8 @@ def test_the_planner_takes_the_trainers_head_rule_and_prices_split_kv_heads_only
 @pytest.mark.parametrize("fields, config, message", [
     (dict(tp=2), llama_config(hidden=48, heads=6, kv_heads=3), "kv_heads 3 and tp = 2"),
     (dict(tp=2, recompute="selective"), llama_config(), "recompute selective re-implements"),
-    (dict(tp=4), llama_config(ffn_hidden=90), "inner size 90 is not divisible by tp = 4"),
+    (dict(tp=4), llama_config(ffn_hidden=90),
+     "inner size 90 is not divisible by the tensor-parallel size tp = 4"),
 ])
 def test_the_parallel_dimensions_refuse_what_they_cannot_split(fields, config, message):
     with pytest.raises(ValueError, match=message):
