@@ -9,6 +9,8 @@ RDP_GROUP rdp, DP_GROUP tp and rdp (and cp), MP_GROUP tp and pp, CP_GROUP cp, RD
 and rdp, WORLD all. A rank's ``tp_rank``, ``dp_rank``, ... is its index in that group, members
 in increasing order (what ``dist.get_rank(group)`` returns). ``order`` lists the axes fastest
 first (``sagemaker`` = pp-tp-rdp, ``megatron`` = tp-rdp-pp); :func:`rank_mesh` is the grid.
+``python -m reference_impl.comm.groups --world-size 8 --tp 2 --pp 2`` prints the ranking
+page's 8-GPU table.
 
 Lab 1's notebook derives it ("1. Three coordinates, six kinds of group" to "4. The layout as a
 grid"); the orders, Megatron's names, CP's groups: ``docs/library.md``, "Rank groups".
