@@ -41,7 +41,3 @@ def check_block_split(heads: int, kv_heads: int, hidden: int, ffn: int, tp: int)
     check_divisible(ffn, tp, "the MLP's inner size")
     return layout
 
-
-def kv_heads_per_rank(heads: int, kv_heads: int, tp: int) -> int:
-    """The KV heads one rank holds: kv_heads / tp when split, one when replicated."""
-    return kv_heads // tp if kv_head_layout(heads, kv_heads, tp) == "split" else 1

@@ -20,7 +20,7 @@ from reference_impl.rotary import apply_rotary
 from reference_impl.perf.planner.hardware import Cluster
 from reference_impl.perf.planner.layout import Layout, check_layout, splits_block
 from reference_impl.perf.planner.model_spec import PRESETS
-from reference_impl.tp.tp_splits import kv_head_layout, kv_heads_per_rank
+from reference_impl.tp.tp_splits import kv_head_layout
 from reference_impl.toys import random
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)
@@ -180,12 +180,6 @@ def test_kv_heads_are_split_replicated_or_refused(heads, kv_heads, tp, expected)
     else:
         with pytest.raises(ValueError, match=expected):
             kv_head_layout(heads, kv_heads, tp)
-
-
-@pytest.mark.parametrize("heads, kv_heads, tp, held", [(8, 4, 2, 2), (8, 8, 8, 1), (8, 2, 4, 1),
-                                                       (8, 1, 8, 1), (16, 8, 2, 4)])
-def test_a_rank_holds_its_share_of_kv_heads_or_one(heads, kv_heads, tp, held):
-    assert kv_heads_per_rank(heads, kv_heads, tp) == held
 
 
 def test_the_planner_takes_the_trainers_head_rule_and_prices_split_kv_heads_only():
