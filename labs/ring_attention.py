@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as distributed_c10d
 
-from reference_impl.attention import check_kv_heads
+from reference_impl.model.attention import check_kv_heads
 from load_balance import token_positions, visible_part
 from online_softmax import (block_attention, block_attention_backward,
                                               merge_partials, output_dot_grad)

@@ -1,5 +1,5 @@
 """Reference implementation of the course: every parallel component, tested against a
-single-device model (``model.py``, checked with ``checks.py`` and ``equivalence.py``).
+single-device model (``model/``, checked with ``checks.py`` and ``equivalence.py``).
 
 Subpackages by idea: ``comm/`` (launcher, collectives, rank groups), ``tp/``, ``cp/``, ``moe/``,
 ``memory/``, ``pipeline/``, ``hybrid/``, ``perf/`` (profiling, scaling, the planner),

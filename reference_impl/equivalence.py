@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from reference_impl.checks import assert_close, difference_evidence, matching_mistake
-from reference_impl.precision import autocast
+from reference_impl.model.precision import autocast
 from reference_impl.tp.tp_layers import full_state
 
 LIKELY_CAUSES = {

@@ -34,7 +34,7 @@ from reference_impl.hybrid.training_plan import RECOMPUTE_MODES, TrainingPlan
 from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig, llama_config
 from reference_impl.moe.moe_blocks import with_experts
 from reference_impl.moe.router import check_router
-from reference_impl.precision import PRECISIONS
+from reference_impl.model.precision import PRECISIONS
 
 DEFAULT_LR = {"adamw": 3e-4, "sgd": 0.1}
 

@@ -22,7 +22,7 @@ from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.device import current_device
 from reference_impl.comm.launcher import launch
 from reference_impl.cp.cp_attention import ContextParallelAttention
-from reference_impl.llama_blocks import GroupedQueryAttention
+from reference_impl.model.llama_blocks import GroupedQueryAttention
 from reference_impl.cp.cp_costs import allgather_attention_bytes, ring_attention_bytes
 from reference_impl.cp.load_balance import shard_sequence
 from reference_impl.cp.ring_overlap import RingClock

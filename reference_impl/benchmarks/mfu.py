@@ -19,8 +19,8 @@ import time
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from reference_impl.linear_cross_entropy import linear_cross_entropy
-from reference_impl.master_weights import MasterWeights
+from reference_impl.model.linear_cross_entropy import linear_cross_entropy
+from reference_impl.model.master_weights import MasterWeights
 from reference_impl.memory.activation_memory import SavedActivations, gpt_activation_bytes
 from reference_impl.memory.model_states import zero_memory_formula
 from reference_impl.model import ATTENTION_KERNELS, GPT, Block, ModelConfig
@@ -30,7 +30,7 @@ from reference_impl.perf.planner.hardware import peak_tflops
 from reference_impl.perf.step_breakdown import breakdown, format_breakdown, profile_steps
 from reference_impl.perf.step_timing import mean_seconds
 from reference_impl.pipeline.gpt_stages import gpt_loss
-from reference_impl.precision import PRECISIONS, autocast, weight_copy_bytes
+from reference_impl.model.precision import PRECISIONS, autocast, weight_copy_bytes
 from reference_impl.train import multi_tensor_options
 
 NOMINAL_CPU_PEAK = 1.0  # TFLOP/s: a round number, not a measurement of any CPU

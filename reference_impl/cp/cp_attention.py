@@ -19,8 +19,8 @@ from reference_impl.cp.allgather_attention import allgather_attention
 from reference_impl.cp.cp_costs import VARIANTS
 from reference_impl.cp.load_balance import token_positions
 from reference_impl.cp.ring_attention import ring_attention
-from reference_impl.attention import merge_heads
-from reference_impl.llama_blocks import GroupedQueryAttention
+from reference_impl.model.attention import merge_heads
+from reference_impl.model.llama_blocks import GroupedQueryAttention
 
 
 class ContextParallelAttention(GroupedQueryAttention):

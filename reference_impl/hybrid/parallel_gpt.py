@@ -35,7 +35,7 @@ from reference_impl.model import GPT
 from reference_impl.pipeline.gpt_stages import gpt_loss
 from reference_impl.pipeline.pipeline_executor import run_schedule, split_batch
 from reference_impl.pipeline.pipeline_schedules import Schedule
-from reference_impl.precision import autocast
+from reference_impl.model.precision import autocast
 from reference_impl.tp.tp_layers import unshard
 
 

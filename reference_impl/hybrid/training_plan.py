@@ -17,7 +17,7 @@ from reference_impl.memory.recompute import MODES
 from reference_impl.model import ModelConfig
 from reference_impl.pipeline.named_schedules import build_schedule
 from reference_impl.pipeline.pipeline_schedules import Schedule
-from reference_impl.precision import check_precision
+from reference_impl.model.precision import check_precision
 from reference_impl.tp.tp_splits import check_block_split
 
 RECOMPUTE_MODES = ("none", *(mode for mode in MODES if mode))

@@ -16,7 +16,7 @@ from torch import nn
 
 from reference_impl.memory.recompute import MODES
 from reference_impl.model import ModelConfig, check_attention
-from reference_impl.precision import COMPUTE_DTYPES, check_precision
+from reference_impl.model.precision import COMPUTE_DTYPES, check_precision
 
 FP32 = 4  # bytes per element of the fp32 activations (and of bf16 runs' residual stream)
 INDEX = 8  # bytes per token index (int64) that an embedding or the loss keeps

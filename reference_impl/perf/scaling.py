@@ -27,7 +27,7 @@ from reference_impl.comm.device import current_device, resolve_backend, wait_for
 from reference_impl.comm.launcher import launch
 from reference_impl.model import ATTENTION_KERNELS, GPT, Block, ModelConfig
 from reference_impl.pipeline.pipeline_executor import pipeline_train_step
-from reference_impl.precision import PRECISIONS, Autocast
+from reference_impl.model.precision import PRECISIONS, Autocast
 from reference_impl.tp.tp_attention import ParallelBlock
 
 FIT_SIZES = (4 << 10, 64 << 10, 256 << 10, 1 << 20)  # bytes of the fitted all-reduces

@@ -35,7 +35,7 @@ from reference_impl.pipeline.pipeline_schedules import Action, Schedule
 from reference_impl.pipeline.pipeline_simulator import TimedAction, Timeline
 from reference_impl.pipeline.pipeline_validator import check_rendezvous, validate
 from reference_impl.pipeline.split_backward import DeferredWeightGrads, weight_grads_deferred
-from reference_impl.precision import autocast
+from reference_impl.model.precision import autocast
 
 
 def split_batch(batch: torch.Tensor, m: int) -> list[torch.Tensor]:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from reference_impl.llama_blocks import GroupedQueryAttention, SwiGLU
+from reference_impl.model.llama_blocks import GroupedQueryAttention, SwiGLU
 from reference_impl.tp.tp_splits import kv_head_layout
 from reference_impl.tp.sequence_parallel import (SequenceParallelColumnLinear,
                                                  SequenceParallelRowLinear, enter_tp_region)

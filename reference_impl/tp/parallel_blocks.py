@@ -9,7 +9,7 @@ import copy
 
 from torch import nn
 
-from reference_impl.llama_blocks import GroupedQueryAttention, SwiGLU
+from reference_impl.model.llama_blocks import GroupedQueryAttention, SwiGLU
 from reference_impl.model import MLP, Block, CausalSelfAttention
 from reference_impl.tp.llama_tp import ParallelGroupedQueryAttention, ParallelSwiGLU
 from reference_impl.tp.sequence_parallel import (SequenceParallelBlock,

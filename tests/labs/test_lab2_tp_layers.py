@@ -56,7 +56,7 @@ from reference_impl.course.sweeps import group_layouts, group_of, label
 from reference_impl.equivalence import (likely_cause, parallel_pairs, parameters_of,
                                         reference_step, source_pairs)
 from reference_impl.model import MLP
-from reference_impl.precision import autocast
+from reference_impl.model.precision import autocast
 
 pytestmark = pytest.mark.lab2
 

@@ -34,7 +34,7 @@ from reference_impl.checks import assert_close_naming, attempt
 from reference_impl.comm.comm_contract import check_contract, expected
 from reference_impl.course.snapshots import snapshot
 from reference_impl.course.sweeps import group_layouts, group_of, label
-from reference_impl.precision import autocast
+from reference_impl.model.precision import autocast
 from reference_impl.tp.tp_layers import full_state
 
 pytestmark = pytest.mark.lab3

@@ -7,12 +7,12 @@ LAYERS = {
     "reference_impl": 0,  # the package's own __init__: its docstring
     "lazy_exports": 0,  # the packages' lazy public names
     "comm": 0,  # devices, the launcher, collectives, rank groups
-    "attention": 1, "rotary": 1, "llama_blocks": 1, "model": 1,  # the single-device model
-    "precision": 1, "linear_cross_entropy": 1, "master_weights": 1, "toys": 1,
-    "checks": 1,
+    "model": 1,  # the single-device model
+    "toys": 1, "checks": 1,
     "tp": 2, "cp": 2, "memory": 2,  # one dimension each, and activation memory
     "equivalence": 3,  # checks a parallel layer (tp) against the single-device one
     "moe": 3,
+    "data": 3,  # a corpus on disk, each rank's share of every batch (cp's load balance)
     "pipeline": 4,
     "hybrid": 5,
     "perf": 6,

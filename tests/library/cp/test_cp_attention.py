@@ -20,11 +20,11 @@ import torch.distributed as dist
 
 from reference_impl.checks import assert_close
 from reference_impl.comm.device import current_device
-from reference_impl.llama_blocks import GroupedQueryAttention
+from reference_impl.model.llama_blocks import GroupedQueryAttention
 from reference_impl.cp.cp_attention import (ContextParallelAttention,
                                             sync_context_parallel_grads)
 from reference_impl.cp.load_balance import shard_sequence
-from reference_impl.precision import autocast
+from reference_impl.model.precision import autocast
 from reference_impl.toys import random
 
 TOLERANCE = dict(atol=1e-5, rtol=1e-5)

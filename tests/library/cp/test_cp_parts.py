@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reference_impl.checks import assert_close
-from reference_impl.llama_blocks import GroupedQueryAttention
+from reference_impl.model.llama_blocks import GroupedQueryAttention
 from reference_impl.cp.cp_costs import (allgather_attention_bytes, attention_activation_bytes,
                                         kv_block_bytes, ring_attention_bytes)
 from reference_impl.cp.load_balance import (shard_sequence, token_positions, unshard_sequence,

@@ -1,4 +1,4 @@
-"""Mixed precision (``reference_impl/precision.py``): every parallel path in bf16 against the
+"""Mixed precision (``reference_impl/model/precision.py``): every parallel path in bf16 against the
 single-device GPT in bf16.
 
 bf16 autocast computes the matmuls and the attention in bf16 while weights, gradients, their
@@ -42,7 +42,7 @@ from reference_impl.hybrid import parallel_gpt as hybrid
 from reference_impl.hybrid.zero import ZeroOptimizer
 from reference_impl.model import GPT, MLP, Block, ModelConfig
 from reference_impl.pipeline.pipeline_executor import gpt_loss, pipeline_train_step
-from reference_impl.precision import autocast, check_precision, weight_copy_bytes
+from reference_impl.model.precision import autocast, check_precision, weight_copy_bytes
 from reference_impl.tp.sequence_parallel import SequenceParallelBlock, sync_sequence_parallel_grads
 from reference_impl.tp.tp_attention import ParallelBlock
 from reference_impl.tp.tp_collectives import all_gather_along

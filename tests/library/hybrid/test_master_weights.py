@@ -1,4 +1,4 @@
-"""bf16 parameters with fp32 masters (reference_impl/master_weights.py) against the same steps
+"""bf16 parameters with fp32 masters (reference_impl/model/master_weights.py) against the same steps
 done by hand: the fp32 gradient sums and the masters after AdamW are bit-identical (same
 operations in the same order), and each bf16 parameter is its master rounded."""
 import copy
@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from reference_impl.master_weights import MasterWeights
+from reference_impl.model.master_weights import MasterWeights
 from reference_impl.model import GPT, ModelConfig
 
 CONFIG = ModelConfig(vocab_size=64, seq_len=16, hidden=32, heads=2, layers=2)

@@ -1,4 +1,4 @@
-"""The Llama-style parts on one device (``llama_blocks.py``, ``model.py``'s options): each against
+"""The Llama-style parts on one device (``model/llama_blocks.py``, ``model/gpt.py``'s options): each against
 its formula written out independently, the grouped-query attention with as many KV heads as
 heads against the GPT's attention given the same weights, the configuration's rules and
 refusals, and why replicated KV weights need their gradients summed over the TP ranks.
@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 from reference_impl.hybrid.training_plan import TrainingPlan
-from reference_impl.llama_blocks import RMSNorm, GroupedQueryAttention, SwiGLU
+from reference_impl.model.llama_blocks import RMSNorm, GroupedQueryAttention, SwiGLU
 from reference_impl.model import GPT, Block, CausalSelfAttention, ModelConfig, llama_config
 from reference_impl.pipeline.pipeline_partition import gpt_layers
-from reference_impl.rotary import apply_rotary
+from reference_impl.model.rotary import apply_rotary
 from reference_impl.perf.planner.hardware import Cluster
 from reference_impl.perf.planner.layout import Layout, check_layout, splits_block
 from reference_impl.perf.planner.model_spec import PRESETS

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from reference_impl.comm.device import current_device
 from reference_impl.equivalence import assert_equivalent, one_step_pairs, parameters_of, source_pairs
-from reference_impl.llama_blocks import GroupedQueryAttention, SwiGLU
+from reference_impl.model.llama_blocks import GroupedQueryAttention, SwiGLU
 from reference_impl.model import Block, llama_config
 from reference_impl.tp.llama_tp import ParallelGroupedQueryAttention, ParallelSwiGLU, ReplicatedHeads
 from reference_impl.tp.parallel_blocks import ParallelPartsBlock

@@ -16,7 +16,7 @@ from reference_impl.memory.activation_memory import (SavedActivations, gpt_activ
 from reference_impl.model import GPT, Block, ModelConfig
 from reference_impl.perf.capacity import activation_bytes_with_recompute
 from reference_impl.pipeline.pipeline_executor import gpt_loss
-from reference_impl.precision import autocast, weight_copy_bytes
+from reference_impl.model.precision import autocast, weight_copy_bytes
 
 S, B, H, A, V = 16, 3, 32, 4, 50
 COMBINATIONS = [(attention, precision) for attention in ("explicit", "sdpa")

@@ -7,7 +7,7 @@ relative (both round the logits' inputs to bf16)."""
 import pytest
 import torch
 
-from reference_impl.linear_cross_entropy import linear_cross_entropy
+from reference_impl.model.linear_cross_entropy import linear_cross_entropy
 from reference_impl.pipeline.gpt_stages import gpt_loss
 
 

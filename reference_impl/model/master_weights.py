@@ -1,6 +1,6 @@
 """bf16 parameters with fp32 master weights: Megatron-LM's ``--bf16`` step on one device.
 
-Autocast (:mod:`reference_impl.precision`) keeps fp32 parameters, casts every matmul weight to
+Autocast (:mod:`reference_impl.model.precision`) keeps fp32 parameters, casts every matmul weight to
 bf16 at each forward and keeps the residual stream and the norms in fp32: on an H100 that
 memory traffic is about a third of a 1.4B GPT's step (docs/profiling.md). Here the model itself
 is bf16, so a step casts nothing: activations, residual stream and weights are bf16. What

@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_impl.attention import (attention_core, check_attention, check_kv_heads, heads_of,
+from reference_impl.model.attention import (attention_core, check_attention, check_kv_heads, heads_of,
                                       merge_heads, repeat_kv_heads)
-from reference_impl.rotary import apply_rotary
+from reference_impl.model.rotary import apply_rotary
 
 RMS_NORM_EPS = 1e-5  # Llama 2's; nn.LayerNorm's default eps too
 

@@ -31,11 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference_impl import llama_blocks
-# The attention core, here for the many modules and notebooks that import it from the model.
-from reference_impl.attention import (  # noqa: F401
-    ATTENTION_KERNELS, attention_core, causal_attention, check_attention, check_kv_heads,
-    merge_heads, repeat_kv_heads, split_heads)
+from reference_impl.model import llama_blocks
+from reference_impl.model.attention import (attention_core, check_attention,
+                                            check_kv_heads, merge_heads, split_heads)
 
 
 NORMS = ("layernorm", "rmsnorm")
