@@ -3,13 +3,17 @@ of experts) under any layout the kit composes, from the command line.
 
     torchrun --nproc-per-node 8 -m reference_impl.train --dp 2 --tp 2 --pp 2 --steps 20
     python -m reference_impl.train --dp 2 --tp 2 --steps 5     # laptop: dp*tp*cp*pp CPU ranks
+    python -m reference_impl.train --data stdlib --steps 200 --out runs/x --sample 200
 
 The flags become a ``TrainingPlan`` (``hybrid/training_plan.py``), checked once before any rank
 starts (:func:`check_composition`); every rank then runs :func:`train_on_rank` with it: the
-plan's layout, ``parallelize.parallelize_gpt``, ``parallel_gpt.train_step`` on the
-deterministic ``parallel_gpt.make_dataset``, so the losses are the single-device model's on the
-same batches (:func:`train_one_device`, the tests' oracle). Sharded checkpoints
-(``hybrid/checkpoint.py``) resume under another dp, pp, cp or data-parallel kind. What each
+plan's layout, ``parallelize.parallelize_gpt``, ``parallel_gpt.train_step_on_share`` on its
+share of each global batch of a corpus on disk (``--data``: ``data/sharded_batches.py``) or of
+the in-memory ``parallel_gpt.make_dataset``, so the losses are the single-device model's on
+the same batches (:func:`train_one_device`, the tests' oracle). ``--eval-every``, ``--out``
+and ``--sample`` show the run: the validation loss, a log and a loss curve, text from the
+model. Sharded checkpoints (``hybrid/checkpoint.py``) resume under another dp, pp, cp or
+data-parallel kind, the data stream where it stopped. What each
 flag does, the optimisation's defaults and the cluster commands: ``docs/library.md``, "Running
 on a GPU cluster".
 """
@@ -19,22 +23,33 @@ import argparse
 import dataclasses
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
-from reference_impl.comm.device import resolve_backend, wait_for_device
+from reference_impl.comm.device import current_device, resolve_backend, wait_for_device
 from reference_impl.comm.launcher import launch, under_torchrun
+from reference_impl.data.byte_tokenizer import decode, encode
+from reference_impl.data.corpus import STDLIB, Corpus, load_corpus, unigram_entropy
+from reference_impl.data.sharded_batches import ShardedBatches
+from reference_impl.figures.loss_curve import plot_loss_curve
 from reference_impl.hybrid import checkpoint, parallel_gpt, parallelize
+from reference_impl.hybrid.evaluation import evaluate
 from reference_impl.hybrid.lr_schedule import WarmupCosine, set_lr
 from reference_impl.hybrid.dp_kinds.registry import DP_KINDS
 from reference_impl.hybrid.training_plan import RECOMPUTE_MODES, TrainingPlan
 from reference_impl.model import ATTENTION_KERNELS, GPT, ModelConfig, llama_config
+from reference_impl.model.precision import PRECISIONS
+from reference_impl.model.sampling import generate
 from reference_impl.moe.moe_blocks import with_experts
 from reference_impl.moe.router import check_router
-from reference_impl.model.precision import PRECISIONS
+from reference_impl.perf.run_log import RunLog
+
+tqdm.set_lock(threading.RLock())  # a rank's bar needs no lock across processes (nor its semaphore)
 
 DEFAULT_LR = {"adamw": 3e-4, "sgd": 0.1}
 
@@ -95,9 +110,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     model.add_argument("--hidden", type=int, default=64)
     model.add_argument("--heads", type=int, default=4)
     model.add_argument("--seq", type=int, default=32)
-    model.add_argument("--vocab", type=int, default=128)
+    model.add_argument("--vocab", type=int, default=None,
+                       help="vocabulary size (default: the corpus's, 256 for text; 128 without "
+                            "--data)")
     model.add_argument("--batch", type=int, default=16, help="global batch (samples per step)")
-    model.add_argument("--seed", type=int, default=0, help="seeds the weights and the data")
+    model.add_argument("--seed", type=int, default=0,
+                       help="seeds the weights and the data's order")
+    model.add_argument("--data", default=None,
+                       help=f"the corpus: a text file or folder (byte-level tokens), a folder "
+                            f"of train.bin and val.bin (python -m reference_impl.data.prepare, "
+                            f"or nanoGPT's), or {STDLIB!r} (the Python standard library's "
+                            f"source, offline); default: in-memory noisy counting sequences")
     model.add_argument("--attention", choices=ATTENTION_KERNELS, default="explicit",
                        help="attention kernel: explicit (s x s scores, the default) or sdpa "
                             "(torch's scaled_dot_product_attention: flash/memory-efficient "
@@ -131,7 +154,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     optim.add_argument("--momentum", type=float, default=0.9, help="sgd momentum")
     optim.add_argument("--adam-eps", type=float, default=1e-8)
     run = parser.add_argument_group("run")
-    run.add_argument("--log-every", type=int, default=1)
+    run.add_argument("--log-every", type=int, default=1,
+                     help="print a line every N steps (default 1)")
+    run.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="a progress bar on standard error (default: when it is a terminal)")
+    run.add_argument("--eval-every", type=int, default=0,
+                     help="the validation loss every N steps, averaged over the replicas (0: "
+                          "at the end only, with --data)")
+    run.add_argument("--eval-batches", type=int, default=8,
+                     help="global batches of the validation split per evaluation (default 8)")
+    run.add_argument("--out", default=None,
+                     help="write DIR/log.jsonl (every step and evaluation) and DIR/loss.png "
+                          "(the curves) as the run goes")
+    run.add_argument("--sample", type=int, default=0,
+                     help="at the end, print N tokens generated by the trained model")
+    run.add_argument("--prompt", default=None,
+                     help="the text the sample continues (default: the validation split's "
+                          "first tokens)")
+    run.add_argument("--temperature", type=float, default=0.8,
+                     help="sampling temperature (0: greedy; default 0.8)")
     run.add_argument("--checkpoint-dir", default=None)
     run.add_argument("--checkpoint-every", type=int, default=0,
                      help="also save every N steps (0: only at the end)")
@@ -142,9 +183,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                      help="seconds before a stuck collective ends the run")
     args = parser.parse_args(argv)
     for name in ("dp", "tp", "pp", "cp", "ep", "top_k", "steps", "batch", "layers", "hidden", "heads", "seq",
-                 "vocab", "log_every", "chunks"):
+                 "log_every", "chunks", "eval_batches"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("eval_every", "sample", "temperature"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be at least 0")
+    try:
+        complete_data(args)
+    except ValueError as error:
+        parser.error(str(error))
     if args.kv_heads is not None and args.kv_heads < 1:
         parser.error("--kv-heads must be at least 1")
     if args.resume and not args.checkpoint_dir:
@@ -155,6 +203,57 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.lr = DEFAULT_LR[args.optimizer]
     complete_optimisation(args)
     return args
+
+
+def complete_data(args) -> None:
+    """``--vocab`` from the corpus when not given (128 without ``--data``), refused when the
+    corpus has larger token ids."""
+    if args.data is None:
+        args.vocab = 128 if args.vocab is None else args.vocab
+    else:
+        needed = corpus_of(args).vocab_size
+        if args.vocab is not None and args.vocab < needed:
+            raise ValueError(f"--vocab {args.vocab} is smaller than the corpus's vocabulary "
+                             f"({needed})")
+        args.vocab = needed if args.vocab is None else args.vocab
+    if args.vocab < 1:
+        raise ValueError(f"--vocab must be at least 1, got {args.vocab}")
+
+
+_corpora: dict[str, Corpus] = {}
+
+
+def corpus_of(args) -> Corpus:
+    """``--data``'s corpus, read once per process (its splits are memmaps when prepared)."""
+    if args.data not in _corpora:
+        _corpora[args.data] = load_corpus(args.data)
+    return _corpora[args.data]
+
+
+def training_data(args):
+    """The global batches of the run: ``--data``'s, each rank reading its share, or the
+    in-memory counting sequences. Both have ``rank_batch(step, context)`` and
+    ``global_batch(step)``."""
+    if args.data is None:
+        return parallel_gpt.BatchList(parallel_gpt.make_dataset(
+            args.seed, args.steps, args.batch, args.seq, args.vocab))
+    return ShardedBatches(corpus_of(args).train, args.seq, args.batch, args.seed)
+
+
+def validation_data(args):
+    """The batches every evaluation reads: the validation split's first ``--eval-batches``
+    global batches in corpus order (fewer when the split is shorter), or in-memory sequences
+    of another seed."""
+    if args.data is None:
+        return parallel_gpt.BatchList(parallel_gpt.make_dataset(
+            args.seed + 1, args.eval_batches, args.batch, args.seq, args.vocab))
+    return ShardedBatches(corpus_of(args).val, args.seq, args.batch, shuffle=False,
+                          name="validation")
+
+
+def evaluation_batches(args, batches) -> int:
+    return (args.eval_batches if isinstance(batches, parallel_gpt.BatchList)
+            else min(args.eval_batches, batches.windows // args.batch))
 
 
 def complete_optimisation(args) -> None:
@@ -214,6 +313,10 @@ def check_composition(args) -> TrainingPlan:
         check_router(args.hidden, args.experts, args.top_k, None)
     plan.check(model_config(args), args.batch, args.experts,
                optimizer=make_optimizer(args, [torch.zeros(1)]))
+    if args.data is not None:  # enough tokens for a batch of each split
+        training_data(args)
+        if args.eval_every or args.steps:
+            validation_data(args)
     saved = checkpoint.read_run(args.checkpoint_dir) if args.resume else None
     if saved is not None:
         _check_resumable(saved, args)
@@ -284,14 +387,28 @@ def train_one_device(args) -> tuple[list[float], dict]:
     layout (the tests' oracle). Returns the losses and the final parameters by name."""
     torch.manual_seed(args.seed)
     gpt = build_gpt(args)
-    dataset = parallel_gpt.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
+    data = training_data(args)
+    dataset = [data.global_batch(step) for step in range(args.steps)]
     return parallel_gpt.train_single_device(gpt, dataset, lambda p: make_optimizer(args, p),
                                            args.dtype, max_norm=args.clip_grad,
                                            lr_at=schedule(args).lr_at)
 
 
 def data_info(args) -> dict:
-    return {"seed": args.seed, "batch": args.batch, "seq": args.seq, "vocab": args.vocab}
+    """The data stream a checkpoint continues: its corpus, seed and batch shape."""
+    corpus = None if args.data is None else {"name": corpus_of(args).name,
+                                             "fingerprint": corpus_of(args).fingerprint()}
+    return {"seed": args.seed, "batch": args.batch, "seq": args.seq, "vocab": args.vocab,
+            "corpus": corpus}
+
+
+def stream_position(args, step: int) -> dict:
+    """Where the data stream stands after ``step`` steps: the samples consumed (each global
+    batch the next ``--batch`` of the seeded order) and the epochs of the corpus they span."""
+    position = {"samples": step * args.batch}
+    if args.data is not None:
+        position["epochs"] = training_data(args).epoch_of(step)
+    return position
 
 
 def _check_resumable(saved: dict, args) -> None:
@@ -304,7 +421,8 @@ def _check_resumable(saved: dict, args) -> None:
               "experts": [args.experts, args.top_k] if args.experts else [0, 0],
               "optimizer kind": args.optimizer,
               "learning-rate schedule": dataclasses.asdict(schedule(args))}
-    found = {"config": shape(saved["config"]), "data": saved["data"],
+    found = {"config": shape(saved["config"]),
+             "data": {key: saved["data"].get(key) for key in data_info(args)},
              "experts": saved["experts"],
              "optimizer kind": saved["optimizer"]["kind"],
              "learning-rate schedule": saved["optimizer"].get("schedule")}
@@ -312,6 +430,10 @@ def _check_resumable(saved: dict, args) -> None:
         if value != found[what]:
             raise ValueError(f"cannot resume: the checkpoint's {what} is {found[what]}, this "
                              f"run's is {value}")
+    position = saved["data"].get("position", stream_position(args, saved["step"]))
+    if position["samples"] != saved["step"] * args.batch:
+        raise ValueError(f"cannot resume: the checkpoint's data stream is at sample "
+                         f"{position['samples']}, not step {saved['step']} x --batch {args.batch}")
     if saved["step"] > args.steps:
         raise ValueError(f"cannot resume: the checkpoint is at step {saved['step']}, after "
                          f"--steps {args.steps}")
@@ -319,14 +441,74 @@ def _check_resumable(saved: dict, args) -> None:
 
 def _say(*parts) -> None:
     if dist.get_rank() == 0:
-        print(*parts, flush=True)
+        tqdm.write(" ".join(str(part) for part in parts))  # above the progress bar, if any
+
+
+def progress_bar(args, start: int) -> tqdm | None:
+    """Rank 0's progress bar on standard error (step, loss, tokens/s, time left), with
+    ``--progress`` or, by default, when standard error is a terminal."""
+    shown = args.progress if args.progress is not None else sys.stderr.isatty()
+    if dist.get_rank() != 0 or not shown:
+        return None
+    return tqdm(total=args.steps, initial=start, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+
+def describe_run(args, start: int) -> str:
+    cp = f" x cp {args.cp}" if args.cp > 1 else ""
+    data = (corpus_of(args).describe() if args.data else "in-memory counting sequences")
+    return (f"training dp {args.dp} x tp {args.tp}{cp} x pp {args.pp} = {world_size_of(args)} "
+            f"ranks ({dist.get_backend()}), {args.model}, {args.schedule} with "
+            f"{args.microbatches} micro-batches, {args.dtype}, " + ("sp, " if args.sp else "")
+            + (f"{args.experts} experts (top {args.top_k}) over ep {args.ep}, " if args.experts
+               else "")
+            + f"dp-kind {args.dp_kind}, recompute {args.recompute}, "
+            + (f"steps {start + 1}..{args.steps}" if start < args.steps else "no steps left")
+            + (f" (resumed at step {start})" if start else "") + f"; data: {data}")
+
+
+def validation_loss(args, model, context) -> float:
+    """The mean loss of the validation batches (each rank its share), the same on every rank."""
+    batches = validation_data(args)
+    count = evaluation_batches(args, batches)
+    losses = [evaluate(model, *batches.rank_batch(index, context)) for index in range(count)]
+    return torch.stack(losses).mean().item()
+
+
+def sample_text(args, model) -> str | None:
+    """``--sample`` tokens from the trained model, on rank 0 (None elsewhere): the model's
+    whole state gathered (collective: every rank calls this) into the single-device GPT,
+    which continues ``--prompt`` (or the validation split's first tokens)."""
+    state = parallel_gpt.gather_full_state(model)
+    if dist.get_rank() != 0:
+        return None
+    torch.manual_seed(args.seed)
+    gpt = build_gpt(args)
+    gpt.load_state_dict(state)
+    gpt.to(current_device())
+    text_corpus = args.data is not None and corpus_of(args).tokenizer == "bytes"
+    if args.prompt is not None:
+        prompt = torch.from_numpy(encode(args.prompt).astype("int64"))
+    else:
+        prompt = validation_data(args).global_batch(0)[0][0, :max(1, args.seq // 2)]
+    ids = generate(gpt, prompt, args.sample, args.temperature, seed=args.seed)
+    if not text_corpus:
+        return " ".join(str(int(i)) for i in ids)
+    return decode(ids[:len(prompt)].tolist()) + "\u2502" + decode(ids[len(prompt):].tolist())
+
+
+def save_curve(log: RunLog, args, entropy: float | None) -> None:
+    reference = None if entropy is None else (entropy, "unigram entropy of the corpus")
+    title = f"{args.model}, {corpus_of(args).name if args.data else 'counting sequences'}"
+    plot_loss_curve(log.records, title, reference).savefig(
+        os.path.join(args.out, "loss.png"), dpi=120)
 
 
 def train_on_rank(args, plan: TrainingPlan) -> dict:
     """The training run, on one rank of an initialised default group of dp*tp*cp*pp ranks,
     under ``plan`` as :func:`check_composition` checked it (the ranks trust it). Returns
     {"start_step", "losses" and "grad_norms" (this run's steps, the global gradient norms
-    before clipping), "seconds"} (the same on every rank)."""
+    before clipping), "val_losses" ([step, loss] of each evaluation), "sample" (rank 0's text,
+    with ``--sample``), "seconds"} (the same on every rank but the sample)."""
     context = plan.dims.build()
     torch.manual_seed(args.seed)
     gpt = build_gpt(args)
@@ -339,28 +521,26 @@ def train_on_rank(args, plan: TrainingPlan) -> dict:
         checkpoint.load(args.checkpoint_dir, saved, model, optimizer)
         torch.set_rng_state(saved["rng"])
         start = saved["step"]
-    dataset = parallel_gpt.make_dataset(args.seed, args.steps, args.batch, args.seq, args.vocab)
-
-    backend = dist.get_backend()
-    cp = f" x cp {args.cp}" if args.cp > 1 else ""
-    _say(f"training dp {args.dp} x tp {args.tp}{cp} x pp {args.pp} = {dist.get_world_size()} "
-         f"ranks ({backend}), {args.model}, {args.schedule} with {args.microbatches} "
-         f"micro-batches, {args.dtype}, " + ("sp, " if args.sp else "")
-         + (f"{args.experts} experts (top {args.top_k}) over ep {args.ep}, " if args.experts
-            else "")
-         + f"dp-kind {args.dp_kind}, recompute {args.recompute}, "
-         + (f"steps {start + 1}..{args.steps}" if start < args.steps else "no steps left")
-         + (f" (resumed at step {start})" if start else ""))
+    data = training_data(args)
+    leader = dist.get_rank() == 0
+    _say(describe_run(args, start))
+    entropy = unigram_entropy(corpus_of(args).train, args.vocab) if args.data else None
+    log = RunLog(args.out) if args.out and leader else None
+    bar = progress_bar(args, start)
+    evaluate_at = {args.steps} if args.data else set()
+    if args.eval_every:
+        evaluate_at |= set(range(args.eval_every, args.steps + 1, args.eval_every))
     tokens_per_step, lr_at = args.batch * args.seq, schedule(args).lr_at
     wait_for_device()
-    losses, norms = [], []  # 0-d tensors on the device, read when logged
+    losses, norms, val_losses = [], [], []  # losses, norms: 0-d tensors, read when logged
     began = time.perf_counter()
     window_start, window_steps = began, 0
     for step in range(start, args.steps):
         done, window_steps = step + 1, window_steps + 1
         set_lr(optimizer, lr_at(done))  # a function of the step: the same after a resume
-        result = parallel_gpt.train_step(model, *dataset[step], optimizer, return_report=True,
-                                        max_norm=args.clip_grad)
+        tokens, targets = data.rank_batch(step, context)
+        result = parallel_gpt.train_step_on_share(model, tokens, targets, optimizer,
+                                                  return_report=True, max_norm=args.clip_grad)
         losses.append(result.loss)
         norms.append(result.grad_norm)
         if done % args.log_every == 0 or done == args.steps:
@@ -368,24 +548,53 @@ def train_on_rank(args, plan: TrainingPlan) -> dict:
             wait_for_device()
             now = time.perf_counter()
             rate = window_steps * tokens_per_step / max(now - window_start, 1e-9)
-            _say(f"step {done}/{args.steps} loss {loss:.8f} grad_norm {norms[-1].item():.4f} "
-                 f"lr {lr_at(done):.3e} tokens/s {rate:.0f} elapsed {now - began:.2f}s")
+            line = dict(step=done, loss=loss, grad_norm=norms[-1].item(), lr=lr_at(done),
+                        tokens_per_s=rate, elapsed_s=now - began)
+            _say(f"step {done}/{args.steps} loss {loss:.8f} grad_norm {line['grad_norm']:.4f} "
+                 f"lr {line['lr']:.3e} tokens/s {rate:.0f} elapsed {now - began:.2f}s")
+            if log is not None:
+                log.write(**line)
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss:.4f}", tokens_per_s=f"{rate:.0f}", refresh=False)
             window_start, window_steps = now, 0
+        if bar is not None:
+            bar.update(1)
+        if done in evaluate_at:
+            val = validation_loss(args, model, context)
+            val_losses.append([done, val])
+            beside = "" if entropy is None else f" (unigram entropy of the corpus {entropy:.4f})"
+            _say(f"step {done}/{args.steps} validation loss {val:.6f}{beside}")
+            if log is not None:
+                log.write(step=done, val_loss=val)
+        if log is not None and (done in evaluate_at or done % max(1, args.steps // 10) == 0):
+            save_curve(log, args, entropy)  # the picture, as the run goes
         if args.checkpoint_dir and (done == args.steps or (
                 args.checkpoint_every and done % args.checkpoint_every == 0)):
             path = checkpoint.save(args.checkpoint_dir, model, optimizer, done,
-                                   optimizer_info(args), data_info(args))
+                                   optimizer_info(args),
+                                   {**data_info(args), "position": stream_position(args, done)})
             if path:
                 _say(f"saved checkpoint of step {done} to {path}")
     wait_for_device()
     seconds = time.perf_counter() - began
+    if bar is not None:
+        bar.close()
     if losses:  # one read of them all, after the clock stopped
         losses, norms = torch.stack(losses).tolist(), torch.stack(norms).tolist()
     tokens = len(losses) * tokens_per_step
     final = f"{losses[-1]:.8f}" if losses else "n/a"
     _say(f"done: {len(losses)} steps, final loss {final}, {tokens} tokens in {seconds:.2f}s "
          f"({tokens / max(seconds, 1e-9):.0f} tokens/s)")
-    return {"start_step": start, "losses": losses, "grad_norms": norms, "seconds": seconds}
+    if log is not None:
+        save_curve(log, args, entropy)
+        log.close()
+        _say(f"wrote {log.path} and {os.path.join(args.out, 'loss.png')}")
+    text = sample_text(args, model) if args.sample else None
+    if text is not None:
+        _say(f"sample ({args.sample} tokens, temperature {args.temperature}; the prompt ends at "
+             f"\u2502):\n{text}")
+    return {"start_step": start, "losses": losses, "grad_norms": norms, "val_losses": val_losses,
+            "sample": text, "seconds": seconds}
 
 
 def _run_under_torchrun(args) -> dict:

@@ -93,11 +93,23 @@ def train_step(model: ParallelGPT, tokens: torch.Tensor, targets: torch.Tensor,
     step (``grad_norm.clip_grad_norm_``; 0 measures the norm only, None skips it); the norm is
     the report's ``grad_norm``.
     """
+    context = model.context
+    return train_step_on_share(model, replica_slice(tokens, context),
+                               replica_slice(targets, context), optimizer, convention=convention,
+                               return_report=return_report, max_norm=max_norm)
+
+
+def train_step_on_share(model: ParallelGPT, tokens: torch.Tensor, targets: torch.Tensor,
+                        optimizer: torch.optim.Optimizer, *, convention: str = "megatron",
+                        return_report: bool = False,
+                        max_norm: float | None = None) -> torch.Tensor | StepResult:
+    """:func:`train_step` on this rank's share of the global batch (:func:`replica_slice`'s,
+    as a sharded data loader reads it: ``data/sharded_batches.py``)."""
     context, device = model.context, current_device()
     optimizer.zero_grad(set_to_none=True)
     # non_blocking: a copy from the host does not wait for the device's queued work
-    local_tokens = replica_slice(tokens, context).to(device, non_blocking=True)
-    local_targets = replica_slice(targets, context).to(device, non_blocking=True)
+    local_tokens = tokens.to(device, non_blocking=True)
+    local_targets = targets.to(device, non_blocking=True)
     m = model.schedule.microbatches
     micro_batch = local_tokens.shape[0] // m if local_tokens.shape[0] % m == 0 else None
     if micro_batch is None:
@@ -110,14 +122,18 @@ def train_step(model: ParallelGPT, tokens: torch.Tensor, targets: torch.Tensor,
     report = finish_gradients(model, convention)  # dp_kind's reduction, sp's sum over TP
     norm = None if max_norm is None else clip_grad_norm_(model, max_norm)
     optimizer.step()
-    # The rank's loss is its tokens' mean; the global mean averages the dp x cp shards (all of
-    # equal size).
-    loss, shards = run.loss, context.dp * context.cp
+    result = StepResult(mean_over_shards(run.loss, context), report, norm)
+    return result if return_report else result.loss
+
+
+def mean_over_shards(loss: torch.Tensor, context: ParallelContext) -> torch.Tensor:
+    """The global batch's mean loss from each rank's mean over its tokens: the mean over the
+    dp x cp shards (all of equal size), on every rank. In place."""
+    shards = context.dp * context.cp
     if shards > 1:
         dist.all_reduce(loss, group=context.groups.rdp_cp_or_rdp)
         loss /= shards
-    result = StepResult(loss, report, norm)
-    return result if return_report else result.loss
+    return loss
 
 
 def gather_full_state(model: ParallelGPT) -> dict[str, torch.Tensor]:
@@ -155,6 +171,21 @@ def make_dataset(seed: int, steps: int, batch: int, seq_len: int,
         sequence = torch.cat([start, start + steps_.cumsum(dim=1)], dim=1) % vocab_size
         data.append((sequence[:, :-1].contiguous(), sequence[:, 1:].contiguous()))
     return data
+
+
+class BatchList:
+    """Global batches held in memory (:func:`make_dataset`'s), read as a sharded loader is:
+    ``global_batch(step)``, and ``rank_batch(step, context)``, this rank's share."""
+
+    def __init__(self, batches: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.batches = batches
+
+    def global_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.batches[step]
+
+    def rank_batch(self, step: int, context: ParallelContext) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, targets = self.batches[step]
+        return replica_slice(tokens, context), replica_slice(targets, context)
 
 
 def train_single_device(gpt: GPT, dataset, make_optimizer, precision: str = "fp32", *,

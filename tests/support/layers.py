@@ -12,8 +12,8 @@ LAYERS = {
     "tp": 2, "cp": 2, "memory": 2,  # one dimension each, and activation memory
     "equivalence": 3,  # checks a parallel layer (tp) against the single-device one
     "moe": 3,
-    "data": 3,  # a corpus on disk, each rank's share of every batch (cp's load balance)
     "pipeline": 4,
+    "data": 4,  # a corpus on disk, each rank's share of every batch (split_batch, cp's layout)
     "hybrid": 5,
     "perf": 6,
     "figures": 7,
