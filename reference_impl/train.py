@@ -491,8 +491,9 @@ def sample_text(args, model) -> str | None:
     else:
         prompt = validation_data(args).global_batch(0)[0][0, :max(1, args.seq // 2)]
     ids = generate(gpt, prompt, args.sample, args.temperature, seed=args.seed)
-    if not text_corpus:
-        return " ".join(str(int(i)) for i in ids)
+    if not text_corpus:  # token ids of an unknown tokenizer
+        return " ".join(map(str, ids[:len(prompt)].tolist())) + " \u2502 " + " ".join(
+            map(str, ids[len(prompt):].tolist()))
     return decode(ids[:len(prompt)].tolist()) + "\u2502" + decode(ids[len(prompt):].tolist())
 
 

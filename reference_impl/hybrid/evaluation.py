@@ -3,9 +3,10 @@
 The pipeline's stages run in order, a chain of point-to-point messages (GPipe's forward with
 one micro-batch: no backward to interleave, so no schedule is needed); TP, SP, CP and EP run
 inside the stages as in training, and ZeRO-3 and FSDP2 gather their parameters in the forward
-as they do there. The last stage's loss is broadcast over the pipeline, then averaged over the
-dp x cp shards (``parallel_gpt.mean_over_shards``), so every rank returns the global batch's
-mean loss, the single-device model's on the same batch.
+as they do there (FSDP2's root units then shard theirs again: ``after_forward_only``). The
+last stage's loss is broadcast over the pipeline, then averaged over the dp x cp shards
+(``parallel_gpt.mean_over_shards``), so every rank returns the global batch's mean loss, the
+single-device model's on the same batch.
 """
 from __future__ import annotations
 
@@ -43,5 +44,6 @@ def evaluate(model: ParallelGPT, tokens: torch.Tensor, targets: torch.Tensor) ->
             x = model.stages[str(stage)](tokens if stage == 0 else x)
             if stage == last:
                 loss = model.loss_fn(x, targets).float()
+    model.dp_kind.after_forward_only(model)
     dist.broadcast(loss, src=dist.get_global_rank(group, schedule.rank_of(last)), group=group)
     return mean_over_shards(loss, model.context)

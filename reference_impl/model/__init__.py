@@ -1,6 +1,7 @@
 """The single-device model, every parallel component's oracle: the course's GPT and its
 Llama-style options (``gpt.py``), the attention core (``attention.py``), rotary positions,
-the Llama parts, mixed precision, master weights and the fused linear cross-entropy.
+the Llama parts, mixed precision, master weights, the fused linear cross-entropy, and text
+sampled from a trained GPT (``sampling.py``).
 """
 from reference_impl.lazy_exports import lazy_exports
 

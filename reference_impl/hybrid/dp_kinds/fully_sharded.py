@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from reference_impl.hybrid.dp_kinds.kind import DataParallelKind, Piece
 from reference_impl.model import Block
@@ -41,6 +41,13 @@ class FullyShardedFSDP2(DataParallelKind):
         _carry_marks(before, model)
         model.remap_names(before)
         model.dp_state = mesh
+
+    def after_forward_only(self, model) -> None:
+        """The root units keep their parameters gathered after the forward, for the backward
+        that would follow; with none coming, shard them again (every unit, to be sure)."""
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
     def reduce(self, model, convention: str):
         return None  # reduce-scattered in the backward

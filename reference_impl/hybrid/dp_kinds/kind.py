@@ -44,6 +44,10 @@ class DataParallelKind:
     def wrap(self, model) -> None:
         """After TP, CP and recomputation: what the backward needs (hooks, sharding)."""
 
+    def after_forward_only(self, model) -> None:
+        """After a forward with no backward (an evaluation): put back what the backward would
+        have (nothing here)."""
+
     def build_optimizer(self, model, optimizer) -> torch.optim.Optimizer:
         """The optimizer to step with, from one made over ``model.parameters()``."""
         self.check_optimizer(optimizer)

@@ -79,17 +79,25 @@ def single_device_validation(argv, state) -> float:
     return sum(losses) / len(losses)
 
 
-@pytest.mark.parametrize("layout", ["pp 2 x tp 2, interleaved", "dp 2 x cp 2 (llama)", "zero3"])
-def test_the_validation_loss_is_one_devices(corpus, layout):
-    flags = {"pp 2 x tp 2, interleaved": ["--pp", "2", "--tp", "2", "--schedule", "interleaved",
+EVALUATED = {"pp 2 x tp 2, interleaved": ["--pp", "2", "--tp", "2", "--schedule", "interleaved",
                                           "--chunks", "2", "--layers", "4"],
              "dp 2 x cp 2 (llama)": ["--dp", "2", "--cp", "2", "--model", "llama"],
-             "zero3": ["--dp", "2", "--dp-kind", "zero3"]}[layout]
-    argv = ["--data", corpus, "--steps", "4", "--eval-every", "2", "--eval-batches", "2", *TINY,
-            *flags]
+             "zero3": ["--dp", "2", "--dp-kind", "zero3"],
+             "fsdp2, dp 2 x pp 2": ["--dp", "2", "--pp", "2", "--dp-kind", "fsdp2"]}
+
+
+@pytest.mark.parametrize("layout", EVALUATED)
+def test_the_validation_loss_is_one_devices(corpus, layout):
+    """An evaluation mid-run and at the end: the single-device model's loss on the validation
+    batches, the training around it unchanged (the losses still one device's), and the weights
+    still gathered whole after it (the sample reads them)."""
+    argv = ["--data", corpus, "--steps", "4", "--eval-every", "2", "--eval-batches", "2",
+            "--sample", "2", *TINY, *EVALUATED[layout]]
     result = train.main(argv)
     assert [step for step, _ in result["val_losses"]] == [2, 4]
-    _, state = one_device(argv)
+    losses, state = one_device(argv)
+    assert_close(torch.tensor(result["losses"]), torch.tensor(losses),
+                 f"the losses around the evaluations ({layout}) vs one device", atol=ATOL)
     expected = single_device_validation(argv, state)
     assert_close(torch.tensor(result["val_losses"][-1][1]), torch.tensor(expected),
                  f"the validation loss after 4 steps ({layout}) vs one device", atol=ATOL)
