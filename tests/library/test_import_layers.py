@@ -144,3 +144,11 @@ def test_the_library_imports_no_entry_point():
 def test_a_circle_is_found():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_top_level_keeps_to_entry_points_and_the_base():
+    """The top of ``reference_impl/`` holds the trainer and the few modules everything checks
+    with; the rest lives in its package (the single-device model in ``model/``)."""
+    top = sorted(path.name for path in LIBRARY.glob("*.py"))
+    assert len(top) <= 8, f"{len(top)} modules at the top of reference_impl/: {top}"
+    assert set(LAYERS) >= {Path(name).stem for name in top} - {"__init__"}, "a layer for each"

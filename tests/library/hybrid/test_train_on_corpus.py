@@ -50,6 +50,10 @@ LAYOUTS = {
     "zero2, dp 4": ["--dp", "4", "--dp-kind", "zero2"],
     "zero3, dp 2 x tp 2": ["--dp", "2", "--tp", "2", "--dp-kind", "zero3"],
     "fsdp2, dp 2": ["--dp", "2", "--dp-kind", "fsdp2"],
+    "pp 2, interleaved, ddp_hooks dp 2": ["--pp", "2", "--schedule", "interleaved", "--chunks",
+                                          "2", "--dp", "2", "--dp-kind", "ddp_hooks"],
+    "ep 2 x dp 2, 4 experts (llama)": ["--dp", "2", "--ep", "2", "--experts", "4", "--model",
+                                       "llama"],
 }
 
 
