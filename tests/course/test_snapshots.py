@@ -1,5 +1,6 @@
 """The graded checks' snapshots are what the reference gives today, and bad keys are named."""
 import pytest
+import torch
 
 from reference_impl.course import snapshots
 
@@ -21,3 +22,16 @@ def test_a_missing_key_names_the_keys_there_are():
     (1, 1, True), (1, 1.0, False), ([1, 2], (1, 2), False), ({"x": [1]}, {"x": [1]}, True)])
 def test_values_compare_with_their_types(a, b, equal):
     assert snapshots.same(a, b) is equal
+
+
+def test_another_builds_rounding_is_not_a_stale_snapshot():
+    """A GPU build of torch rounds differently: floating-point tensors agree within the graded
+    checks' tolerance; integers, shapes and dtypes still exactly."""
+    x = torch.linspace(1, 2, 5)
+    rounded = x * (1 + 3e-7)
+    assert not snapshots.same(x, rounded) and snapshots.same(x, rounded, across_builds=True)
+    assert not snapshots.same(x, x + 1e-3, across_builds=True)
+    half = x.bfloat16()
+    assert snapshots.same(half, half + 0.0078125, across_builds=True)
+    assert not snapshots.same(torch.arange(3), torch.arange(3) + 1, across_builds=True)
+    assert not snapshots.same(x, x.double(), across_builds=True)

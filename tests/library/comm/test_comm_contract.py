@@ -64,13 +64,15 @@ def traced_all_to_alls():
     groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     group = groups[rank % 2]
     theirs = [member + 1 for member in dist.get_process_group_ranks(group)]
+    # gloo's all-to-all takes CPU tensors only (four ranks sharing one GPU run gloo)
+    device = "cpu" if dist.get_backend() == "gloo" else None
     with CommTracer() as trace:
-        rows = torch.ones(2 * (rank + 1), 3)
-        received = torch.empty(sum(theirs), 3)
+        rows = torch.ones(2 * (rank + 1), 3, device=device)
+        received = torch.empty(sum(theirs), 3, device=device)
         dist.all_to_all_single(received, rows, output_split_sizes=theirs,
                                input_split_sizes=[rank + 1] * 2, group=group)
-        outputs = [torch.empty(2) for _ in range(4)]
-        dist.all_to_all(outputs, [torch.full((2,), float(rank)) for _ in range(4)])
+        outputs = [torch.empty(2, device=device) for _ in range(4)]
+        dist.all_to_all(outputs, [torch.full((2,), float(rank), device=device) for _ in range(4)])
     return [call.as_data() for call in trace.calls]
 
 
