@@ -526,7 +526,7 @@ def train_on_rank(args, plan: TrainingPlan) -> dict:
     leader = dist.get_rank() == 0
     _say(describe_run(args, start))
     entropy = unigram_entropy(corpus_of(args).train, args.vocab) if args.data else None
-    log = RunLog(args.out) if args.out and leader else None
+    log = RunLog(args.out, after=start) if args.out and leader else None
     bar = progress_bar(args, start)
     evaluate_at = {args.steps} if args.data else set()
     if args.eval_every:
@@ -534,7 +534,7 @@ def train_on_rank(args, plan: TrainingPlan) -> dict:
     tokens_per_step, lr_at = args.batch * args.seq, schedule(args).lr_at
     wait_for_device()
     losses, norms, val_losses = [], [], []  # losses, norms: 0-d tensors, read when logged
-    began = time.perf_counter()
+    began = drawn = time.perf_counter()
     window_start, window_steps = began, 0
     for step in range(start, args.steps):
         done, window_steps = step + 1, window_steps + 1
@@ -545,16 +545,18 @@ def train_on_rank(args, plan: TrainingPlan) -> dict:
         losses.append(result.loss)
         norms.append(result.grad_norm)
         if done % args.log_every == 0 or done == args.steps:
-            loss = losses[-1].item()  # the host reads the loss only here (and waits for it)
+            # the host reads the window's losses only here (and waits for them), all at once
+            window = torch.stack(losses[-window_steps:] + norms[-window_steps:]).tolist()
             wait_for_device()
             now = time.perf_counter()
             rate = window_steps * tokens_per_step / max(now - window_start, 1e-9)
-            line = dict(step=done, loss=loss, grad_norm=norms[-1].item(), lr=lr_at(done),
-                        tokens_per_s=rate, elapsed_s=now - began)
-            _say(f"step {done}/{args.steps} loss {loss:.8f} grad_norm {line['grad_norm']:.4f} "
-                 f"lr {line['lr']:.3e} tokens/s {rate:.0f} elapsed {now - began:.2f}s")
-            if log is not None:
-                log.write(**line)
+            loss, norm = window[window_steps - 1], window[-1]
+            _say(f"step {done}/{args.steps} loss {loss:.8f} grad_norm {norm:.4f} "
+                 f"lr {lr_at(done):.3e} tokens/s {rate:.0f} elapsed {now - began:.2f}s")
+            for back in range(window_steps if log is not None else 0):  # every step's record
+                number = done - window_steps + 1 + back
+                log.write(step=number, loss=window[back], grad_norm=window[window_steps + back],
+                          lr=lr_at(number), tokens_per_s=rate, elapsed_s=now - began)
             if bar is not None:
                 bar.set_postfix(loss=f"{loss:.4f}", tokens_per_s=f"{rate:.0f}", refresh=False)
             window_start, window_steps = now, 0
@@ -567,8 +569,9 @@ def train_on_rank(args, plan: TrainingPlan) -> dict:
             _say(f"step {done}/{args.steps} validation loss {val:.6f}{beside}")
             if log is not None:
                 log.write(step=done, val_loss=val)
-        if log is not None and (done in evaluate_at or done % max(1, args.steps // 10) == 0):
-            save_curve(log, args, entropy)  # the picture, as the run goes
+        if log is not None and (done in evaluate_at or time.perf_counter() - drawn > 30):
+            save_curve(log, args, entropy)  # the picture, as the run goes (a few 0.1 s)
+            drawn = time.perf_counter()
         if args.checkpoint_dir and (done == args.steps or (
                 args.checkpoint_every and done % args.checkpoint_every == 0)):
             path = checkpoint.save(args.checkpoint_dir, model, optimizer, done,

@@ -12,15 +12,18 @@ import os
 
 
 class RunLog:
-    """Appends records to ``directory/log.jsonl`` (a resumed run continues the file) and keeps
-    them for the loss curve."""
+    """Writes records to ``directory/log.jsonl`` and keeps them for the loss curve. A run
+    resumed at step ``after`` keeps the file's records up to it and drops the later ones (a
+    longer run's, whose checkpoint was older)."""
 
     FILE = "log.jsonl"
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, after: int = 0):
         os.makedirs(directory, exist_ok=True)
         self.path = os.path.join(directory, self.FILE)
-        self.records = read_log(self.path)
+        self.records = [record for record in read_log(self.path) if record["step"] <= after]
+        with open(self.path, "w", encoding="utf-8") as file:
+            file.writelines(json.dumps(record) + "\n" for record in self.records)
         self._file = open(self.path, "a", encoding="utf-8")
 
     def write(self, **record) -> None:

@@ -156,13 +156,14 @@ def test_the_command_line_shows_logs_plots_and_samples(corpus, tmp_path):
     out = tmp_path / "run"
     command = [sys.executable, "-m", "reference_impl.train", "--data", corpus, "--steps", "6",
                "--eval-every", "3", "--out", str(out), "--sample", "20", "--progress",
+               "--log-every", "4",
                "--pp", "2", *TINY]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "6/6 [" in done.stderr and "loss=" in done.stderr, "a tqdm bar with the loss"
     assert "validation loss" in done.stdout and "unigram entropy of the corpus" in done.stdout
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4, 5, 6], "every step's"
     assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
     sample = done.stdout.split("the prompt ends at \u2502):\n", 1)[1]
