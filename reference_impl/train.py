@@ -570,8 +570,10 @@ def train_on_rank(args, plan: TrainingPlan) -> dict:
             if log is not None:
                 log.write(step=done, val_loss=val)
         if log is not None and (done in evaluate_at or time.perf_counter() - drawn > 30):
+            before = time.perf_counter()
             save_curve(log, args, entropy)  # the picture, as the run goes (a few 0.1 s)
             drawn = time.perf_counter()
+            window_start += drawn - before  # not counted against the tokens/s
         if args.checkpoint_dir and (done == args.steps or (
                 args.checkpoint_every and done % args.checkpoint_every == 0)):
             path = checkpoint.save(args.checkpoint_dir, model, optimizer, done,
