@@ -562,6 +562,7 @@ def train_on_rank(args, plan: TrainingPlan) -> dict:
             window_start, window_steps = now, 0
         if bar is not None:
             bar.update(1)
+        paused = time.perf_counter()  # evaluating and drawing: not counted in the tokens/s
         if done in evaluate_at:
             val = validation_loss(args, model, context)
             val_losses.append([done, val])
@@ -570,10 +571,9 @@ def train_on_rank(args, plan: TrainingPlan) -> dict:
             if log is not None:
                 log.write(step=done, val_loss=val)
         if log is not None and (done in evaluate_at or time.perf_counter() - drawn > 30):
-            before = time.perf_counter()
             save_curve(log, args, entropy)  # the picture, as the run goes (a few 0.1 s)
             drawn = time.perf_counter()
-            window_start += drawn - before  # not counted against the tokens/s
+        window_start += time.perf_counter() - paused
         if args.checkpoint_dir and (done == args.steps or (
                 args.checkpoint_every and done % args.checkpoint_every == 0)):
             path = checkpoint.save(args.checkpoint_dir, model, optimizer, done,
