@@ -6,9 +6,9 @@ got because of it, and an error from inside the communication backend gets the m
 most often causes it (:func:`likely_cause`). :class:`LaunchTimeout`: some ranks did not return
 in time; each stuck rank is asked for its Python stack (faulthandler on SIGUSR1,
 :func:`dump_stacks`) and the error shows where it was. A rank that died without a word is
-described by its exit code or signal (:func:`receive`); whether the rank server itself died is
-read from ``/proc`` (:func:`has_died`). :func:`reference_impl.comm.launcher.launch` raises
-them.
+described by its exit code or signal, and a result over the bytes a rank may send is left
+unread (:func:`receive`); whether the rank server itself died is read from ``/proc``
+(:func:`has_died`). :func:`reference_impl.comm.launcher.launch` raises them.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 
+from reference_impl.comm import data_budget
 from reference_impl.comm.rank_payloads import load
 
 _STACK_DUMP_WAIT = 0.5  # seconds for a stuck rank to write its stack after SIGUSR1
@@ -78,10 +79,16 @@ class LaunchTimeout(TimeoutError):
 def receive(connection, process, result_kind):
     """The rank's message, or an error message saying how it died without sending one."""
     if connection.poll():
+        limit = data_budget.MAX_MESSAGE_BYTES if result_kind == "data" else None
         try:
-            return load(connection.recv_bytes(), result_kind)
+            return load(connection.recv_bytes(limit), result_kind)
         except EOFError:  # closed with nothing sent: the rank died
             pass
+        except OSError as error:  # over the limit: left unread, and the connection closed
+            if limit is None or "message length" not in str(error):
+                raise
+            return ("error", "ResultOverBudget", f"the rank's result is over "
+                    f"{limit:,} bytes, the limit of what a rank may send", "")
     process.join(timeout=1.0)
     code = process.exitcode
     if code is not None and code < 0:
@@ -98,10 +105,16 @@ def likely_cause(texts) -> str | None:
 
 
 def root_cause(failures) -> RankFailure:
-    """Prefer a rank's own error over the connection errors its peers got because of it."""
+    """Prefer a rank's own error over the connection errors its peers got because of it.
+
+    Of the ranks that raised the first error heard, the lowest is reported, and the others are
+    listed by rank: the same failure reads the same whichever rank's message arrived first.
+    """
     own = [f for f in failures if not _is_knock_on(*f[1:3])]
-    rank, kind, text, remote_traceback = (own or failures)[0]
-    others = [(r, f"{k}: {t}".splitlines()[0]) for r, k, t, _ in failures if r != rank]
+    first = (own or failures)[0]
+    rank, kind, text, remote_traceback = min(
+        (f for f in failures if f[1:3] == first[1:3]), key=lambda f: f[0])
+    others = sorted((r, f"{k}: {t}".splitlines()[0]) for r, k, t, _ in failures if r != rank)
     summary = f"{kind}: {text}" if kind != "ProcessDied" else text
     return RankFailure(rank, summary, remote_traceback, others)
 

@@ -2,7 +2,8 @@
 
 The work goes by value (cloudpickle); a rank's result comes back by cloudpickle, or with
 ``results="data"`` as ``torch.save`` bytes read with ``torch.load(weights_only=True)``, which runs
-no code of the sender's; a rank's output is capped at ``output_limit`` bytes
+no code of the sender's, then held to :mod:`reference_impl.comm.data_budget`'s bounds before
+anything formats it; a rank's output is capped at ``output_limit`` bytes
 (:class:`CappedOutput`). :func:`reference_impl.comm.launcher.launch` uses them. What each
 carries: docs/library.md, 'Running code on many ranks'.
 """
@@ -20,6 +21,8 @@ import warnings
 
 import cloudpickle
 import torch
+
+from reference_impl.comm import data_budget
 
 RESULT_KINDS = ("any", "data")  # how a rank's return value travels: cloudpickle, or data only
 _OUTPUT_JOIN = 2.0  # seconds to wait for the last of a rank's output after it ended
@@ -56,17 +59,24 @@ def _by_name_if_main_is_a_module(fn):
     return found if callable(found) else fn
 
 
-def on_cpu(value):
-    """``value`` with every tensor in it (also inside lists, tuples and dicts) on the CPU."""
+def on_cpu(value, _done: dict | None = None):
+    """``value`` with every tensor in it (also inside lists, tuples and dicts) on the CPU; what
+    it holds more than once is copied once and stays shared, so the copy is no larger."""
+    done = {} if _done is None else _done  # id of a value -> its copy
+    if id(value) in done:
+        return done[id(value)]
     if isinstance(value, torch.Tensor):
-        return value if value.device.type == "cpu" else value.detach().cpu()
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
-        return type(value)(*(on_cpu(item) for item in value))
-    if isinstance(value, (list, tuple)):
-        return type(value)(on_cpu(item) for item in value)
-    if isinstance(value, dict):
-        return type(value)((key, on_cpu(item)) for key, item in value.items())
-    return value
+        copy = value if value.device.type == "cpu" else value.detach().cpu()
+    elif isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        copy = type(value)(*(on_cpu(item, done) for item in value))
+    elif isinstance(value, (list, tuple)):
+        copy = type(value)(on_cpu(item, done) for item in value)
+    elif isinstance(value, dict):
+        copy = type(value)((key, on_cpu(item, done)) for key, item in value.items())
+    else:
+        return value
+    done[id(value)] = copy
+    return copy
 
 
 class WorkNotLoadable(RuntimeError):
@@ -118,6 +128,10 @@ def load(data: bytes, result_kind: str):
         reason = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
         found = f"it holds a {reason.group(1)}" if reason else type(error).__name__
         return ("error", "ResultNotData", _NOT_DATA.format(found), "")
+    try:  # before anything formats or compares it
+        data_budget.check(message, "the rank's result")
+    except data_budget.OverBudget as error:
+        return ("error", "ResultOverBudget", str(error), "")
     well_formed = isinstance(message, tuple) and (
         (len(message) == 2 and message[0] == "ok")
         or (len(message) == 4 and message[0] == "error"

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import stat
 import threading
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 
 from reference_impl.comm.sandbox import Sandbox
 from reference_impl.course import sandboxing, sweeps, syllabus
+from reference_impl.course.grade.safe_text import head_and_tail
 from reference_impl.course.grading import Implementation, reference_imports
 from reference_impl.comm.device import BACKENDS, gpu_count
 from reference_impl.comm.launcher import DEFAULT_TIMEOUT, launch
@@ -34,6 +36,9 @@ DEFAULT_AFTER_HANG = 5.0  # seconds a launch may take once the submission has hu
 DEFAULT_OUTPUT_LIMIT = 8_000  # bytes of each rank's output kept, per launch
 DEFAULT_SUBMISSION_BUDGET = 900.0  # seconds a graded run of one submission may take
 LOG_TEXT_LIMIT = 8_000  # characters of a test's failure message or output in the grading log
+# Bytes of a student file read in pytest's own process, to look for imports of the reference: 15
+# times the largest exercise file (zero.py, 17.5 kB); parsing costs hundreds of times its size.
+SOURCE_LIMIT = 256 << 10
 _LAB_MARKER = re.compile(r"^lab\d+$")
 
 
@@ -156,7 +161,7 @@ class GradedRun:
         self.hidden_tests = set()  # the nodeids of the graded tests marked hidden
         if self.implementation.folder is not None:
             for name, labs in syllabus.labs_of_files().items():
-                for finding in reference_imports(self.implementation.folder, [name]):
+                for finding in imports_of_the_reference(self.implementation.folder, name):
                     self.findings.append((labs, finding))
                     self.write(event="flag", labs=labs, text=finding)
 
@@ -215,6 +220,30 @@ class GradedRun:
             return ""
         return (f" (the submission already hung in {self.hung_in}, so launches after it get "
                 f"at most {self.after_hang:g} s)")
+
+
+def imports_of_the_reference(folder: Path, name: str) -> list[str]:
+    """Where student file ``<name>.py`` imports the reference it must write (see
+    :func:`reference_imports`), read in pytest's own process within :data:`SOURCE_LIMIT`
+    bytes: a file that is larger, not a plain file, or that the parser cannot take is not
+    read, and is flagged for a look by hand (no pass, no crash)."""
+    path = folder / f"{name}.py"
+    if not path.exists():
+        return []  # the graded tests report it
+    unchecked = f"{path.name} was not checked for imports of the reference implementation"
+    try:
+        found = path.stat()
+    except OSError as error:
+        return [f"{unchecked}: {type(error).__name__}"]
+    if not stat.S_ISREG(found.st_mode):
+        return [f"{unchecked}: it is not a plain file (look at it by hand)"]
+    if found.st_size > SOURCE_LIMIT:
+        return [f"{unchecked}: it is {found.st_size:,} bytes, more than the {SOURCE_LIMIT:,} "
+                "the check reads (look at it by hand)"]
+    try:
+        return reference_imports(folder, [name])
+    except (ValueError, RecursionError, MemoryError, OSError) as error:
+        return [f"{unchecked}: the parser could not read it ({type(error).__name__})"]
 
 
 def pytest_generate_tests(metafunc):
@@ -282,12 +311,6 @@ def run_alone(request, tmp_path_factory):
                                              tmp_path_factory.getbasetemp())[0]
 
     return run
-
-
-def _capped(text: str) -> str:
-    if len(text) <= LOG_TEXT_LIMIT:
-        return text
-    return f"[... {len(text) - LOG_TEXT_LIMIT} characters left out ...]\n" + text[-LOG_TEXT_LIMIT:]
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -374,8 +397,9 @@ def _write_report(report, lab, phase):
     grading.write(event="report", nodeid=report.nodeid, lab=lab, phase=phase,
                   hidden=_in_hidden_tier(report.nodeid, grading), outcome=report.outcome,
                   duration=getattr(report, "duration", 0.0),
-                  message=_capped(report.longreprtext if report.failed else ""),
-                  output=_capped(output) if report.failed else "")
+                  message=head_and_tail(report.longreprtext if report.failed else "",
+                                        LOG_TEXT_LIMIT),
+                  output=head_and_tail(output, LOG_TEXT_LIMIT) if report.failed else "")
 
 
 def _in_hidden_tier(nodeid: str, grading) -> bool:

@@ -9,6 +9,8 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from reference_impl.course.grade.safe_text import head_and_tail
+
 MESSAGE_LIMIT = 4_000  # characters of a failing test's output kept
 
 
@@ -77,11 +79,12 @@ def read_log(log: Path) -> list[dict]:
 
 
 def the_mistake(message: str) -> str:
-    """The lines of a pytest failure that say what is wrong (its ``E`` lines), capped."""
+    """The lines of a pytest failure that say what is wrong (its ``E`` lines), their first and
+    last parts when they are long."""
     lines = [line[4:] if line.startswith("E   ") else line[1:].strip()
              for line in message.splitlines() if line.startswith("E ")]
     text = "\n".join(lines) if lines else message.strip()
-    return text if len(text) <= MESSAGE_LIMIT else text[:MESSAGE_LIMIT] + "\n[... cut]"
+    return head_and_tail(text, MESSAGE_LIMIT)
 
 
 def _outcomes(records: list[dict]) -> dict[str, _Outcome]:
@@ -138,7 +141,7 @@ def results_of(name: str, labs: list[str], records: list[dict], end: RunEnd,
     tests = []
     if collected is None:
         notes.append("the graded run did not get as far as collecting the tests; its output:\n"
-                     + end.tail[-MESSAGE_LIMIT:])
+                     + head_and_tail(end.tail, MESSAGE_LIMIT))
     for test in collected or []:
         outcome = outcomes.get(test["nodeid"])
         if outcome is None:
