@@ -51,6 +51,7 @@ class Sandbox:
     writable: tuple[str, ...] = ()  # folders the ranks may write (besides the launch's own)
     readable: tuple[str, ...] = ()  # folders kept visible inside hidden ones
     hidden: tuple[str, ...] = ()  # folders covered by an empty one
+    replaced: tuple[tuple[str, str], ...] = ()  # (file, the file read there instead)
     memory_bytes: int | None = None  # writable memory per process (None: a share of half
     #                                  the machine's, at least 2 GiB)
     file_bytes: int = 4 * GIB  # the largest file a rank may write
@@ -78,6 +79,7 @@ def enter(sandbox: Sandbox, workdir: str, ranks: int, close_in_host=()) -> None:
     exits with its status."""
     processes = _processes_of_this_user() + sandbox.processes
     uid, gid = os.getuid(), os.getgid()  # as the namespace will map them
+    held_before = _open_descriptors()
     if len(os.listdir("/proc/self/task")) > 1:  # a new user namespace needs one thread
         _wait_outside(os.fork(), close_in_host)
     _call(_libc.unshare, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET
@@ -93,6 +95,22 @@ def enter(sandbox: Sandbox, workdir: str, ranks: int, close_in_host=()) -> None:
     _loopback_up()
     _limit(sandbox, processes, ranks)
     _drop_capabilities()
+    for descriptor in _open_descriptors() - held_before:  # none of the set-up's crosses in
+        os.close(descriptor)
+
+
+def _open_descriptors() -> set[int]:
+    """The file descriptors this process holds (not the one that listed them)."""
+    listed = [int(name) for name in os.listdir("/proc/self/fd")]
+    return {descriptor for descriptor in listed if _is_open(descriptor)}
+
+
+def _is_open(descriptor: int) -> bool:
+    try:
+        os.fstat(descriptor)
+    except OSError:
+        return False
+    return True
 
 
 def _wait_outside(child: int, close_in_host) -> None:
@@ -152,17 +170,27 @@ def _mount_files(sandbox: Sandbox, workdir: str) -> None:
         os.environ.get("XDG_RUNTIME_DIR")) if path))
     readable = [os.path.realpath(path) for path in (*sandbox.readable, *_needed_to_run())
                 if os.path.isabs(path) and os.path.exists(path)]
-    exposed = writable + [path for path in readable if _within(path, hidden)
-                          and not any(_within(folder, [path]) for folder in hidden)]
-    # Reach what stays visible by file descriptor, before hiding folders above it.
-    handles = {path: os.open(path, os.O_PATH) for path in exposed}
-    devices = {path: os.open(path, os.O_PATH) for name in DEVICES
-               for path in glob.glob(os.path.join("/dev", name))}
-    for path in filter(os.path.isdir, sorted(hidden)):  # a folder under a hidden one is gone
-        _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
-    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755", what="a /dev of its own")
-    for path, handle in [*sorted(handles.items()), *devices.items()]:
-        _bind_from(handle, path)
+    exposed = sorted(set(writable + [path for path in readable if _within(path, hidden)
+                                     and not any(_within(folder, [path]) for folder in hidden)]))
+    devices = sorted({path for name in DEVICES for path in glob.glob(os.path.join("/dev", name))})
+    # Reach what stays visible by file descriptor, before hiding folders above it; each one
+    # is closed before any launched code runs (through one, a rank could walk to `..`).
+    handles = []
+    try:
+        for path in [*exposed, *devices]:
+            handles.append((path, os.open(path, os.O_PATH | os.O_CLOEXEC)))
+        # Each replaced file: its target reached through its stand-in, opened now likewise.
+        handles += [(os.path.realpath(target), os.open(instead, os.O_PATH | os.O_CLOEXEC))
+                    for target, instead in sandbox.replaced]
+        for path in filter(os.path.isdir, sorted(hidden)):  # a folder under a hidden one is gone
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
+        _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755",
+               what="a /dev of its own")
+        for path, handle in handles:  # the replacements last: over what holds their targets
+            _bind_from(handle, path)
+    finally:
+        for _, handle in handles:
+            os.close(handle)
     os.makedirs("/dev/shm")
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777",
            what="a /dev/shm of its own")
@@ -200,7 +228,6 @@ def _bind_from(handle: int, path: str) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         open(path, "w").close()
     _mount(f"/proc/self/fd/{handle}", path, None, MS_BIND | MS_REC, what=f"bind {path}")
-    os.close(handle)
 
 
 def _mounts() -> list[tuple[str, str]]:

@@ -56,11 +56,16 @@ def tracked_files() -> list[str]:
     return [name for name in listed if (REPO / name).is_file()]
 
 
+def lab_file_number(name: str) -> int | None:
+    """The lab of a solved notebook or a deck (``solutions/lab3_...ipynb`` -> 3), else None."""
+    lab_file = _LAB_FILE.match(name)
+    return int(lab_file.group(1)) if lab_file else None
+
+
 def left_out(name: str, first_withheld: int) -> bool:
     """Whether a file of the kit stays out of the handout."""
-    lab_file = _LAB_FILE.match(name)
-    if lab_file:
-        return int(lab_file.group(1)) >= first_withheld  # solved notebooks and decks
+    if lab_file_number(name) is not None:
+        return lab_file_number(name) >= first_withheld  # solved notebooks and decks
     if name.startswith("slides/"):
         return first_withheld == 0  # the decks' folder ships with a deck
     if name.startswith("tests/"):

@@ -2,7 +2,9 @@
 
 ``namespaces`` (:mod:`reference_impl.comm.sandbox`) where a sandboxed launch works here;
 ``none`` where it does not (``auto`` then says why, ``namespaces`` refuses to grade), or when
-asked for. The grading documentation says what each mode guarantees.
+asked for. The batch grader does not fall back: where none can be made, ``auto`` refuses too,
+so that a class is never graded unsandboxed by accident. The grading documentation says what
+each mode guarantees.
 """
 from __future__ import annotations
 
@@ -41,8 +43,9 @@ def probe() -> str | None:
     return None
 
 
-def choose(mode: str) -> tuple[bool, str]:
-    """Whether launches run sandboxed under ``mode``, and a line saying what that covers."""
+def choose(mode: str, fall_back: bool = True) -> tuple[bool, str]:
+    """Whether launches run sandboxed under ``mode``, and a line saying what that covers.
+    Without ``fall_back``, ``auto`` refuses (ValueError) where no sandbox can be made."""
     if mode not in MODES:
         raise ValueError(f"--sandbox {mode}: choose one of {', '.join(MODES)}")
     if mode == "none":
@@ -52,4 +55,9 @@ def choose(mode: str) -> tuple[bool, str]:
         return True, f"sandbox: namespaces: {COVERED}"
     if mode == "namespaces":
         raise ValueError(f"--sandbox namespaces: no sandbox can be made here: {reason}")
+    if not fall_back:
+        raise ValueError(f"--sandbox auto: no sandbox can be made here ({reason}), and the "
+                         "class is not graded without one unless asked: fix what that names, or "
+                         "grade inside a container with --sandbox none (docs/grading.md, "
+                         "'Untrusted code: the sandbox')")
     return False, f"sandbox: none ({reason}): {NOT_COVERED}"

@@ -23,12 +23,16 @@ from support.batch_checks import GRADE, PUBLIC_CHECKS, tiers
 from support.leftovers import sleepers
 from support import nested
 from reference_impl.course import make_labs
+from reference_impl.course.grade import cli
+from reference_impl.course.grade.results import Graded
 from reference_impl.course.sandboxing import probe
 from support import REPO
 
 pytestmark = pytest.mark.slow
 
 LAUNCH_TIMEOUT, AFTER_HANG, BUDGET = 4.0, 1.0, 40.0
+# The batch grader refuses to grade unsandboxed unless asked: where no sandbox can be made, ask.
+SANDBOX = [] if probe() is None else ["--sandbox", "none"]
 SLEEP_MARK = "1000.25"  # `sleep 1000.25`: what the noisy submission leaves running, if anything
 
 ACCUMULATE = "chunks[receive_index] += received"
@@ -98,8 +102,8 @@ def build_class(root: Path, marker: Path) -> Path:
         "    if dist.get_rank() == 0:\n        dist.all_reduce(torch.ones(1))\n"))
     path = hangs / "alpha_beta.py"
     path.write_text(at_import("while True:\n    pass")(path.read_text()))
-    # One the grader itself cannot handle: a student file that is a link to nowhere.
-    (submission(root / "unreadable") / "zz_notes.py").symlink_to(root / "nowhere.py")
+    # One with a student file that is a link (to nowhere): refused, its other files graded.
+    (submission(root / "linked") / "zz_notes.py").symlink_to(root / "nowhere.py")
     return root
 
 
@@ -112,7 +116,7 @@ def graded(tmp_path_factory):
     command = [sys.executable, "-c", GRADE, *map(str, tiers(root / "checks", PUBLIC_CHECKS)),
                str(submissions), "--labs", "0", "--out", str(out), "--jobs", "2",
                "--launch-timeout", str(LAUNCH_TIMEOUT), "--after-hang", str(AFTER_HANG),
-               "--budget", str(BUDGET), "--test-timeout", "30"]
+               "--budget", str(BUDGET), "--test-timeout", "30", *SANDBOX]
     started = time.monotonic()
     process = subprocess.run(command, cwd=root, capture_output=True, text=True,
                              timeout=nested.LIMIT)
@@ -132,19 +136,44 @@ def failures(result) -> str:
 
 def test_every_submission_is_graded_and_the_sheet_written(graded):
     assert set(graded["sheet"]) == set(graded["results"]) == {
-        "correct", "stubs", "mistake", "cheats", "kills_parent", "hangs", "unreadable"}
+        "correct", "stubs", "mistake", "cheats", "kills_parent", "hangs", "linked"}
     assert "Most common failures" in (graded["out"] / "report.md").read_text()
     assert "[1/7]" in graded["process"].stdout  # progress while it runs
 
 
-def test_a_grading_that_raises_is_an_errored_row_and_fails_the_command(graded):
+def test_a_file_that_is_a_link_is_refused_in_its_row_and_the_rest_graded(graded):
+    """A link among a submission's files is neither followed nor an error of the grader's: its
+    row names it, and its other files are graded as usual."""
+    assert graded["process"].returncode == 0, graded["process"].stdout + graded["process"].stderr
+    row = graded["sheet"]["linked"]
+    note = "refused 1 file(s): zz_notes.py (a symbolic link: only regular files are graded)"
+    assert row["notes"] == note and row["passed"] == row["total"] == "2", row
+    assert note in graded["results"]["linked"]["output"]
+    assert "Grading raised: none." in (graded["out"] / "report.md").read_text()
+
+
+def test_a_grading_that_raises_is_an_errored_row_and_fails_the_command(tmp_path, monkeypatch):
     """The grader's own failure on one submission neither drops its row nor stops the class."""
-    assert graded["process"].returncode == 1, graded["process"].stdout + graded["process"].stderr
-    row = graded["sheet"]["unreadable"]
-    assert row["notes"].startswith("the grading raised FileNotFoundError"), row
-    assert "Traceback" in graded["results"]["unreadable"]["output"]
-    assert "Grading raised: unreadable." in (graded["out"] / "report.md").read_text()
-    assert graded["sheet"]["correct"]["passed"] == "2"  # the others graded as usual
+    def grade_one(submission, *rest):
+        if submission.name == "breaks_the_grader":
+            raise RuntimeError("a bug of the grader's own")
+        return Graded(submission.name, [], [], [], 0.0)
+
+    monkeypatch.setattr(cli, "grade_one", grade_one)
+    monkeypatch.setattr(cli, "Reaper", lambda: None)  # not this process: it grades no one here
+    for name in ("breaks_the_grader", "correct"):
+        (tmp_path / "submissions" / name).mkdir(parents=True)
+    out = tmp_path / "results"
+    assert cli.main([str(tmp_path / "submissions"), "--labs", "0", "--out", str(out),
+                     "--sandbox", "none"]) == 1
+    with open(out / "grades.csv") as handle:
+        sheet = {row["submission"]: row for row in csv.DictReader(handle)}
+    assert set(sheet) == {"breaks_the_grader", "correct"}
+    assert sheet["breaks_the_grader"]["notes"] == ("the grading raised RuntimeError: a bug of the "
+                                                   "grader's own"), sheet
+    result = json.loads((out / "breaks_the_grader" / "results.json").read_text())
+    assert "Traceback" in result["output"]
+    assert "Grading raised: breaks_the_grader." in (out / "report.md").read_text()
 
 
 def test_correct_beats_mistake_beats_stubs(graded):
@@ -236,7 +265,8 @@ def graded_tiers(tmp_path_factory):
         [sys.executable, "-c", GRADE, *map(str, tiers(root / "checks", PUBLIC_CHECKS,
                                                       HIDDEN_CHECKS)),
          str(root / "submissions"), "--labs", "0", "--out", str(out), "-k",
-         "ring_time or tier_check", "--points", str(root / "points.json"), "--test-timeout", "30"],
+         "ring_time or tier_check", "--points", str(root / "points.json"), "--test-timeout", "30",
+         *SANDBOX],
         cwd=root, capture_output=True, text=True, timeout=nested.LIMIT)
     assert process.returncode == 0, process.stdout + process.stderr
     with open(out / "grades.csv") as handle:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from reference_impl.course.sandboxing import probe
 from support import documents
 from support import nested
 from support import REPO
@@ -25,6 +26,8 @@ RUN_ELSEWHERE = {
         "tests/course/test_snapshots.py checks what it writes",
     "python -m reference_impl.course.check_machine":
         "tests/course/test_check_machine.py runs it as printed and reads its report",
+    "python -m reference_impl.course.grade.merge results":
+        "tests/course/test_grade_parts.py merges a class graded in parts",
 }
 
 
@@ -79,6 +82,8 @@ def test_python_example_runs_as_printed(block, tmp_path):
 def test_command_runs_as_printed(command, tmp_path):
     if command in RUN_ELSEWHERE:
         pytest.skip(RUN_ELSEWHERE[command])
+    if command.startswith("python -m reference_impl.course.grade ") and probe() is not None:
+        pytest.skip(f"no sandbox here ({probe()}): the batch grader refuses to grade without one")
     if command in PREPARED:
         PREPARED[command](tmp_path)
     process = run(command, tmp_path, shell=True)

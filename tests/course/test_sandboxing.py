@@ -1,8 +1,11 @@
 """Which sandbox a graded run gets, and what it says: namespaces where one can be made, none
-where it cannot (saying why and what that leaves open), a refusal where one was required."""
+where it cannot (saying why and what that leaves open), a refusal where one was required; and
+the batch grader, which never grades a class without one unless asked (``--sandbox none``)."""
 import pytest
 
 from reference_impl.course import sandboxing
+from reference_impl.course.grade import cli
+from reference_impl.course.grade.results import Graded
 
 
 @pytest.fixture
@@ -35,3 +38,45 @@ def test_where_one_can_be_made_it_says_what_it_covers_and_what_not():
         pytest.skip(f"no sandbox here: {sandboxing.probe()}")
     sandboxed, line = sandboxing.choose("auto")
     assert sandboxed and line.startswith("sandbox: namespaces: ") and "not covered:" in line
+
+
+def test_without_fall_back_auto_refuses_saying_why_and_how_to_choose(no_namespaces):
+    """The batch grader's rule: a class is never graded unsandboxed unless asked."""
+    with pytest.raises(ValueError) as refused:
+        sandboxing.choose("auto", fall_back=False)
+    message = str(refused.value)
+    assert "no user namespaces in this test" in message and "--sandbox none" in message
+    assert "docs/grading.md" in message
+    assert sandboxing.choose("none", fall_back=False)[0] is False  # asked for: graded
+
+
+def class_of_one(root):
+    (root / "submissions" / "alice").mkdir(parents=True)
+    return [str(root / "submissions"), "--labs", "0", "--out", str(root / "results")]
+
+
+def test_the_batch_grader_stops_before_the_first_student_without_a_sandbox(
+        no_namespaces, monkeypatch, tmp_path, capsys):
+    graded = []
+
+    def grade_one(submission, *rest):
+        graded.append(submission.name)
+        return Graded(submission.name, [], [], [], 0.0)
+
+    monkeypatch.setattr(cli, "grade_one", grade_one)
+    monkeypatch.setattr(cli, "Reaper", lambda: None)  # not this process: it grades no one here
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(class_of_one(tmp_path))
+    assert stopped.value.code == 2 and not graded
+    error = capsys.readouterr().err
+    assert "no user namespaces in this test" in error and "--sandbox none" in error
+
+
+def test_the_batch_grader_grades_without_a_sandbox_when_asked(no_namespaces, monkeypatch,
+                                                              tmp_path, capsys):
+    monkeypatch.setattr(cli, "grade_one", lambda submission, *rest: Graded(
+        submission.name, [], [], [], 0.0))
+    monkeypatch.setattr(cli, "Reaper", lambda: None)  # not this process: it grades no one here
+    assert cli.main([*class_of_one(tmp_path), "--sandbox", "none"]) == 0
+    assert "sandbox: none (asked for)" in capsys.readouterr().out
+    assert (tmp_path / "results" / "alice" / "results.json").exists()

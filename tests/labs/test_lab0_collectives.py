@@ -217,6 +217,7 @@ def run_sweep(impl, algorithm: str, seed: int, scale: int, group_sizes):
         layout_key = (config["n"], config["layout"])
         if layout_key not in handles:  # new_group is collective: every rank makes every group
             handles[layout_key] = [dist.new_group(members) for members in entry["groups"]]
+            dist.barrier()  # every rank connected in them: one failing at once breaks no peer's
         members = group_of(rank, entry["groups"])
         group = (None if config["layout"] == "world"
                  else handles[layout_key][entry["groups"].index(members)])

@@ -605,6 +605,7 @@ def members_on_ranks(impl, layouts: dict):
     world, rank = dist.get_world_size(), dist.get_rank()
     handles = {name: [dist.group.WORLD if len(members) == world else dist.new_group(members)
                       for members in groups] for name, groups in layouts.items()}
+    dist.barrier()  # every rank connected in them: one failing at once breaks no peer's
     found = {}
     for name, groups in layouts.items():
         mine = handles[name][[rank in members for members in groups].index(True)]

@@ -11,6 +11,8 @@ import traceback
 from pathlib import Path
 
 from reference_impl.course import grade, sandboxing, syllabus
+from reference_impl.course.grade.ingest import shown
+from reference_impl.course.grade.parts import parse_part, save_part
 from reference_impl.course.grade.points import Points, score
 from reference_impl.course.grade.reports import sheet_rows, write_class, write_submission
 from reference_impl.course.grade.results import Graded, errored
@@ -43,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="writable memory of each process of a submission, in GiB, in the "
                              "sandbox (default: a share of half the machine's, at least 2)")
     parser.add_argument("-k", default=None, help="only the tests pytest's -k selects")
+    parser.add_argument("--part", default=None, metavar="I/N",
+                        help="grade only part I of N of the class (from 0; each submission in "
+                             "one part, by its name) and leave it for the merge: python -m "
+                             "reference_impl.course.grade.merge OUT")
     args = parser.parse_args(argv)
 
     labs = [lab if lab.startswith("lab") else f"lab{lab}" for lab in args.labs.split(",")]
@@ -59,9 +65,16 @@ def main(argv: list[str] | None = None) -> int:
     submissions = sorted(path for path in args.submissions.iterdir() if path.is_dir())
     if not submissions:
         parser.error(f"{args.submissions} holds no submission folders")
+    class_size = len(submissions)
+    try:
+        part = parse_part(args.part) if args.part else None
+    except ValueError as error:
+        parser.error(str(error))
+    if part is not None:
+        submissions = [path for path in submissions if part.holds(path.name)]
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        sandboxed, sandbox_line = sandboxing.choose(args.sandbox)
+        sandboxed, sandbox_line = sandboxing.choose(args.sandbox, fall_back=False)
     except ValueError as error:
         parser.error(str(error))
     class_folder = Path(tempfile.mkdtemp(prefix="grading-"))
@@ -73,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     free = list(range(len(slots)))
     condition = threading.Condition()
     results: dict[str, Graded] = {}
-    print(f"grading {len(submissions)} submission(s), {', '.join(labs)}, {len(slots)} at once "
+    of_class = f" (part {part} of a class of {class_size})" if part else ""
+    print(f"grading {len(submissions)} submission(s){of_class}, {', '.join(labs)}, "
+          f"{len(slots)} at once "
           f"({'GPUs ' + str(slots) if slots[0] is not None else 'CPU ranks'})\n{sandbox_line}",
           flush=True)
 
@@ -83,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             slot = free.pop(0)
         started = time.monotonic()
         try:
-            print(f"[{index}/{len(submissions)}] {submission.name}: grading", flush=True)
+            print(f"[{index}/{len(submissions)}] {shown(submission.name)}: grading", flush=True)
             try:
                 graded = grade_one(submission, labs, limits, slots[slot], reaper, class_folder)
             except Exception as error:  # the grader's own failure: an errored row, not a gap
@@ -99,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                                 for row in sheet_rows(graded, labs))
             extra = "".join(f"; {note.splitlines()[0]}" for note in graded.notes)
             extra += "; flagged" if graded.flags else ""
-            print(f"[{index}/{len(submissions)}] {submission.name}: {summary} in "
+            print(f"[{index}/{len(submissions)}] {shown(submission.name)}: {summary} in "
                   f"{graded.seconds:.1f} s{extra}", flush=True)
         finally:
             with condition:
@@ -115,7 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(class_folder, ignore_errors=True)
 
     ordered = [results[path.name] for path in submissions]
-    write_class(ordered, labs, args.out)
-    print(f"wrote {args.out / 'grades.csv'}, {args.out / 'report.md'} and, per submission, "
-          "results.json and junit.xml", flush=True)
+    if part is not None:
+        path = save_part(part, labs, class_size, ordered, args.out)
+        print(f"wrote {path} and, per submission, results.json and junit.xml; once every part "
+              f"is graded: python -m reference_impl.course.grade.merge {args.out}", flush=True)
+    else:
+        write_class(ordered, labs, args.out)
+        print(f"wrote {args.out / 'grades.csv'}, {args.out / 'report.md'} and, per submission, "
+              "results.json and junit.xml", flush=True)
     return 1 if any(graded.error for graded in ordered) else 0

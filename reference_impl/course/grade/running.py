@@ -5,7 +5,8 @@ this process is the "subreaper" of whatever escapes the group, so that is ended 
 folder of its own in the class's, removed afterwards; under limits per test, per launch and
 per submission. pytest's process never runs the submission's code: its launches do, each in a
 sandbox (``--sandbox``) that hides the class's folder (the other submissions, this one's log),
-the submissions and the results, so the log the verdict is read from is the grader's alone."""
+the submissions and the results, so the log the verdict is read from is the grader's alone.
+The submission's files are taken in as data first (:mod:`.ingest`): no link is followed."""
 from __future__ import annotations
 
 import contextlib
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reference_impl.comm.rank_failures import rank_server_pid
+from reference_impl.course.grade.ingest import ingest, shown
 from reference_impl.course.grade.results import Graded, RunEnd, read_log, results_of
 from reference_impl.course.plugin_args import plugin_args
 
@@ -47,12 +49,6 @@ class Limits:
     memory_limit: float | None = None  # GiB of writable memory per sandboxed process
 
 
-def files_of(submission: Path) -> Path:
-    """The folder holding a submission's student files."""
-    inner = submission / "labs"
-    return inner if inner.is_dir() else submission
-
-
 def graded_test_files(labs: list[str]) -> list[str]:
     """The labs' graded test files: the public ones, then the hidden ones (so that a hidden
     check that hangs shortens no public check's time limit)."""
@@ -62,10 +58,11 @@ def graded_test_files(labs: list[str]) -> list[str]:
 
 def graded_run_command(folder: Path, labs: list[str], log: Path, ini: Path, scratch: Path,
                        limits: Limits) -> list[str]:
+    # nbval reads notebooks, which grading never runs: not loading it saves ~1.8 s a submission.
     command = [sys.executable, "-m", "pytest", *plugin_args(), *graded_test_files(labs), "-c",
-               str(ini), "--rootdir", str(REPO), "-p", "no:cacheprovider", "-q", "--impl", str(folder), "-m",
-               " or ".join(labs), "--grading-log", str(log), "--basetemp", str(scratch),
-               "--timeout", str(limits.test_timeout), "--launch-timeout",
+               str(ini), "--rootdir", str(REPO), "-p", "no:cacheprovider", "-p", "no:nbval",
+               "-q", "--impl", str(folder), "-m", " or ".join(labs), "--grading-log", str(log),
+               "--basetemp", str(scratch), "--timeout", str(limits.test_timeout), "--launch-timeout",
                str(limits.launch_timeout), "--budget", str(limits.budget), "--after-hang",
                str(limits.after_hang), "--backend", limits.backend, "--sandbox", limits.sandbox]
     for path in limits.hidden:
@@ -73,6 +70,12 @@ def graded_run_command(folder: Path, labs: list[str], log: Path, ini: Path, scra
     if limits.memory_limit is not None:
         command += ["--memory-limit", str(limits.memory_limit)]
     return command + (["-k", limits.select] if limits.select else [])
+
+
+def _as_handed_in(text: str, workdir: Path) -> str:
+    """``text`` without the grader's folder: a submission's file reads as it was handed in
+    (``labs/collectives.py``), the same wherever and in whichever part it was graded."""
+    return text.replace(str(workdir) + os.sep, "")
 
 
 def grade_one(submission: Path, labs: list[str], limits: Limits, gpus: list[int] | None,
@@ -85,8 +88,7 @@ def grade_one(submission: Path, labs: list[str], limits: Limits, gpus: list[int]
         folder, scratch = workdir / "labs", workdir / "scratch"
         folder.mkdir()
         (scratch / "tmp").mkdir(parents=True)
-        for path in files_of(submission).glob("*.py"):
-            shutil.copy(path, folder / path.name)
+        taken = ingest(submission, folder)  # as data: no link followed, within bounds
         ini, log, output = workdir / "pytest.ini", workdir / "log.jsonl", workdir / "output.txt"
         ini.write_text("[pytest]\n")
         environment = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
@@ -98,8 +100,8 @@ def grade_one(submission: Path, labs: list[str], limits: Limits, gpus: list[int]
             process = reaper.start(
                 graded_run_command(folder, labs, log, ini, scratch / "pytest", limits),
                 workdir, environment, sink)
-            progress = threading.Thread(target=_progress, args=(submission.name, log, process),
-                                        daemon=True)
+            progress = threading.Thread(target=_progress, daemon=True,
+                                        args=(shown(submission.name), log, process))
             progress.start()
             killed_for_time = False
             try:
@@ -108,8 +110,15 @@ def grade_one(submission: Path, labs: list[str], limits: Limits, gpus: list[int]
                 killed_for_time = True
             reaper.end(process)
         tail = output.read_bytes()[-OUTPUT_TAIL:].decode(errors="replace")
-        end = RunEnd(process.returncode, killed_for_time, limits.budget, KILL_GRACE, tail)
-        return results_of(submission.name, labs, read_log(log), end, time.monotonic() - started)
+        end = RunEnd(process.returncode, killed_for_time, limits.budget, KILL_GRACE,
+                     _as_handed_in(tail, workdir))
+        records = read_log(log)
+        for record in records:
+            if isinstance(record.get("message"), str):
+                record["message"] = _as_handed_in(record["message"], workdir)
+        graded = results_of(submission.name, labs, records, end, time.monotonic() - started)
+        graded.notes += [taken.note()] if taken.refused else []
+        return graded
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
