@@ -28,6 +28,7 @@ class SubmissionOutsideItsProcess(RuntimeError):
 class Implementation:
     source: str  # "reference", or the absolute path of a folder of student modules
     student_names: tuple[str, ...] = ()  # the student files' module names (a folder's)
+    stood_in: tuple[str, ...] = ()  # modules whose reference the student's file stands in for
 
     @classmethod
     def from_option(cls, value: str) -> "Implementation":
@@ -52,12 +53,13 @@ class Implementation:
         """Run first in every rank and helper of a graded run: the submission may run here.
         A submission's files import each other by their bare names, as in ``labs/`` (within a
         lab, a student's later exercises use their earlier ones: ``tp_layers.py`` imports
-        ``tp_collectives``); where this kit withholds a reference module (a handout), imports
-        of it get the submission's own file too."""
+        ``tp_collectives``); where this kit withholds a reference module (a handout) or the
+        graded run shows it as a stub (``stood_in``), imports of it get the submission's own
+        file too."""
         global _submission_may_run_here
         _submission_may_run_here = True
         if self.folder is not None:
-            stand_in(self.folder, self.student_names)
+            stand_in(self.folder, self.student_names, self.stood_in)
 
     def module(self, name: str):
         """The module ``name`` (e.g. ``"collectives"``) of this implementation."""

@@ -38,11 +38,13 @@ def withheld_modules() -> list[str]:
     return [line.strip() for line in WITHHELD_LIST.read_text().splitlines() if line.strip()]
 
 
-def stand_in(folder: Path, student_names=None) -> None:
+def stand_in(folder: Path, student_names=None, also_withheld=()) -> None:
     """From now on, in this process: the bare names ``student_names`` (default: the
-    withheld modules) are the files of ``folder``, and every withheld reference module is the
-    student's module of its name."""
-    withheld = {reference_module_name(name): name for name in withheld_modules()}
+    withheld modules) are the files of ``folder``, and every withheld reference module (this
+    copy's, and ``also_withheld``: those a graded run shows as stubs) is the student's module
+    of its name."""
+    withheld = {reference_module_name(name): name
+                for name in (*withheld_modules(), *also_withheld)}
     names = set(student_names or ()) | set(withheld.values())
     if not names:
         return

@@ -8,6 +8,7 @@ lab's progress. What each does: docs/grading.md; how graded tests are written:
 ``reference_impl.course.grading`` and docs/grading.md, 'Writing a graded test'.
 """
 import collections
+import dataclasses
 import json
 import os
 import re
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from reference_impl.comm.sandbox import Sandbox
-from reference_impl.course import sandboxing, sweeps, syllabus
+from reference_impl.course import sandboxing, sweeps, syllabus, view
 from reference_impl.course.grade.safe_text import head_and_tail
 from reference_impl.course.grading import Implementation, reference_imports
 from reference_impl.comm.device import BACKENDS, gpu_count
@@ -148,6 +149,7 @@ class GradedRun:
         memory = config.getoption("--memory-limit")
         self.memory_bytes = None if memory is None else int(memory * (1 << 30))
         self.sandboxed = None  # decided once graded tests are collected (decide_sandbox)
+        self.view = None  # what a submission's code sees of the kit, made at its first launch
         self.sandbox_line = ""
         self.interrupted = ""  # what ended the run early, if something did
         self.after_hang = config.getoption("--after-hang")
@@ -181,14 +183,27 @@ class GradedRun:
 
     def sandbox(self, scratch: Path, implementation) -> Sandbox | None:
         """The sandbox of this run's launches (None without one): ``scratch`` (the run's
-        temporary folder) writable, the implementation's folder readable."""
+        temporary folder) writable, the implementation's folder readable; a submission's
+        launches see the kit as a student does (:mod:`reference_impl.course.view`)."""
         self.decide_sandbox()
         if not self.sandboxed:
             return None
         folder = implementation.folder
+        readable, hidden, replaced = (), self.hidden, ()
+        if folder is not None:
+            if self.view is None:
+                self.view = view.students_view(sorted(set(self.lab_of_test.values())))
+            readable, hidden = (str(folder),), (*self.hidden, *self.view.hidden)
+            replaced = self.view.replaced
         return Sandbox(writable=(str(scratch),), cache=str(scratch / "sandbox-cache"),
-                       readable=(str(folder),) if folder is not None else (),
-                       hidden=self.hidden, memory_bytes=self.memory_bytes)
+                       readable=readable, hidden=hidden, replaced=replaced,
+                       memory_bytes=self.memory_bytes)
+
+    def seen_as_a_student(self, implementation) -> Implementation:
+        """``implementation``, its files standing in for the modules its view shows as stubs."""
+        if self.view is None:
+            return implementation
+        return dataclasses.replace(implementation, stood_in=self.view.stubbed)
 
     def launch(self, fn, world_size, args, kwargs, backend, timeout, nodeid, implementation,
                scratch):
@@ -203,11 +218,12 @@ class GradedRun:
                             f"(--budget) is spent{self._hang_note()}", pytrace=False)
             limit = min(limit, remaining)
         self.write(event="launch", nodeid=nodeid, world_size=world_size, backend=backend)
+        sandbox = self.sandbox(scratch, implementation)  # makes the view, where there is one
         try:
             return launch(fn, world_size, *args, backend=backend, timeout=limit,
                           results="data", output_limit=self.output_limit,
-                          rank_setup=implementation.enter,
-                          sandbox=self.sandbox(scratch, implementation), **kwargs)
+                          rank_setup=self.seen_as_a_student(implementation).enter,
+                          sandbox=sandbox, **kwargs)
         except LaunchTimeout as error:
             self.write(event="hang", nodeid=nodeid, world_size=world_size)
             if self.hung_in is not None:
@@ -417,6 +433,8 @@ def pytest_sessionfinish(session, exitstatus):
     if reporter is not None:
         fold_not_started(reporter.stats)
     grading = getattr(session.config, "grading", None)
+    if grading is not None and grading.view is not None:
+        grading.view.close()
     if grading is not None and grading.log is not None:
         grading.write(event="finished", exitstatus=int(exitstatus))
         grading.log.close()

@@ -137,6 +137,21 @@ def test_hidden_folders_are_empty_except_what_stays_readable(tmp_path):
     assert "other_student" not in seen_hidden and seen_mine == ["tp_layers.py"]
 
 
+def read_and_overwrite(path):
+    return open(path).read(), attempt(lambda: open(path, "w").write("mine"))
+
+
+def test_a_replaced_file_reads_as_its_stand_in_and_cannot_be_written(tmp_path):
+    solution, stub = tmp_path / "solution.py", tmp_path / "view" / "stub.py"
+    solution.write_text("the answer\n")
+    stub.parent.mkdir()
+    stub.write_text("raise NotImplementedError\n")
+    text, written = sandboxed(read_and_overwrite, str(solution), world_size=1,
+                              replaced=((str(solution), str(stub)),))[0]
+    assert text == "raise NotImplementedError\n" and written in ("OSError", "PermissionError")
+    assert solution.read_text() == "the answer\n" and stub.read_text() == text
+
+
 def test_the_caller_cannot_be_named_signalled_or_seen():
     for result in sandboxed(reach_the_caller, os.getpid()):
         assert result["signal"] == "ProcessLookupError" and result["parent"], result
