@@ -14,16 +14,12 @@ from reference_impl.comm.launcher import launch
 from reference_impl.comm.sandbox import Sandbox, unavailable
 
 MODES = ("auto", "namespaces", "none")
-COVERED = ("each launch of the submission's code in PID, mount, network and IPC namespaces of "
-           "its own: it sees only its own processes, writes only its scratch folders, reaches "
-           "no network, is limited in memory, file size and processes, and everything it "
-           "starts ends with the launch; not covered: it can read what your user can read "
-           "outside the hidden folders and connect to sockets kept elsewhere than the "
-           "temporary folders and /run, and its CPU time and GPU memory are bounded only by "
-           "the time limits")
-NOT_COVERED = ("the submission's code runs with your rights: it can read and write your files, "
-               "signal your processes and reach the network; grade inside a container "
-               "(docs/grading.md)")
+# What the run's one sandbox line says; the whole of it: docs/grading.md, 'Untrusted code'.
+COVERED = ("each launch sees only its own processes and a student's view of the kit, writes only "
+           "its scratch, reaches no network, is limited in memory and processes; not covered: "
+           "docs/grading.md, 'Untrusted code: the sandbox'")
+NOT_COVERED = ("the submission's code runs with your rights; grade inside a container "
+               "(docs/grading.md, 'Untrusted code: the sandbox')")
 
 
 def _nothing():

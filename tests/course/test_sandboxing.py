@@ -38,6 +38,7 @@ def test_where_one_can_be_made_it_says_what_it_covers_and_what_not():
         pytest.skip(f"no sandbox here: {sandboxing.probe()}")
     sandboxed, line = sandboxing.choose("auto")
     assert sandboxed and line.startswith("sandbox: namespaces: ") and "not covered:" in line
+    assert len(line) < 300  # one short line: the rest is in the documentation
 
 
 def test_without_fall_back_auto_refuses_saying_why_and_how_to_choose(no_namespaces):
