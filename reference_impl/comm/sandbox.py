@@ -170,26 +170,36 @@ def _mount_files(sandbox: Sandbox, workdir: str) -> None:
         os.environ.get("XDG_RUNTIME_DIR")) if path))
     readable = [os.path.realpath(path) for path in (*sandbox.readable, *_needed_to_run())
                 if os.path.isabs(path) and os.path.exists(path)]
-    exposed = sorted(set(writable + [path for path in readable if _within(path, hidden)
-                                     and not any(_within(folder, [path]) for folder in hidden)]))
+    # What stays visible inside a hidden folder (but not a hidden folder itself), bound back.
+    exposed = sorted(set(writable + [path for path in readable
+                                     if _within(path, hidden) and path not in hidden]))
     devices = sorted({path for name in DEVICES for path in glob.glob(os.path.join("/dev", name))})
     # Reach what stays visible by file descriptor, before hiding folders above it; each one
     # is closed before any launched code runs (through one, a rank could walk to `..`).
-    handles = []
+    handles, replacements = {}, []
     try:
         for path in [*exposed, *devices]:
-            handles.append((path, os.open(path, os.O_PATH | os.O_CLOEXEC)))
-        # Each replaced file: its target reached through its stand-in, opened now likewise.
-        handles += [(os.path.realpath(target), os.open(instead, os.O_PATH | os.O_CLOEXEC))
-                    for target, instead in sandbox.replaced]
-        for path in filter(os.path.isdir, sorted(hidden)):  # a folder under a hidden one is gone
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
+            handles[path] = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        for target, instead in sandbox.replaced:  # each reached through its stand-in
+            replacements.append((os.path.realpath(target),
+                                 os.open(instead, os.O_PATH | os.O_CLOEXEC)))
+        # Outermost first (a folder hidden before one bound back at the same place), so each
+        # hides or shows what lies under it: a folder hidden inside one bound back (the kit's
+        # tests, with the kit under /tmp) is hidden again, one bound back inside that shown.
+        steps = [(path, 0) for path in hidden] + [(path, 1) for path in exposed]
+        for path, show in sorted(steps):
+            if show:
+                _bind_from(handles[path], path)
+            elif os.path.isdir(path):  # a folder under a hidden one is gone already
+                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
         _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755",
                what="a /dev of its own")
-        for path, handle in handles:  # the replacements last: over what holds their targets
+        for path in devices:
+            _bind_from(handles[path], path)
+        for path, handle in replacements:  # last: over what holds their targets
             _bind_from(handle, path)
     finally:
-        for _, handle in handles:
+        for handle in [*handles.values(), *(handle for _, handle in replacements)]:
             os.close(handle)
     os.makedirs("/dev/shm")
     _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from reference_impl.course import pytest_plugin
+from reference_impl.course import graded_run
 from reference_impl.course.grade import reports
 from reference_impl.course.grade.results import MESSAGE_LIMIT, Flag, Graded, the_mistake
 from reference_impl.course.grade.results import TestResult as Result  # not a test class
@@ -140,9 +140,9 @@ def test_a_student_file_over_the_size_bound_is_flagged_not_parsed(tmp_path, monk
     def no_parse(*args):
         raise AssertionError("parsed in pytest's own process")
 
-    (tmp_path / "collectives.py").write_text("x = 1\n" * (pytest_plugin.SOURCE_LIMIT // 6 + 1))
-    monkeypatch.setattr(pytest_plugin, "reference_imports", no_parse)
-    finding, = pytest_plugin.imports_of_the_reference(tmp_path, "collectives")
+    (tmp_path / "collectives.py").write_text("x = 1\n" * (graded_run.SOURCE_LIMIT // 6 + 1))
+    monkeypatch.setattr(graded_run, "reference_imports", no_parse)
+    finding, = graded_run.imports_of_the_reference(tmp_path, "collectives")
     assert finding.startswith("collectives.py was not checked for imports of the reference")
     assert "more than the 262,144 the check reads" in finding
 
@@ -151,12 +151,12 @@ def test_a_file_the_parser_cannot_take_or_not_a_plain_file_is_flagged(tmp_path):
     (tmp_path / "collectives.py").write_text("1" + "+1" * 100_000)  # too deep for the parser
     os.mkfifo(tmp_path / "alpha_beta.py")  # reading it would wait for ever
     for name, why in (("collectives", "RecursionError"), ("alpha_beta", "not a plain file")):
-        finding, = pytest_plugin.imports_of_the_reference(tmp_path, name)
+        finding, = graded_run.imports_of_the_reference(tmp_path, name)
         assert "was not checked" in finding and why in finding, finding
 
 
 def test_a_small_file_is_still_checked(tmp_path):
     (tmp_path / "collectives.py").write_text("from reference_impl.comm.collectives import *\n")
-    finding, = pytest_plugin.imports_of_the_reference(tmp_path, "collectives")
+    finding, = graded_run.imports_of_the_reference(tmp_path, "collectives")
     assert "line 1 imports reference_impl.comm.collectives" in finding
-    assert pytest_plugin.imports_of_the_reference(tmp_path, "alpha_beta") == []
+    assert graded_run.imports_of_the_reference(tmp_path, "alpha_beta") == []
