@@ -87,7 +87,7 @@ def enter(sandbox: Sandbox, workdir: str, ranks: int, close_in_host=()) -> None:
     _map_to_the_same_user(uid, gid)
     _wait_outside(os.fork(), close_in_host)  # the namespace's process 1 goes on from here
     cwd = os.getcwd()
-    _mount_files(sandbox, workdir)
+    _mount_files(sandbox, workdir, _memory_per_process(sandbox, ranks))
     try:
         os.chdir(cwd)  # found again in the new mounts: a hidden folder is no way in
     except OSError:
@@ -159,7 +159,7 @@ def _map_to_the_same_user(uid: int, gid: int) -> None:
             os.close(handle)
 
 
-def _mount_files(sandbox: Sandbox, workdir: str) -> None:
+def _mount_files(sandbox: Sandbox, workdir: str, shared_memory: int) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE, what="make / private")
     if sandbox.cache:
         os.makedirs(sandbox.cache, exist_ok=True)
@@ -202,8 +202,9 @@ def _mount_files(sandbox: Sandbox, workdir: str) -> None:
         for handle in [*handles.values(), *(handle for _, handle in replacements)]:
             os.close(handle)
     os.makedirs("/dev/shm")
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777",
-           what="a /dev/shm of its own")
+    # Shared memory escapes a process's limit: the launch's, all of it, holds one process's.
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
+           f"mode=1777,size={shared_memory}", what="a /dev/shm of its own")
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(target, os.path.join("/dev", name))
@@ -268,9 +269,14 @@ def _loopback_up() -> None:
         fcntl.ioctl(probe, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
 
 
-def _limit(sandbox: Sandbox, processes: int, ranks: int) -> None:
+def _memory_per_process(sandbox: Sandbox, ranks: int) -> int:
+    """``memory_bytes``, or a share of half the machine's memory (at least 2 GiB)."""
     machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    memory = sandbox.memory_bytes or max(2 * GIB, machine // (2 * ranks))
+    return sandbox.memory_bytes or max(2 * GIB, machine // (2 * ranks))
+
+
+def _limit(sandbox: Sandbox, processes: int, ranks: int) -> None:
+    memory = _memory_per_process(sandbox, ranks)
     for limit, value in ((resource.RLIMIT_DATA, memory), (resource.RLIMIT_FSIZE, sandbox.file_bytes),
                          (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, processes)):
         hard = resource.getrlimit(limit)[1]

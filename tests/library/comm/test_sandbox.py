@@ -222,6 +222,23 @@ def test_memory_and_file_size_are_limited():
     assert sandboxed(write_big, 3, world_size=1, file_bytes=2 << 20) == ["OSError"]
 
 
+def fill_shared_memory(megabytes):
+    """Write ``megabytes`` into /dev/shm, 1 MiB files at a time (each within the file limit)."""
+    def fill():
+        for index in range(megabytes):
+            with open(f"/dev/shm/block{index}", "wb") as handle:
+                handle.write(b"x" * (1 << 20))
+    return attempt(fill)
+
+
+def test_shared_memory_is_bounded_for_the_whole_launch():
+    """/dev/shm is outside a process's memory limit: the launch's, all of it, holds at most one
+    process's worth."""
+    limits = {"memory_bytes": 4 << 30, "file_bytes": 2 << 20}
+    assert sandboxed(fill_shared_memory, 8, world_size=1, **limits) == ["done"]
+    assert sandboxed(fill_shared_memory, 4097, world_size=1, **limits) == ["OSError"]
+
+
 @pytest.mark.slow  # waits on purpose, for the time limit
 def test_a_stuck_rank_still_shows_where_it_was():
     with pytest.raises(LaunchTimeout) as stuck:
