@@ -43,7 +43,8 @@ def machine() -> dict:
              "gpu memory GiB": [round(torch.cuda.get_device_properties(i).total_memory / 2 ** 30,
                                       1) for i in range(gpus)],
              "nccl": None, "nsys": shutil.which("nsys"),
-             "sandbox": sandboxing.choose("auto")[1]}
+             "sandbox": sandboxing.choose("auto")[1],
+             "limits": sandboxing.limits(sandboxing.probe() is None)}
     if gpus and dist.is_nccl_available():
         version = torch.cuda.nccl.version()  # a tuple, or an int in older torch
         found["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
@@ -161,6 +162,8 @@ def markdown(report: dict) -> str:
              f"- NCCL: {found['nccl'] or 'not available'}",
              f"- Nsight Systems: {found['nsys'] or 'not on the PATH'}",
              f"- {found['sandbox'][0].upper()}{found['sandbox'][1:]}", "",
+             "## Which limits hold on a graded launch here", "", "| limit | here |", "|---|---|",
+             *(f"| {limit} | {here} |" for limit, here in found["limits"].items()), "",
              f"## All-reduce: {reduce['ranks']} ranks over {reduce['backend']}", "",
              "| bytes | time (us) | bus bandwidth (GB/s) |", "|---|---|---|"]
     lines += [f"| {size:,} | {seconds * 1e6:.1f} | {bus:.3g} |" for size, seconds, bus in

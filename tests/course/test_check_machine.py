@@ -33,6 +33,10 @@ def test_the_machine_check_runs_as_printed_and_reports(tmp_path):
     gpus = report["machine"]["gpus"]
     assert report["machine"]["sandbox"].startswith(("sandbox: namespaces: ", "sandbox: none ("))
     assert "\n- Sandbox: " in text  # the mode graded launches get here, and what it covers
+    limits = report["machine"]["limits"]
+    if "processes" in limits:  # sandboxed: as root, the process limit is said not to hold
+        assert limits["processes"].startswith("does not hold" if os.getuid() == 0 else "holds")
+    assert "| limit | here |" in text
     assert [row["lab"] for row in report["labs"]] == syllabus.markers()
     reduce = report["all-reduce"]
     assert reduce["ranks"] == (gpus or 2) and len(reduce["bus GB/s"]) == len(reduce["bytes"])
