@@ -19,6 +19,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
+from reference_impl.comm.cgroups import TreeCgroup
+
 CLONE_NEWNS, CLONE_NEWIPC = 0x00020000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
@@ -72,11 +74,29 @@ def unavailable() -> str | None:
     return None
 
 
-def enter(sandbox: Sandbox, workdir: str, ranks: int, close_in_host=()) -> None:
+def tree_limits(sandbox: Sandbox, ranks: int) -> TreeCgroup | None:
+    """Control groups bounding the launch's whole tree, where they can be made here (as root,
+    or given a delegated cgroup v2): its processes, which ``RLIMIT_NPROC`` does not bound for
+    root, and its memory, each page once and shared memory included. None elsewhere."""
+    tree = TreeCgroup.make("kit-sandbox")
+    if tree is not None:
+        try:
+            tree.limit("pids", sandbox.processes + ranks + 4)  # + the host and process 1
+            tree.limit("memory", _memory_per_process(sandbox, ranks) * (ranks + 2))  # + shm
+        except OSError:
+            tree.remove()
+            return None
+    return tree
+
+
+def enter(sandbox: Sandbox, workdir: str, ranks: int, close_in_host=(),
+          tree: TreeCgroup | None = None) -> None:
     """Return in the first process of new namespaces, set up: their process 1. This process
     stays outside as the sandbox's handle (a child of it does, if it has threads: a new user
     namespace takes a process of one thread), closes ``close_in_host``, waits for it and
-    exits with its status."""
+    exits with its status. With ``tree`` (:func:`tree_limits`), all of it is in that group."""
+    if tree is not None:
+        tree.join()
     processes = _processes_of_this_user() + sandbox.processes
     uid, gid = os.getuid(), os.getgid()  # as the namespace will map them
     held_before = _open_descriptors()

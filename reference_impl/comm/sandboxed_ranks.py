@@ -69,9 +69,11 @@ def start(context, sandbox, workdir: str, run_rank, rank_arguments: list[tuple],
     Returns the host and the ranks."""
     exits = [context.Pipe(duplex=False) for _ in rank_arguments]
     control, control_end = context.Pipe(duplex=False)
+    tree = sandboxes.tree_limits(sandbox, len(rank_arguments))
     host = context.Process(target=_run_host, name="sandbox", args=(
         sandbox, workdir, run_rank, rank_arguments, own_ends, [end for _, end in exits], control,
-        results))
+        results, tree))
+    host.tree = tree  # removed by end(), once the sandbox has ended
     host.start()
     control.close()
     for _, end in exits:
@@ -81,19 +83,23 @@ def start(context, sandbox, workdir: str, run_rank, rank_arguments: list[tuple],
 
 
 def end(host) -> None:
-    """Wait for the host (it exits once every process of the sandbox has ended), or kill it."""
+    """Wait for the host (it exits once every process of the sandbox has ended), or kill it;
+    then remove the control groups of its tree, if it had some."""
     host.join(timeout=2.0)
     if host.is_alive():
         host.kill()
         host.join()
+    if host.tree is not None:
+        host.tree.remove()
 
 
-def _run_host(sandbox, workdir, run_rank, rank_arguments, own_ends, exit_ends, control, results):
+def _run_host(sandbox, workdir, run_rank, rank_arguments, own_ends, exit_ends, control, results,
+              tree):
     sandboxes.die_with_parent()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the caller's handler is the caller's
     try:
         sandboxes.enter(sandbox, workdir, len(rank_arguments), close_in_host=[
-            *exit_ends, control, *(end for ends in own_ends for end in ends)])
+            *exit_ends, control, *(end for ends in own_ends for end in ends)], tree=tree)
     except BaseException as error:  # noqa: BLE001 - every rank reports it
         message = ("error", type(error).__name__, f"the sandbox could not be set up: {error}",
                    traceback.format_exc())

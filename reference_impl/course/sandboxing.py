@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 
+from reference_impl.comm.cgroups import TreeCgroup
 from reference_impl.comm.launcher import launch
 from reference_impl.comm.sandbox import Sandbox, unavailable
 
@@ -60,27 +61,26 @@ def choose(mode: str, fall_back: bool = True) -> tuple[bool, str]:
     return False, f"sandbox: none ({reason}): {NOT_COVERED}"
 
 
-def cgroup_version() -> str | None:
-    """The control groups this machine mounts: "v2", "v1", or None."""
-    if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
-        return "v2"
-    return "v1" if os.path.isdir("/sys/fs/cgroup/memory") else None
-
-
 def limits(sandboxed: bool) -> dict[str, str]:
     """Each limit on a graded launch -> whether it holds on this machine (and as this user)."""
     if not sandboxed:
         return {"every limit but time": "no sandbox here: only the time limits hold"}
+    tree = TreeCgroup.make("kit-probe")
+    if tree is not None:
+        tree.remove()
+        versions = "/".join(sorted({version for _, version in tree.folders.values()}))
     as_root = os.getuid() == 0
+    processes = ("holds for the whole tree (cgroup " + versions + " pids.max)" if tree else
+                 "does not hold: the kernel does not count root's processes, and no cgroup can "
+                 "be made here; grade as an unprivileged user" if as_root else
+                 "holds per user (setrlimit RLIMIT_NPROC)")
     return {
         "memory per process": "holds (setrlimit RLIMIT_DATA)",
+        "memory of the whole tree": ("holds (cgroup " + versions + " memory limit)" if tree else
+                                     "not bounded: no cgroup can be made here"),
         "shared memory (/dev/shm)": "holds: the launch's own, one process's worth",
         "file size": "holds (setrlimit RLIMIT_FSIZE)",
-        "processes": ("does not hold: the kernel does not count root's processes; grade as an "
-                      "unprivileged user" if as_root else "holds (setrlimit RLIMIT_NPROC)"),
+        "processes": processes,
         "the scratch's size and file count": "not bounded: one file at a time only",
         "a launch's time": "holds, from the launch's start (a test may set a longer one)",
-        "memory of the whole tree": (f"not bounded by the kit (this machine has cgroups "
-                                     f"{cgroup_version()})" if cgroup_version() else
-                                     "not bounded by the kit (no cgroups here)"),
     }

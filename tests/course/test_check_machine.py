@@ -34,8 +34,9 @@ def test_the_machine_check_runs_as_printed_and_reports(tmp_path):
     assert report["machine"]["sandbox"].startswith(("sandbox: namespaces: ", "sandbox: none ("))
     assert "\n- Sandbox: " in text  # the mode graded launches get here, and what it covers
     limits = report["machine"]["limits"]
-    if "processes" in limits:  # sandboxed: as root, the process limit is said not to hold
-        assert limits["processes"].startswith("does not hold" if os.getuid() == 0 else "holds")
+    if "processes" in limits:  # sandboxed: as root, the process limit holds by a cgroup only
+        assert limits["processes"].startswith("holds") or (
+            os.getuid() == 0 and limits["memory of the whole tree"].startswith("not bounded"))
     assert "| limit | here |" in text
     assert [row["lab"] for row in report["labs"]] == syllabus.markers()
     reduce = report["all-reduce"]

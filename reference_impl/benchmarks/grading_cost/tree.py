@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reference_impl.benchmarks.grading_cost.memory import CgroupPeak, tree_rss_bytes
+from reference_impl.benchmarks.grading_cost.memory import tree_rss_bytes
+from reference_impl.comm.cgroups import TreeCgroup
 
 REPO = Path(__file__).resolve().parents[3]
 METER = "reference_impl.benchmarks.grading_cost.meter"
@@ -40,7 +41,7 @@ def run_measured(command: list[str], environment: dict | None = None,
     """Run ``command`` under the meter, reading the JSON lines of the first file matching
     ``log_glob`` (folder, pattern) as they are written; ``memory="sampled"`` sums the RSS even
     where a cgroup could be made."""
-    cgroup = CgroupPeak.make() if memory == "auto" else None
+    cgroup = TreeCgroup.make("grading-cost", ("memory",)) if memory == "auto" else None
     try:
         with tempfile.TemporaryDirectory(prefix="grading-cost-meter-") as folder:
             report = Path(folder) / "meter.json"
@@ -57,13 +58,13 @@ def run_measured(command: list[str], environment: dict | None = None,
                 wall = time.monotonic() - started
             finally:
                 watcher.stop()
-            peak = cgroup.peak_bytes() if cgroup else watcher.peak_rss
+            peak = cgroup.peak_memory_bytes() if cgroup else watcher.peak_rss
             usage = json.loads(report.read_text())
     finally:
         if cgroup:
             cgroup.remove()
     return TreeRun(process.returncode, wall, usage["cpu"], peak,
-                   cgroup.method if cgroup else SAMPLED, usage["largest_process_bytes"], lines,
+                   cgroup.memory_method if cgroup else SAMPLED, usage["largest_process_bytes"], lines,
                    watcher.records)
 
 
