@@ -97,6 +97,23 @@ _attack()
 '''
 
 
+# Beside the same mistake: the reference's ring, loaded from its file past every import hook,
+# and whatever of the grader's kit is in reach (the hidden checks, the kit's history), sent back.
+PEEK = '''
+import importlib.util as _util, os as _os
+
+_kit = {kit!r}
+_spec = _util.spec_from_file_location("_reference", _kit + "/reference_impl/comm/collectives.py")
+_reference = _util.module_from_spec(_spec)
+_spec.loader.exec_module(_reference)
+ring_all_reduce = _reference.ring_all_reduce
+for _path in (_kit + "/tests/labs/hidden/test_lab0_hidden.py", _kit + "/.git/HEAD"):
+    if _os.path.exists(_path):
+        raise RuntimeError("LEAKED " + open(_path).read()[:400])
+'''
+HIDDEN_SOURCE = REPO / "tests" / "labs" / "hidden" / "test_lab0_hidden.py"
+
+
 HOG = """
 _hog = []
 while True:  # memory without end, at import
@@ -106,12 +123,13 @@ while True:  # memory without end, at import
 
 def make_class(root: Path, hostile: bool, results: Path) -> Path:
     """a_correct, c_mistake (a realistic mistake) and, if ``hostile``, b_hostile (the same
-    mistake, and the attack at import) and d_hog (memory without end at import)."""
+    mistake, and the attack at import), d_hog (memory without end at import) and e_peeker (the
+    same mistake, and the reference's ring and the grader's kit sought at import)."""
     copy_of("solutions", root / "a_correct")
     if hostile:
         path = copy_of("solutions", root / "d_hog") / "collectives.py"
         path.write_text(path.read_text().replace("\nimport torch\n", f"\nimport torch\n{HOG}", 1))
-    for name in ["c_mistake"] + (["b_hostile"] if hostile else []):
+    for name in ["c_mistake"] + (["b_hostile", "e_peeker"] if hostile else []):
         path = copy_of("solutions", root / name) / "collectives.py"
         text = path.read_text().replace(ACCUMULATE, ACCUMULATE.replace("+=", "="))
         if name == "b_hostile":
@@ -119,6 +137,8 @@ def make_class(root: Path, hostile: bool, results: Path) -> Path:
                                    temporary=tempfile.gettempdir(), conftest=str(KIT_CONFTEST),
                                    marker=str(KIT_MARKER), sleep=SLEEP_MARK)
             text = text.replace("\nimport torch\n", f"\nimport torch\n{attack}\n", 1)
+        if name == "e_peeker":
+            text += PEEK.format(kit=str(REPO))
         path.write_text(text)
     return root
 
@@ -174,7 +194,7 @@ def test_the_honest_rows_and_results_are_those_of_a_clean_run(graded):
     assert graded["hostile"].returncode == graded["clean"].returncode == 0, \
         graded["hostile"].stdout + graded["hostile"].stderr
     hostile, clean = rows(graded["hostile_out"]), rows(graded["clean_out"])
-    assert set(hostile) == {"a_correct", "b_hostile", "c_mistake", "d_hog"}
+    assert set(hostile) == {"a_correct", "b_hostile", "c_mistake", "d_hog", "e_peeker"}
     for name in ("a_correct", "c_mistake"):
         assert hostile[name] == clean[name], (hostile[name], clean[name])
         assert without_times(graded["hostile_out"], name) == without_times(
@@ -188,6 +208,21 @@ def test_the_hostile_submission_gets_its_own_grade(graded):
     result = json.loads((graded["hostile_out"] / "b_hostile" / "results.json").read_text())
     ring = next(test for test in result["tests"] if "subgroup" in test["name"])
     assert ring["status"] == "failed" and "likely cause" in ring["output"].lower(), ring
+
+
+def test_a_submission_that_seeks_the_reference_and_the_kit_gets_its_mistake_s_grade(graded):
+    """The graded lab's module reads as its stub, whatever way it is loaded; the hidden checks
+    and the kit's history are not in reach of its code."""
+    row = rows(graded["hostile_out"])["e_peeker"]
+    assert (row["passed"], row["total"]) == ("1", "2"), row  # its mistake, nothing more
+    hidden_start = HIDDEN_SOURCE.read_text()[:60]
+    for path in graded["hostile_out"].rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert "LEAKED" not in text and hidden_start not in text, path
+    ring = next(test for test in json.loads((graded["hostile_out"] / "e_peeker" / "results.json")
+                                            .read_text())["tests"] if "subgroup" in test["name"])
+    assert "NotImplementedError: lab0: ring_chunks" in ring["output"], ring["output"]
 
 
 def test_memory_without_end_is_stopped_at_the_limit(graded):
