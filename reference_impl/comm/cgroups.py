@@ -72,6 +72,7 @@ class TreeCgroup:
         made = TreeCgroup({})
         for controller in controllers:
             for own, version in own_folders(controller):
+                _remove_orphans(own, prefix)
                 folder = own / name  # under v2, one folder holds every controller
                 try:
                     folder.mkdir(exist_ok=True)
@@ -118,3 +119,14 @@ class TreeCgroup:
                     if time.monotonic() > deadline:
                         break
                     time.sleep(0.01)
+
+
+def _remove_orphans(folder: Path, prefix: str) -> None:
+    """Remove the empty groups ``prefix`` left by a process that is gone (killed before it
+    could remove them)."""
+    with contextlib.suppress(OSError):
+        for orphan in folder.glob(f"{prefix}-*-*"):
+            maker = orphan.name[len(prefix) + 1:].split("-")[0]
+            if maker.isdigit() and not Path(f"/proc/{maker}").exists():
+                with contextlib.suppress(OSError):
+                    orphan.rmdir()

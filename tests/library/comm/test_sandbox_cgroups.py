@@ -82,3 +82,13 @@ def test_the_groups_go_when_a_launch_is_ended():
     with pytest.raises(LaunchTimeout):
         sandboxed(stuck, world_size=2, timeout=2.0)
     assert leftovers() == before
+
+
+def test_groups_left_by_a_killed_grader_are_removed_by_the_next_launch():
+    dead = max(int(name) for name in os.listdir("/proc") if name.isdigit()) + 100_000
+    orphans = [own / f"{PREFIX}{dead}-1" for controller in ("pids", "memory")
+               for own, _ in own_folders(controller)]
+    for orphan in orphans:
+        orphan.mkdir(exist_ok=True)
+    sandboxed(os.getpid)
+    assert not [orphan for orphan in orphans if orphan.exists()]
