@@ -102,8 +102,8 @@ def enter(sandbox: Sandbox, workdir: str, ranks: int, close_in_host=(),
     held_before = _open_descriptors()
     if len(os.listdir("/proc/self/task")) > 1:  # a new user namespace needs one thread
         _wait_outside(os.fork(), close_in_host)
-    _call(_libc.unshare, CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET
-          | CLONE_NEWIPC, what="unshare (new user, mount, PID, network and IPC namespaces)")
+    unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC,
+            what="unshare (new user, mount, PID, network and IPC namespaces)")
     _map_to_the_same_user(uid, gid)
     _wait_outside(os.fork(), close_in_host)  # the namespace's process 1 goes on from here
     cwd = os.getcwd()
@@ -159,7 +159,13 @@ def _call(function, *args, what: str) -> int:
     return result
 
 
-def _mount(source, target, kind, flags, data=None, what=None) -> None:
+def unshare(flags: int, what: str) -> None:
+    """``unshare(2)`` with ``flags`` (``CLONE_NEW...``), or a SandboxError saying ``what``."""
+    _call(_libc.unshare, flags, what=what)
+
+
+def mount(source, target, kind, flags, data=None, what=None) -> None:
+    """``mount(2)``, or a SandboxError saying ``what`` failed and why."""
     _call(_libc.mount, _bytes(source), _bytes(target), _bytes(kind), ctypes.c_ulong(flags),
           _bytes(data), what=what or f"mount {target}")
 
@@ -180,7 +186,7 @@ def _map_to_the_same_user(uid: int, gid: int) -> None:
 
 
 def _mount_files(sandbox: Sandbox, workdir: str, shared_memory: int) -> None:
-    _mount(None, "/", None, MS_REC | MS_PRIVATE, what="make / private")
+    mount(None, "/", None, MS_REC | MS_PRIVATE, what="make / private")
     if sandbox.cache:
         os.makedirs(sandbox.cache, exist_ok=True)
     writable = [os.path.realpath(path) for path in (workdir, *sandbox.writable, sandbox.cache)
@@ -211,8 +217,8 @@ def _mount_files(sandbox: Sandbox, workdir: str, shared_memory: int) -> None:
             if show:
                 _bind_from(handles[path], path)
             elif os.path.isdir(path):  # a folder under a hidden one is gone already
-                _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
-        _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755",
+                mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=755,size=1m")
+        mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755",
                what="a /dev of its own")
         for path in devices:
             _bind_from(handles[path], path)
@@ -223,16 +229,16 @@ def _mount_files(sandbox: Sandbox, workdir: str, shared_memory: int) -> None:
             os.close(handle)
     os.makedirs("/dev/shm")
     # Shared memory escapes a process's limit: the launch's, all of it, holds one process's.
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
+    mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV,
            f"mode=1777,size={shared_memory}", what="a /dev/shm of its own")
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(target, os.path.join("/dev", name))
-    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
            what="a /proc of the new PID namespace")
     for path in PROC_READ_ONLY:
         if os.path.exists(path):
-            _mount(path, path, None, MS_BIND | MS_REC)
+            mount(path, path, None, MS_BIND | MS_REC)
     for target, options in _mounts():
         if _within(target, writable + ["/dev/shm"]) or (
                 _within(target, ["/proc"]) and not _within(target, PROC_READ_ONLY)):
@@ -258,7 +264,7 @@ def _bind_from(handle: int, path: str) -> None:
     elif not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         open(path, "w").close()
-    _mount(f"/proc/self/fd/{handle}", path, None, MS_BIND | MS_REC, what=f"bind {path}")
+    mount(f"/proc/self/fd/{handle}", path, None, MS_BIND | MS_REC, what=f"bind {path}")
 
 
 def _mounts() -> list[tuple[str, str]]:
@@ -279,7 +285,7 @@ def _read_only(target: str, options: str) -> None:
     flags = MS_REMOUNT | MS_BIND | MS_RDONLY
     for option in options.split(","):
         flags |= _MOUNT_OPTIONS.get(option, 0)
-    _mount(None, target, None, flags, what=f"make {target} read-only")
+    mount(None, target, None, flags, what=f"make {target} read-only")
 
 
 def _loopback_up() -> None:

@@ -81,20 +81,22 @@ class _Evil:
 
 
 def build_class(root: Path, marker: Path) -> Path:
-    """The class: a correct submission, the stubs, a realistic mistake, and three that
+    """The class: a correct submission, the stubs, a realistic mistake, and those that
     misbehave, each in several ways that different tests here look at."""
     submission(root / "correct")
     submission(root / "stubs", files="stubs")
     submission(root / "mistake", lambda text: text.replace(ACCUMULATE, ACCUMULATE.replace(
         "+=", "=")))
     # Cheats: always-true comparisons at import, a real mistake, a result whose unpickling
-    # would run its code, a process started at import, 50 MB printed per call, and the
-    # reference's alpha_beta re-exported.
-    cheats = submission(root / "cheats", lambda text: in_ring_all_reduce(
+    # would run its code, a process started at import, 50 MB printed per call.
+    submission(root / "cheats", lambda text: in_ring_all_reduce(
         "    print('x' * 50_000_000, flush=True)\n    return _Evil()\n")(at_import(
             CHEAT.format(marker=str(marker))
             + f"import subprocess\nsubprocess.Popen(['sleep', '{SLEEP_MARK}'])")(text)))
-    (cheats / "alpha_beta.py").write_text("from reference_impl.comm.alpha_beta import *\n")
+    # The reference's alpha_beta re-exported: flagged; in the ranks, the reference's name is
+    # the submission's own file (the student's view), so it re-exports nothing.
+    reexports = submission(root / "reexports")
+    (reexports / "alpha_beta.py").write_text("from reference_impl.comm.alpha_beta import *\n")
     submission(root / "kills_parent", at_import(
         "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)"))
     # Hangs: a deadlock (only rank 0 calls the all-reduce) and an endless loop at import.
@@ -136,9 +138,9 @@ def failures(result) -> str:
 
 def test_every_submission_is_graded_and_the_sheet_written(graded):
     assert set(graded["sheet"]) == set(graded["results"]) == {
-        "correct", "stubs", "mistake", "cheats", "kills_parent", "hangs", "linked"}
+        "correct", "stubs", "mistake", "cheats", "reexports", "kills_parent", "hangs", "linked"}
     assert "Most common failures" in (graded["out"] / "report.md").read_text()
-    assert "[1/7]" in graded["process"].stdout  # progress while it runs
+    assert "[1/8]" in graded["process"].stdout  # progress while it runs
 
 
 def test_a_file_that_is_a_link_is_refused_in_its_row_and_the_rest_graded(graded):
@@ -195,11 +197,13 @@ def test_gradescope_and_junit_files(graded):
 
 
 def test_a_reexport_of_the_reference_is_flagged_and_scores_nothing(graded):
-    result = graded["results"]["cheats"]
-    assert graded["sheet"]["cheats"]["flags"].startswith("lab0: alpha_beta.py line 1 imports "
-                                                         "reference_impl.comm.alpha_beta")
+    result = graded["results"]["reexports"]
+    assert graded["sheet"]["reexports"]["flags"].startswith(
+        "lab0: alpha_beta.py line 1 imports reference_impl.comm.alpha_beta")
     assert result["score"] == 0
     assert any(test["name"].startswith("flagged") for test in result["tests"])
+    if probe() is None:  # in the sandbox, the reference's name is the submission's own file
+        assert "from 'alpha_beta' (labs/alpha_beta.py)" in failures(result), failures(result)
 
 
 def test_a_submission_cannot_grade_itself(graded):

@@ -25,6 +25,7 @@ from pathlib import Path
 from reference_impl.comm.rank_failures import rank_server_pid
 from reference_impl.course.grade.ingest import ingest, shown
 from reference_impl.course.grade.results import Graded, RunEnd, read_log, results_of
+from reference_impl.course.grade.scratch import SCRATCH_BYTES, SCRATCH_FILES
 from reference_impl.course.plugin_args import plugin_args
 
 REPO = Path(__file__).resolve().parents[3]
@@ -58,11 +59,16 @@ def graded_test_files(labs: list[str]) -> list[str]:
 
 def graded_run_command(folder: Path, labs: list[str], log: Path, ini: Path, scratch: Path,
                        limits: Limits) -> list[str]:
+    """pytest on the graded tests of ``labs``, with ``scratch`` a bounded folder of its own
+    (:mod:`.scratch`)."""
+    bounded = [sys.executable, "-m", "reference_impl.course.grade.scratch", str(scratch),
+               str(SCRATCH_BYTES), str(SCRATCH_FILES), "--"]
     # nbval reads notebooks, which grading never runs: not loading it saves ~1.8 s a submission.
-    command = [sys.executable, "-m", "pytest", *plugin_args(), *graded_test_files(labs), "-c",
-               str(ini), "--rootdir", str(REPO), "-p", "no:cacheprovider", "-p", "no:nbval",
-               "-q", "--impl", str(folder), "-m", " or ".join(labs), "--grading-log", str(log),
-               "--basetemp", str(scratch), "--timeout", str(limits.test_timeout), "--launch-timeout",
+    command = [*bounded, sys.executable, "-m", "pytest", *plugin_args(),
+               *graded_test_files(labs), "-c", str(ini), "--rootdir", str(REPO), "-p",
+               "no:cacheprovider", "-p", "no:nbval", "-q", "--impl", str(folder), "-m",
+               " or ".join(labs), "--grading-log", str(log), "--basetemp", str(scratch / "pytest"),
+               "--timeout", str(limits.test_timeout), "--launch-timeout",
                str(limits.launch_timeout), "--budget", str(limits.budget), "--after-hang",
                str(limits.after_hang), "--backend", limits.backend, "--sandbox", limits.sandbox]
     for path in limits.hidden:
@@ -98,7 +104,7 @@ def grade_one(submission: Path, labs: list[str], limits: Limits, gpus: list[int]
             environment["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
         with open(output, "wb") as sink:
             process = reaper.start(
-                graded_run_command(folder, labs, log, ini, scratch / "pytest", limits),
+                graded_run_command(folder, labs, log, ini, scratch, limits),
                 workdir, environment, sink)
             progress = threading.Thread(target=_progress, daemon=True,
                                         args=(shown(submission.name), log, process))
