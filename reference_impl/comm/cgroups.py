@@ -108,7 +108,7 @@ class TreeCgroup:
         for folder in {folder for folder, _ in self.folders.values()}:
             (folder / "cgroup.procs").write_text(str(os.getpid()))
 
-    def remove(self, wait: float = 1.0) -> None:
+    def remove(self, wait: float = 5.0) -> None:
         """Remove the groups, waiting up to ``wait`` seconds for their last processes to go."""
         deadline = time.monotonic() + wait
         for folder in {folder for folder, _ in self.folders.values()}:

@@ -40,6 +40,7 @@ DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "nvidia*", "dri",
 SERVICE_FOLDERS = ("/tmp", "/var/tmp", "/run")
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger")  # the kernel's settings, as containers do
 GIB = 1 << 30
+THREADS_PER_RANK = 256  # threads a rank may run (its pool, gloo's per group), in the tree's count
 _libc = ctypes.CDLL(None, use_errno=True) if os.name == "posix" else None
 
 
@@ -81,7 +82,8 @@ def tree_limits(sandbox: Sandbox, ranks: int) -> TreeCgroup | None:
     tree = TreeCgroup.make("kit-sandbox")
     if tree is not None:
         try:
-            tree.limit("pids", sandbox.processes + ranks + 4)  # + the host and process 1
+            # The kernel counts threads too: each rank's own (torch's, gloo's) beside it.
+            tree.limit("pids", sandbox.processes + ranks * THREADS_PER_RANK + 4)
             tree.limit("memory", _memory_per_process(sandbox, ranks) * (ranks + 2))  # + shm
         except OSError:
             tree.remove()
