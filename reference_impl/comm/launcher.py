@@ -39,7 +39,7 @@ from reference_impl.comm.device import (BACKENDS, current_device, gpu_count,  # 
                                         resolve_backend, wait_for_device)
 from reference_impl.comm.rank_failures import (LaunchTimeout, RankFailure, dump_stacks,
                                                has_died, rank_server_pid, receive, root_cause)
-from reference_impl.comm.sandbox import Sandbox, SandboxError, die_with_parent, unavailable
+from reference_impl.comm.sandbox import Sandbox, SandboxError, die_with_parent
 from reference_impl.comm.rank_payloads import (RESULT_KINDS, CappedOutput, on_cpu,
                                                pickle_the_work, redirect_output, send,
                                                unpickle_the_work)
@@ -106,7 +106,7 @@ def launch(fn, world_size: int, *args, backend: str = "auto", timeout: float = D
     if under_torchrun():
         return _run_as_torchrun_rank(fn, world_size, args, kwargs, backend, timeout)
     backend = resolve_backend(backend, world_size)
-    reason = unavailable() if sandbox is not None else None
+    reason = sandboxed_ranks.unavailable(sandbox) if sandbox is not None else None
     if reason is not None:
         raise SandboxError(f"no sandbox can be made here: {reason}")
     start_method = _check_start_method(start_method or default_start_method())

@@ -60,6 +60,7 @@ class Sandbox:
     file_bytes: int = 4 * GIB  # the largest file a rank may write
     processes: int = 512  # processes the ranks may start, besides those the user runs
     cache: str | None = None  # a writable folder that outlives the launch (matplotlib's)
+    uid: int | None = None  # no namespaces: a user of the box's own (comm/user_box.py)
 
     def environment(self, workdir: str) -> dict[str, str]:
         """What a rank's environment gets inside: its temporary files in the launch's folder,
@@ -99,7 +100,7 @@ def enter(sandbox: Sandbox, workdir: str, ranks: int, close_in_host=(),
     exits with its status. With ``tree`` (:func:`tree_limits`), all of it is in that group."""
     if tree is not None:
         tree.join()
-    processes = _processes_of_this_user() + sandbox.processes
+    processes = processes_of(os.getuid()) + sandbox.processes
     uid, gid = os.getuid(), os.getgid()  # as the namespace will map them
     held_before = _open_descriptors()
     if len(os.listdir("/proc/self/task")) > 1:  # a new user namespace needs one thread
@@ -115,7 +116,7 @@ def enter(sandbox: Sandbox, workdir: str, ranks: int, close_in_host=(),
     except OSError:
         os.chdir(workdir)
     _loopback_up()
-    _limit(sandbox, processes, ranks)
+    limit(sandbox, processes, ranks)
     _drop_capabilities()
     for descriptor in _open_descriptors() - held_before:  # none of the set-up's crosses in
         os.close(descriptor)
@@ -303,7 +304,8 @@ def _memory_per_process(sandbox: Sandbox, ranks: int) -> int:
     return sandbox.memory_bytes or max(2 * GIB, machine // (2 * ranks))
 
 
-def _limit(sandbox: Sandbox, processes: int, ranks: int) -> None:
+def limit(sandbox: Sandbox, processes: int, ranks: int) -> None:
+    """The per-process limits: writable memory, file size, no core files, ``processes``."""
     memory = _memory_per_process(sandbox, ranks)
     for limit, value in ((resource.RLIMIT_DATA, memory), (resource.RLIMIT_FSIZE, sandbox.file_bytes),
                          (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, processes)):
@@ -312,16 +314,19 @@ def _limit(sandbox: Sandbox, processes: int, ranks: int) -> None:
         resource.setrlimit(limit, (value, value))
 
 
-def _processes_of_this_user() -> int:
-    """How many processes this user runs now (a process limit counts them all)."""
-    uid, count = os.getuid(), 0
+def processes_of(uid: int, running_only: bool = False) -> int:
+    """How many processes user ``uid`` runs now (a process limit counts them all, ended ones
+    not yet reaped included, unless ``running_only``)."""
+    count = 0
     for status in glob.glob("/proc/[0-9]*/status"):
         try:
             with open(status) as handle:
-                count += any(line.startswith("Uid:") and int(line.split()[1]) == uid
-                             for line in handle)
-        except (OSError, ValueError):
+                lines = handle.read().splitlines()
+        except OSError:
             continue
+        fields = dict(line.split(":", 1) for line in lines if ":" in line)
+        count += (fields.get("Uid", "").split()[:1] == [str(uid)]
+                  and not (running_only and fields.get("State", "").split()[:1] == ["Z"]))
     return count
 
 
@@ -330,8 +335,13 @@ def _drop_capabilities() -> None:
     for capability in range(64):
         if _libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) < 0:
             break  # past the last capability this kernel knows
-    _call(_libc.prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0, what="prctl(PR_SET_NO_NEW_PRIVS)")
+    no_new_privileges()
     header = struct.pack("Ii", _CAPABILITY_VERSION_3, 0)
     data = ctypes.create_string_buffer(24)  # two (effective, permitted, inheritable): all 0
     _call(_libc.capset, ctypes.c_char_p(header), data, what="capset (drop capabilities)")
 
+
+
+def no_new_privileges() -> None:
+    """No exec from here on gains a privilege (a setuid program, file capabilities)."""
+    _call(_libc.prctl, PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0, what="prctl(PR_SET_NO_NEW_PRIVS)")

@@ -2,7 +2,9 @@
 
 One *host* process starts from the rank server like any rank and enters the namespaces; the
 namespace's first process forks the ranks, waits for them and reports each one's exit; when
-it exits, the kernel ends whatever is left in the namespace. The caller sees each rank as a
+it exits, the kernel ends whatever is left in the namespace. Without namespaces (a box user,
+:mod:`reference_impl.comm.user_box`), the host becomes the box's user instead, and what is left
+of the box is ended when the launch ends. The caller sees each rank as a
 :class:`SandboxedRank` (the part of :class:`multiprocessing.Process` the launcher uses), and
 nothing that comes out of the sandbox is unpickled: exit codes travel as packed integers.
 """
@@ -15,6 +17,7 @@ import struct
 import traceback
 
 from reference_impl.comm import sandbox as sandboxes
+from reference_impl.comm import user_box
 from reference_impl.comm.rank_payloads import send
 
 _EXIT = struct.Struct("i")  # a rank's exit code, from the namespace's first process
@@ -62,6 +65,11 @@ class SandboxedRank:
         self.host.kill()
 
 
+def unavailable(sandbox) -> str | None:
+    """Why ``sandbox`` cannot be made here, or None when it can."""
+    return sandboxes.unavailable() if sandbox.uid is None else user_box.unavailable()
+
+
 def start(context, sandbox, workdir: str, run_rank, rank_arguments: list[tuple],
           own_ends: list[list], results: str):
     """Start the host of ``len(rank_arguments)`` ranks, each running ``run_rank(*arguments)``;
@@ -74,6 +82,7 @@ def start(context, sandbox, workdir: str, run_rank, rank_arguments: list[tuple],
         sandbox, workdir, run_rank, rank_arguments, own_ends, [end for _, end in exits], control,
         results, tree))
     host.tree = tree  # removed by end(), once the sandbox has ended
+    host.box_uid = sandbox.uid  # whose processes end() ends
     host.start()
     control.close()
     for _, end in exits:
@@ -84,11 +93,14 @@ def start(context, sandbox, workdir: str, run_rank, rank_arguments: list[tuple],
 
 def end(host) -> None:
     """Wait for the host (it exits once every process of the sandbox has ended), or kill it;
-    then remove the control groups of its tree, if it had some."""
+    then end what a box user left running, and remove the control groups of its tree, if it
+    had some."""
     host.join(timeout=2.0)
     if host.is_alive():
         host.kill()
         host.join()
+    if host.box_uid is not None:
+        user_box.end_everything_of(host.box_uid)
     if host.tree is not None:
         host.tree.remove()
 
@@ -98,7 +110,8 @@ def _run_host(sandbox, workdir, run_rank, rank_arguments, own_ends, exit_ends, c
     sandboxes.die_with_parent()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the caller's handler is the caller's
     try:
-        sandboxes.enter(sandbox, workdir, len(rank_arguments), close_in_host=[
+        enter = sandboxes.enter if sandbox.uid is None else user_box.enter
+        enter(sandbox, workdir, len(rank_arguments), close_in_host=[
             *exit_ends, control, *(end for ends in own_ends for end in ends)], tree=tree)
     except BaseException as error:  # noqa: BLE001 - every rank reports it
         message = ("error", type(error).__name__, f"the sandbox could not be set up: {error}",

@@ -17,8 +17,10 @@ import pytest
 from reference_impl.comm.launcher import launch
 from reference_impl.comm.rank_failures import LaunchTimeout
 from reference_impl.comm.sandbox import Sandbox
+from reference_impl.comm.user_box import BOX_UID
 from reference_impl.course import sandboxing, syllabus, view
 from reference_impl.course.grading import Implementation, reference_imports
+from reference_impl.course.private_files import owner_only
 
 HIDDEN = "hidden"  # the marker of the graded checks under tests/labs/hidden/, not handed out
 DEFAULT_AFTER_HANG = 5.0  # seconds a launch may take once the submission has hung
@@ -53,7 +55,7 @@ class GradedRun:
         self.started = time.monotonic()
         self.hung_in = None  # the first test whose launch hung
         log = config.getoption("--grading-log")
-        self.log = open(log, "a", buffering=1) if log else None
+        self.log = open(log, "a", buffering=1, opener=owner_only) if log else None
         self.findings = []
         self.lab_of_test = {}  # nodeid -> its lab marker, once collected
         self.hidden_tests = set()  # the nodeids of the graded tests marked hidden
@@ -93,7 +95,8 @@ class GradedRun:
             replaced = self.view.replaced
         return Sandbox(writable=(str(scratch),), cache=str(scratch / "sandbox-cache"),
                        readable=readable, hidden=hidden, replaced=replaced,
-                       memory_bytes=self.memory_bytes)
+                       memory_bytes=self.memory_bytes,
+                       uid=BOX_UID if self.sandbox_mode == "user" else None)
 
     def seen_as_a_student(self, implementation) -> Implementation:
         """``implementation``, its files standing in for the modules its view shows as stubs."""

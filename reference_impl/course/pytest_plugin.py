@@ -53,7 +53,8 @@ def pytest_addoption(parser):
                          "none)")
     group.addoption("--sandbox", choices=sandboxing.MODES, default="auto",
                     help="run each graded launch in a sandbox of its own: where one can be "
-                         "made (auto, the default), always (namespaces) or never (none)")
+                         "made (auto, the default), always (namespaces), as a user of its "
+                         "own where no namespace can be made (user: root only) or never (none)")
     group.addoption("--sandbox-hide", action="append", default=[], metavar="PATH",
                     help="a folder the sandboxed code must not see (it finds it empty)")
     group.addoption("--memory-limit", type=float, default=None, metavar="GIB",

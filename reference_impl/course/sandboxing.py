@@ -2,9 +2,10 @@
 
 ``namespaces`` (:mod:`reference_impl.comm.sandbox`) where a sandboxed launch works here;
 ``none`` where it does not (``auto`` then says why, ``namespaces`` refuses to grade), or when
-asked for. The batch grader does not fall back: where none can be made, ``auto`` refuses too,
-so that a class is never graded unsandboxed by accident. The grading documentation says what
-each mode guarantees.
+asked for; ``user`` (:mod:`reference_impl.comm.user_box`) only when asked for: as root, where no
+namespace can be made, each launch as an unprivileged user of its own. The batch grader does
+not fall back: where none can be made, ``auto`` refuses too, so that a class is never graded
+unsandboxed by accident. The grading documentation says what each mode guarantees.
 """
 from __future__ import annotations
 
@@ -14,12 +15,18 @@ import os
 from reference_impl.comm.cgroups import TreeCgroup
 from reference_impl.comm.launcher import launch
 from reference_impl.comm.sandbox import Sandbox, unavailable
+from reference_impl.comm.user_box import BOX_UID
+from reference_impl.comm.user_box import unavailable as no_box_user
 
-MODES = ("auto", "namespaces", "none")
+MODES = ("auto", "namespaces", "user", "none")
 # What the run's one sandbox line says; the whole of it: docs/grading.md, 'Untrusted code'.
 COVERED = ("each launch sees only its own processes and a student's view of the kit, writes only "
            "its scratch, reaches no network, is limited in memory and processes; not covered: "
            "docs/grading.md, 'Untrusted code: the sandbox'")
+AS_A_USER = (f"each launch runs as an unprivileged user of its own (uid {BOX_UID}): it reads "
+             "none of the grader's closed files, writes only its scratch, is limited in memory "
+             "and processes and ends with its launch; not covered: docs/grading.md, 'Untrusted "
+             "code: the sandbox'")
 NOT_COVERED = ("the submission's code runs with your rights; grade inside a container "
                "(docs/grading.md, 'Untrusted code: the sandbox')")
 
@@ -48,6 +55,11 @@ def choose(mode: str, fall_back: bool = True) -> tuple[bool, str]:
         raise ValueError(f"--sandbox {mode}: choose one of {', '.join(MODES)}")
     if mode == "none":
         return False, f"sandbox: none (asked for): {NOT_COVERED}"
+    if mode == "user":
+        reason = no_box_user()
+        if reason is not None:
+            raise ValueError(f"--sandbox user: {reason}")
+        return True, f"sandbox: user: {AS_A_USER}"
     reason = probe()
     if reason is None:
         return True, f"sandbox: namespaces: {COVERED}"

@@ -11,7 +11,9 @@ from reference_impl.course.grading import (
 from reference_impl.course.make_labs import labs_of_modules
 
 from support import GRADED_TESTS
-GRADED = sorted(GRADED_TESTS.glob("test_lab*_*.py"))
+# Both tiers: the hidden checks too run where the graded lab's reference is a stub (the
+# Gradescope autograder's kit is a handout).
+GRADED = sorted([*GRADED_TESTS.glob("test_lab*_*.py"), *GRADED_TESTS.glob("hidden/test_lab*_*.py")])
 
 
 def test_there_are_graded_test_files():

@@ -12,11 +12,11 @@ from importlib.metadata import version
 from pathlib import Path
 
 from reference_impl.benchmarks import grading_cost
-from reference_impl.benchmarks.grading_cost.estimates import (CLASS_SIZE, GIB, MEMORY_MARGIN,
-                                                              breakdown)
+from reference_impl.benchmarks.grading_cost.estimates import CLASS_SIZE, GIB, breakdown
 from reference_impl.benchmarks.grading_cost.labs import LabCost, grade_lab, solved_class
 from reference_impl.benchmarks.grading_cost.launches import calibrate
 from reference_impl.benchmarks.grading_cost.tables import class_table, cost_table
+from reference_impl.course.grade.gradescope.containers import MEMORY_MARGIN
 
 COMMAND = "python -m reference_impl.course.grade SUBMISSIONS --labs N --jobs 1"
 

@@ -9,10 +9,6 @@ from reference_impl.benchmarks.grading_cost.labs import LabCost
 
 GIB = 1 << 30
 CLASS_SIZE = 200
-MEMORY_MARGIN = 1.5  # a container holds this many times the measured peak
-# Gradescope's autograder containers, (CPUs, GiB): the default is half a CPU and 768 MB; the
-# larger ones keep its 1.5 GB per CPU.
-GRADESCOPE_CONTAINERS = ((0.5, 0.75), (1.0, 1.5), (2.0, 3.0), (4.0, 6.0))
 
 
 @dataclass(frozen=True)
@@ -58,16 +54,3 @@ def class_seconds(per_run: float, per_submission: float, students: int, setup: S
     """A class graded on ``setup``: each machine's command starts once, then grades its share
     of the class ``setup.jobs`` at a time; the busiest machine's rounds decide."""
     return per_run + math.ceil(students / (setup.machines * setup.jobs)) * per_submission
-
-
-def container(peak_bytes: int, margin: float = MEMORY_MARGIN) -> tuple[float, float] | None:
-    """The smallest Gradescope container (CPUs, GiB) holding ``margin`` x the peak; None if
-    none does."""
-    need = peak_bytes * margin / GIB
-    return next((size for size in GRADESCOPE_CONTAINERS if size[1] >= need), None)
-
-
-def container_seconds(wall: float, cpu: float, cpus: float) -> float:
-    """A submission's time in a container of ``cpus`` CPUs, at least: its wall time here, or
-    its CPU time spread over those CPUs where that is longer."""
-    return max(wall, cpu / cpus)

@@ -2,11 +2,11 @@
 container per lab."""
 from __future__ import annotations
 
-from reference_impl.benchmarks.grading_cost.estimates import (CLASS_SIZE, GIB, MEMORY_MARGIN,
-                                                              SETUPS, breakdown, class_seconds,
-                                                              container, container_seconds,
-                                                              per_run_seconds)
+from reference_impl.benchmarks.grading_cost.estimates import (CLASS_SIZE, GIB, SETUPS, breakdown,
+                                                              class_seconds, per_run_seconds)
 from reference_impl.benchmarks.grading_cost.labs import LabCost
+from reference_impl.course.grade.gradescope.containers import (MEMORY_MARGIN, container,
+                                                               container_seconds, memory_name)
 
 COST_COLUMNS = ("lab", "tests", "wall s", "CPU s", "peak GiB", "start s", "servers s",
                 "launches (n x s)", "checks s", "rest s", "load 1m")
@@ -54,10 +54,6 @@ def gradescope(cost: LabCost) -> str:
     return (f"{cpus:g} CPU, {memory_name(gib)}: "
             f">= {container_seconds(cost.wall, cost.cpu, cpus):.0f} s")
 
-
-def memory_name(gib: float) -> str:
-    """A container's memory as Gradescope names it: 768 MB, 1.5 GB."""
-    return f"{gib * 1024:.0f} MB" if gib < 1 else f"{gib:g} GB"
 
 
 def duration(seconds: float) -> str:

@@ -40,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds one submission may take in all (default 900)")
     parser.add_argument("--sandbox", default="auto", choices=sandboxing.MODES,
                         help="each launch of a submission's code in a sandbox of its own: "
-                             "where one can be made (auto), always (namespaces), never (none)")
+                             "where one can be made (auto), always (namespaces), as a user of "
+                             "its own where no namespace can be made (user: root only, in a "
+                             "machine that grades and nothing else), never (none)")
     parser.add_argument("--memory-limit", type=float, default=None, metavar="GIB",
                         help="writable memory of each process of a submission, in GiB, in the "
                              "sandbox (default: a share of half the machine's, at least 2)")
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     class_folder = Path(tempfile.mkdtemp(prefix="grading-"))
     hidden = tuple(str(path.resolve()) for path in (class_folder, args.submissions, args.out))
     limits = Limits(args.test_timeout, args.launch_timeout, args.after_hang, args.budget,
-                    args.backend, args.k, sandbox="namespaces" if sandboxed else "none",
+                    args.backend, args.k, sandbox=args.sandbox if args.sandbox == "user" else
+                    "namespaces" if sandboxed else "none",
                     hidden=hidden, memory_limit=args.memory_limit)
     reaper, slots = Reaper(), gpu_slots(args.jobs, args.gpus_per_submission)
     free = list(range(len(slots)))

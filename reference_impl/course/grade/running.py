@@ -27,6 +27,7 @@ from reference_impl.course.grade.ingest import ingest, shown
 from reference_impl.course.grade.results import Graded, RunEnd, read_log, results_of
 from reference_impl.course.grade.scratch import SCRATCH_BYTES, SCRATCH_FILES
 from reference_impl.course.plugin_args import plugin_args
+from reference_impl.course.private_files import owner_only
 
 REPO = Path(__file__).resolve().parents[3]
 GRADED_TESTS = REPO / "tests" / "labs"
@@ -102,7 +103,7 @@ def grade_one(submission: Path, labs: list[str], limits: Limits, gpus: list[int]
         environment.pop("PYTEST_ADDOPTS", None)
         if gpus is not None:
             environment["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-        with open(output, "wb") as sink:
+        with open(output, "wb", opener=owner_only) as sink:
             process = reaper.start(
                 graded_run_command(folder, labs, log, ini, scratch, limits),
                 workdir, environment, sink)

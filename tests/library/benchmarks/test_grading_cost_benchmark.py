@@ -10,6 +10,7 @@ import pytest
 from reference_impl.benchmarks.grading_cost import estimates, tables, tree
 from reference_impl.benchmarks.grading_cost.benchmark import as_json, measure, report
 from reference_impl.benchmarks.grading_cost.labs import LabCost
+from reference_impl.course.grade.gradescope import containers
 from reference_impl.course.sandboxing import probe
 
 GIB = 1 << 30
@@ -79,11 +80,11 @@ def test_a_class_is_one_start_then_its_rounds():
 
 
 def test_the_gradescope_container_holds_one_and_a_half_times_the_peak():
-    assert estimates.container(400 << 20) == (0.5, 0.75)  # 600 MiB in 768 MB
-    assert estimates.container(600 << 20) == (1.0, 1.5)  # 900 MiB
-    assert estimates.container(GIB) == (1.0, 1.5)
-    assert estimates.container(GIB + 1) == (2.0, 3.0)
-    assert estimates.container(5 * GIB) is None
-    assert estimates.container_seconds(wall=20.0, cpu=30.0, cpus=0.5) == 60.0
-    assert estimates.container_seconds(wall=20.0, cpu=30.0, cpus=2.0) == 20.0
+    assert containers.container(400 << 20) == (0.5, 0.75)  # 600 MiB in 768 MB
+    assert containers.container(600 << 20) == (1.0, 1.5)  # 900 MiB
+    assert containers.container(GIB) == (1.0, 1.5)
+    assert containers.container(GIB + 1) == (2.0, 3.0)
+    assert containers.container(5 * GIB) is None
+    assert containers.container_seconds(wall=20.0, cpu=30.0, cpus=0.5) == 60.0
+    assert containers.container_seconds(wall=20.0, cpu=30.0, cpus=2.0) == 20.0
     assert tables.memory_name(0.75) == "768 MB" and tables.memory_name(1.5) == "1.5 GB"
