@@ -24,9 +24,9 @@ COVERED = ("each launch sees only its own processes and a student's view of the 
            "its scratch, reaches no network, is limited in memory and processes; not covered: "
            "docs/grading.md, 'Untrusted code: the sandbox'")
 AS_A_USER = (f"each launch runs as an unprivileged user of its own (uid {BOX_UID}): it reads "
-             "none of the grader's closed files, writes only its scratch, is limited in memory "
-             "and processes and ends with its launch; not covered: docs/grading.md, 'Untrusted "
-             "code: the sandbox'")
+             "none of the grader's closed files, writes only its scratch and the machine's "
+             "shared temporary folders, is limited in memory and processes and ends with its "
+             "launch; not covered: docs/grading.md, 'Untrusted code: the sandbox'")
 NOT_COVERED = ("the submission's code runs with your rights; grade inside a container "
                "(docs/grading.md, 'Untrusted code: the sandbox')")
 

@@ -5,11 +5,11 @@ submission gets full marks with the hidden checks shown after the due date; a pa
 what the batch grader gives it; a hostile one, in the kit's sandbox and as a box user (no
 namespaces), reads neither the hidden checks nor a solution, and its results are the grader's
 even though it wrote its own, also from a process it left running."""
+import contextlib
 import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from reference_impl.comm.sandbox import processes_of
-from reference_impl.comm.user_box import BOX_UID, closed_on_the_way, needed_to_run
+from reference_impl.comm.user_box import BOX_UID
 from reference_impl.comm.user_box import unavailable as no_box_user
 from reference_impl.course import make_labs
 from reference_impl.course.sandboxing import probe
 from support import REPO
+from support.box_user import needs_root, open_to_a_box_user
 
 pytestmark = pytest.mark.slow
 
@@ -194,25 +195,13 @@ def test_a_partial_submission_gets_what_the_batch_grader_gives_it(autograder, ro
 
 MODES = [pytest.param("namespaces", marks=pytest.mark.skipif(
              probe() is not None, reason=f"no namespaces here: {probe()}")),
-         pytest.param("user", marks=pytest.mark.skipif(
-             not sys.platform.startswith("linux") or os.getuid() != 0,
-             reason="a box user needs root on Linux"))]
+         pytest.param("user", marks=needs_root)]
 
 
 @pytest.fixture
 def reachable(sandbox):
-    """For a box user: the interpreter and the kit opened to other users while the test runs
-    (as a grading container's are: Python under /usr), each closed folder on the way given
-    o+x and its mode given back afterwards."""
-    opened = []
-    for needed in needed_to_run() if sandbox == "user" else []:
-        while (closed := closed_on_the_way(needed)) is not None:
-            opened.append((closed, os.stat(closed).st_mode))
-            os.chmod(closed, stat.S_IMODE(opened[-1][1]) | stat.S_IXOTH)
-    assert sandbox != "user" or no_box_user() is None, no_box_user()
-    yield
-    for folder, mode in reversed(opened):
-        os.chmod(folder, stat.S_IMODE(mode))
+    with open_to_a_box_user() if sandbox == "user" else contextlib.nullcontext():
+        yield
 
 
 @pytest.mark.parametrize("sandbox", MODES)

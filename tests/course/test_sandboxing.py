@@ -1,6 +1,8 @@
 """Which sandbox a graded run gets, and what it says: namespaces where one can be made, none
 where it cannot (saying why and what that leaves open), a refusal where one was required; and
 the batch grader, which never grades a class without one unless asked (``--sandbox none``)."""
+import re
+
 import pytest
 
 from reference_impl.course import sandboxing
@@ -29,7 +31,7 @@ def test_namespaces_refuses_to_grade_without_one(no_namespaces):
 def test_none_is_none_when_asked_for_and_unknown_modes_are_refused():
     assert sandboxing.choose("none") == (False, f"sandbox: none (asked for): "
                                                 f"{sandboxing.NOT_COVERED}")
-    with pytest.raises(ValueError, match="choose one of auto, namespaces, none"):
+    with pytest.raises(ValueError, match="choose one of auto, namespaces, user, none"):
         sandboxing.choose("docker")
 
 
@@ -81,3 +83,12 @@ def test_the_batch_grader_grades_without_a_sandbox_when_asked(no_namespaces, mon
     assert cli.main([*class_of_one(tmp_path), "--sandbox", "none"]) == 0
     assert "sandbox: none (asked for)" in capsys.readouterr().out
     assert (tmp_path / "results" / "alice" / "results.json").exists()
+
+
+def test_a_box_user_is_refused_where_it_cannot_run_saying_why():
+    from reference_impl.comm.user_box import unavailable as no_box_user
+    reason = no_box_user()
+    if reason is None:
+        pytest.skip("a box user can run here")
+    with pytest.raises(ValueError, match=re.escape(f"--sandbox user: {reason}")):
+        sandboxing.choose("user")

@@ -261,7 +261,7 @@ def test_every_start_method_can_be_sandboxed(start_method):
 
 
 def test_no_sandbox_here_is_refused_with_the_reason(monkeypatch):
-    monkeypatch.setattr(launcher, "unavailable", lambda: "no namespaces in this test")
+    monkeypatch.setattr(sandbox, "unavailable", lambda: "no namespaces in this test")
     with pytest.raises(SandboxError, match="no namespaces in this test"):
         sandboxed(all_reduce_rank)
 
