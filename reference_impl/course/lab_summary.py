@@ -118,9 +118,10 @@ def write(terminalreporter, config) -> None:
     if grading.sandbox_line:
         terminalreporter.write_line(grading.sandbox_line)
     if grading.budget is not None:
+        per_launch = (f"at most {grading.launch_timeout:g} s" if grading.launch_timeout
+                      else "each test's own limit")
         terminalreporter.write_line(f"budget: {grading.budget:g} s for the run (--budget), "
-                                    f"{grading.launch_timeout:g} s per launch "
-                                    "(--launch-timeout)")
+                                    f"{per_launch} per launch (--launch-timeout)")
     for labs, finding in grading.findings:
         terminalreporter.write_line(f"flagged ({', '.join(labs)}): {finding}")
     if grading.hung_in is not None:

@@ -44,8 +44,10 @@ def pytest_addoption(parser):
                          "Given several times, every graded test runs once per "
                          "implementation (to compare variants, as the kit's mistake catalogue "
                          "does; grade students one per run, so limits and flags stay theirs)")
-    group.addoption("--launch-timeout", type=float, default=DEFAULT_TIMEOUT,
-                    help=f"seconds one launch may take (default {DEFAULT_TIMEOUT:g})")
+    group.addoption("--launch-timeout", type=float, default=None,
+                    help=f"seconds one launch may take at most, from its start (so the "
+                         f"submission's imports count), a test's own longer limit included "
+                         f"(default: the test's limit, else {DEFAULT_TIMEOUT:g})")
     group.addoption("--budget", type=float, default=None,
                     help="seconds the whole graded run may take; then the "
                          "remaining graded tests fail at once (default: "

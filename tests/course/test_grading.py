@@ -14,7 +14,7 @@ import pytest
 
 from support import documents
 from support import nested
-from support.graded_cases import assert_every_case_passes, cases_of, copy_of
+from support.graded_cases import assert_every_case_passes, cases_of, copy_of, failure_text
 from support.handout_runs import student_command
 from reference_impl.course import make_labs, syllabus
 from reference_impl.course.grade import reports, running
@@ -372,3 +372,21 @@ def test_a_timing_test_is_skipped_only_where_other_tests_share_its_cores(tmp_pat
     assert expected in process.stdout, process.stdout[-2000:]
     if worker:
         assert "compares wall-clock times: run it without -n" in process.stdout
+
+
+def test_the_launch_limit_counts_the_imports_and_caps_a_test_s_own_longer_limit(tmp_path):
+    """A submission that sleeps at import, graded with ``--launch-timeout 5``: a test whose own
+    limit is 90 s (the ring's phases) stops at 5 s, since the launch's clock starts before the
+    submission's code first runs."""
+    folder = tmp_path / "labs"
+    folder.mkdir()
+    for module in make_labs.modules_with_exercises():
+        shutil.copy(module, folder / module.name)
+    collectives = folder / "collectives.py"
+    collectives.write_text(collectives.read_text() + "\nimport time\ntime.sleep(600)\n")
+    process, cases = graded_run(f"pytest --impl {folder} -m lab0 -k 'reduce_scatter_phase and "
+                                "4-ranks' --launch-timeout 5", tmp_path)
+    assert cases, process.stdout[-3000:]
+    for case in cases.values():
+        failure = failure_text(case)
+        assert failure and "did not finish within 5 s" in failure, (failure or "passed")[:2000]

@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus-per-submission", type=int, default=4)
     parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     parser.add_argument("--test-timeout", type=float, default=120.0)
-    parser.add_argument("--launch-timeout", type=float, default=60.0)
+    parser.add_argument("--launch-timeout", type=float, default=None,
+                        help="seconds one launch may take at most, imports included (default: "
+                             "each test's own limit: 60 s, up to 120 s for the largest sweeps)")
     parser.add_argument("--after-hang", type=float, default=5.0)
     parser.add_argument("--budget", type=float, default=900.0,
                         help="seconds one submission may take in all (default 900)")

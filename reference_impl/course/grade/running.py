@@ -41,7 +41,7 @@ PROGRESS_EVERY = 15.0  # seconds between progress lines while a submission runs
 class Limits:
     """What a graded run may take, and how it runs (the command's options)."""
     test_timeout: float = 120.0  # seconds per test
-    launch_timeout: float = 60.0  # seconds per launch of ranks
+    launch_timeout: float | None = None  # at most, seconds per launch (None: the tests' own)
     after_hang: float = 5.0  # seconds per launch once one has hung
     budget: float = 900.0  # seconds for the whole submission
     backend: str = "auto"
@@ -69,9 +69,10 @@ def graded_run_command(folder: Path, labs: list[str], log: Path, ini: Path, scra
                *graded_test_files(labs), "-c", str(ini), "--rootdir", str(REPO), "-p",
                "no:cacheprovider", "-p", "no:nbval", "-q", "--impl", str(folder), "-m",
                " or ".join(labs), "--grading-log", str(log), "--basetemp", str(scratch / "pytest"),
-               "--timeout", str(limits.test_timeout), "--launch-timeout",
-               str(limits.launch_timeout), "--budget", str(limits.budget), "--after-hang",
+               "--timeout", str(limits.test_timeout), "--budget", str(limits.budget), "--after-hang",
                str(limits.after_hang), "--backend", limits.backend, "--sandbox", limits.sandbox]
+    if limits.launch_timeout is not None:
+        command += ["--launch-timeout", str(limits.launch_timeout)]
     for path in limits.hidden:
         command += ["--sandbox-hide", path]
     if limits.memory_limit is not None:
