@@ -107,7 +107,7 @@ def enter(sandbox: Sandbox, workdir: str, ranks: int, close_in_host=(),
         _wait_outside(os.fork(), close_in_host)
     unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC,
             what="unshare (new user, mount, PID, network and IPC namespaces)")
-    _map_to_the_same_user(uid, gid)
+    map_to_the_same_user(uid, gid)
     _wait_outside(os.fork(), close_in_host)  # the namespace's process 1 goes on from here
     cwd = os.getcwd()
     _mount_files(sandbox, workdir, _memory_per_process(sandbox, ranks))
@@ -177,7 +177,7 @@ def _bytes(text: str | None) -> bytes | None:
     return None if text is None else text.encode()
 
 
-def _map_to_the_same_user(uid: int, gid: int) -> None:
+def map_to_the_same_user(uid: int, gid: int) -> None:
     """Inside, the user is who it was outside (uid and gid), and nothing more."""
     for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
                        ("gid_map", f"{gid} {gid} 1")):

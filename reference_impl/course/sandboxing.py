@@ -93,6 +93,8 @@ def limits(sandboxed: bool) -> dict[str, str]:
         "shared memory (/dev/shm)": "holds: the launch's own, one process's worth",
         "file size": "holds (setrlimit RLIMIT_FSIZE)",
         "processes": processes,
-        "the scratch's size and file count": "not bounded: one file at a time only",
+        "the scratch's size and file count": "holds in the class grader (a tmpfs of its own, "
+                                             "in a user namespace as any user); one file at a "
+                                             "time in a pytest run by hand",
         "a launch's time": "holds, from the launch's start (a test may set a longer one)",
     }

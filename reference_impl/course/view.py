@@ -1,9 +1,9 @@
 """What the code of a submission sees of the kit while it is graded: the students' view.
 
 Inside the sandbox of a graded run the kit reads as a student's copy of it reads while the
-graded labs are withheld: each module holding a graded lab's exercises is its stub (the
-submission's own file is the only solution in reach), the solved notebooks and decks of those
-labs and the library files that draw their answers are empty, their compiled bytecode is empty,
+graded labs are withheld, they and every later lab: each module holding their exercises is its
+stub (the submission's own file is the only solution in reach), the solved notebooks and decks of
+those labs and the library files that draw their answers are empty, their compiled bytecode is empty,
 and the folders a handout leaves out (the kit's history, the hidden checks, the kit's own tests)
 are empty. What the hidden checks run in a rank reaches it by value (cloudpickle), never by
 importing their module. What each part covers: docs/grading.md, 'What a submission can see'.
@@ -80,11 +80,14 @@ class StudentsView:
 
 
 def students_view(labs) -> StudentsView:
-    """The view of a run grading ``labs``; from now on the hidden checks' functions travel to
-    the ranks by value (their folder is empty there)."""
+    """The view of a run grading ``labs``: as at that point of the term, the first of them
+    and every later lab withheld (a later lab's solution is no more the student's to read
+    than a graded one's, and no graded check uses it). From now on the hidden checks'
+    functions travel to the ranks by value (their folder is empty there)."""
     for module in list(sys.modules.values()):
         if Path(getattr(module, "__file__", None) or "/").is_relative_to(HIDDEN_CHECKS):
             cloudpickle.register_pickle_by_value(module)
+    withheld = handout.withheld_labs(min(int(_LAB_NUMBER.match(lab).group(1)) for lab in labs))
     folder = Path(tempfile.mkdtemp(prefix="students-view-"))
-    return StudentsView(hidden_folders(), replaced_files(labs, folder),
-                        tuple(path.stem for path in exercise_modules(labs)), folder)
+    return StudentsView(hidden_folders(), replaced_files(withheld, folder),
+                        tuple(path.stem for path in exercise_modules(withheld)), folder)

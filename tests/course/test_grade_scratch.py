@@ -1,17 +1,20 @@
 """A graded run's scratch is a folder of its own, bounded in size and in files, where the grader
-may make one (as root): what a submission writes there cannot fill the machine's disk, and it is
-gone with the run."""
+may make one (as root, or as another user in a user namespace of its own): what a submission
+writes there cannot fill the machine's disk, and it is gone with the run."""
 import os
 import subprocess
 import sys
 
 import pytest
 
+from reference_impl.comm.user_box import BOX_UID
 from reference_impl.course.grade import running
 from reference_impl.course.grade.scratch import SCRATCH_BYTES, SCRATCH_FILES
+from support.box_user import ROOT_ON_LINUX, open_to_a_box_user
 
-pytestmark = pytest.mark.skipif(os.getuid() != 0 or not sys.platform.startswith("linux"),
-                                reason="a bounded scratch is made as root only")
+# Root runs it as root, and as another user (the box user's uid stands in for a grader's).
+pytestmark = pytest.mark.skipif(not ROOT_ON_LINUX, reason="the test takes root, to run it as "
+                                                           "root and as another user")
 
 FILL = """
 import os, sys
@@ -33,12 +36,20 @@ except OSError as error:
 """
 
 
-def test_the_scratch_holds_its_bytes_and_files_and_nothing_outlives_the_run(tmp_path):
+@pytest.mark.parametrize("user", [0, BOX_UID], ids=["as root", "as another user"])
+def test_the_scratch_holds_its_bytes_and_files_and_nothing_outlives_the_run(tmp_path, user):
+    tmp_path.chmod(0o755)
+    for parent in tmp_path.parents:
+        if str(parent).startswith("/tmp/"):
+            parent.chmod(parent.stat().st_mode | 0o001)
     folder = tmp_path / "scratch"
     folder.mkdir()
-    run = subprocess.run([sys.executable, "-m", "reference_impl.course.grade.scratch",
-                          str(folder), str(8 << 20), "100", "--", sys.executable, "-c", FILL,
-                          str(folder)], capture_output=True, text=True, timeout=60)
+    os.chown(folder, user, user)
+    with open_to_a_box_user():
+        run = subprocess.run([sys.executable, "-m", "reference_impl.course.grade.scratch",
+                              str(folder), str(8 << 20), "100", "--", sys.executable, "-c", FILL,
+                              str(folder)], capture_output=True, text=True, timeout=60,
+                             user=user, group=user, extra_groups=[], cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "big: No space left on device" in run.stdout, run.stdout
     assert "files: " in run.stdout and "No space left on device" in run.stdout, run.stdout

@@ -71,3 +71,15 @@ def test_a_submission_that_imports_the_reference_by_a_computed_name_gets_the_stu
         assert record["outcome"] == "failed", (name, record)
         assert "the grader's kit in view" not in record["message"], record["message"][-2000:]
         assert "NotImplementedError: lab0: ring_chunks" in record["message"], record["message"]
+
+
+def test_a_later_lab_s_solutions_are_out_of_view_and_an_earlier_one_s_released():
+    students = view.students_view(["lab2"])
+    try:
+        replaced = dict(students.replaced)
+        for later in view.exercise_modules(["lab3", "lab9"]):
+            assert str(later) in replaced and later.stem in students.stubbed
+        for earlier in view.exercise_modules(["lab0", "lab1"]):
+            assert str(earlier) not in replaced and earlier.stem not in students.stubbed
+    finally:
+        students.close()
