@@ -60,6 +60,17 @@ def markers() -> list[str]:
     return [each.marker for each in LABS]
 
 
+def parse_labs(text: str) -> list[str]:
+    """``"2,3"`` or ``"lab2,lab3"`` -> ``["lab2", "lab3"]`` (a command's ``--labs``), or a
+    ValueError naming the labs that do not exist and those that do."""
+    labs = [lab if lab.startswith("lab") else f"lab{lab}" for lab in text.split(",")]
+    unknown = [lab for lab in labs if lab not in markers()]
+    if unknown:
+        raise ValueError(f"--labs: no such lab {', '.join(unknown)}; the labs are "
+                         f"{', '.join(markers())}")
+    return labs
+
+
 def labs_of_files() -> dict[str, list[str]]:
     """Student file -> the labs whose exercises it holds: ``{"tp_layers": ["lab2"], ...}``."""
     found: dict[str, list[str]] = {}

@@ -55,11 +55,10 @@ def main(argv: list[str] | None = None) -> int:
                              "reference_impl.course.grade.merge OUT")
     args = parser.parse_args(argv)
 
-    labs = [lab if lab.startswith("lab") else f"lab{lab}" for lab in args.labs.split(",")]
-    unknown = [lab for lab in labs if lab not in syllabus.markers()]
-    if unknown:
-        parser.error(f"--labs: no such lab {', '.join(unknown)}; the labs are "
-                     f"{', '.join(syllabus.markers())}")
+    try:
+        labs = syllabus.parse_labs(args.labs)
+    except ValueError as error:
+        parser.error(str(error))
     if not args.submissions.is_dir():
         parser.error(f"{args.submissions} is not a folder")
     try:
