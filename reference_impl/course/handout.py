@@ -89,6 +89,12 @@ def readme_section(text: str, name: str) -> str:
     raise ValueError(f"the kit's README has no section {name!r}")
 
 
+def as_the_handout_runs(text: str) -> str:
+    """The kit README's commands as the handout's ``pytest.ini`` makes them: there, a plain
+    ``pytest`` checks the student's files (``impl = labs``)."""
+    return text.replace("pytest --impl labs ", "pytest ")
+
+
 def released_sentence(first_withheld: int) -> str:
     if first_withheld == 0:
         return "No lab is released yet: a lab's solutions come out after its deadline."
@@ -100,13 +106,15 @@ def released_sentence(first_withheld: int) -> str:
 
 
 def labs_table(first_withheld: int) -> str:
-    """Each lab: its notebook, the files it has you write, its time, when its solutions come."""
-    rows = ["| lab | topic | notebook | you write | time | solutions |", "|---|---|---|---|---|---|"]
+    """Each lab: its notebook, the files it has you write, its time, the earlier labs it builds
+    on, when its solutions come."""
+    rows = ["| lab | topic | notebook | you write | time | builds on | solutions |",
+            "|---|---|---|---|---|---|---|"]
     for lab in syllabus.LABS:
         files = ", ".join(f"`{name}.py`" for name in lab.files)
         solutions = ("released" if lab.number < first_withheld else "after its deadline")
         rows.append(f"| {lab.number} | {lab.topic} | `labs/{lab.notebook}.ipynb` | {files} | "
-                    f"{lab.minutes} min | {solutions} |")
+                    f"{lab.minutes} min | {lab.earlier_labs} | {solutions} |")
     return "\n".join(rows)
 
 
@@ -116,7 +124,8 @@ def student_readme(first_withheld: int) -> str:
     kit = (REPO / "README.md").read_text()
     return string.Template(STUDENT_README.read_text()).substitute(
         title=kit.splitlines()[0], released=released_sentence(first_withheld),
-        set_up=readme_section(kit, "Set up"), for_students=readme_section(kit, "For students"),
+        set_up=readme_section(kit, "Set up"),
+        for_students=as_the_handout_runs(readme_section(kit, "For students")),
         labs=labs_table(first_withheld))
 
 

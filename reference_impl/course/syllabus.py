@@ -21,11 +21,30 @@ class Lab:
     gpus: int  # GPUs its graded tests need under NCCL: the largest world size they launch (0: none,
     #            every check runs in one CPU helper)
     notebook: str  # its notebook's name in labs/ and solutions/, without .ipynb
+    builds_on: tuple[int, ...] = ()  # the earlier labs whose modules its notebook and files use
+    #                                  (tests/course/test_term.py follows their imports)
 
     @property
     def marker(self) -> str:
         """Its pytest marker and its name in hints and grade sheets: ``"lab2"``."""
         return f"lab{self.number}"
+
+    @property
+    def earlier_labs(self) -> str:
+        """Its earlier labs, as the course maps' column says them: ``"labs 1, 2"``, ``"none"``."""
+        if not self.builds_on:
+            return "none"
+        return f"lab{'s' * (len(self.builds_on) > 1)} {', '.join(map(str, self.builds_on))}"
+
+    @property
+    def needs(self) -> str:
+        """What it builds on, as its notebook and the course map say it."""
+        if not self.builds_on:
+            return "no earlier lab"
+        numbers = [str(number) for number in self.builds_on]
+        listed = numbers[0] if len(numbers) == 1 else f"{', '.join(numbers[:-1])} and {numbers[-1]}"
+        return (f"lab{'s' * (len(numbers) > 1)} {listed}: the released solutions, or your own "
+                "files until then")
 
 
 LABS: tuple[Lab, ...] = (
@@ -34,17 +53,18 @@ LABS: tuple[Lab, ...] = (
     Lab(2, "tensor-parallel layers", ("tp_collectives", "tp_layers", "sagemaker_linear"), 120, 4,
         "lab2_tp_layers"),
     Lab(3, "tensor-parallel attention", ("tp_attention", "vocab_parallel"), 120, 4,
-        "lab3_tp_attention"),
+        "lab3_tp_attention", (2,)),
     Lab(4, "pipeline parallelism", ("pipeline_schedules", "pipeline_executor"), 120, 4,
         "lab4_pipeline"),
-    Lab(5, "hybrid and 3D", ("data_parallel", "ddp_hooks", "zero"), 150, 4, "lab5_hybrid"),
-    Lab(6, "profiling and scaling", ("trace_analysis",), 90, 2, "lab6_profiling"),
-    Lab(7, "the production slice", ("capacity",), 90, 0, "lab7_production"),
+    Lab(5, "hybrid and 3D", ("data_parallel", "ddp_hooks", "zero"), 150, 4, "lab5_hybrid",
+        (1, 2, 3, 4)),
+    Lab(6, "profiling and scaling", ("trace_analysis",), 90, 2, "lab6_profiling", (0, 2, 3, 4, 5)),
+    Lab(7, "the production slice", ("capacity",), 90, 0, "lab7_production", (0, 1, 4)),
     Lab(8, "context parallelism", ("online_softmax", "ring_attention", "load_balance"), 120, 4,
         "lab8_context_parallel"),
     Lab(9, "expert parallelism", ("router", "expert_groups", "token_exchange",
         "expert_parallel"), 120, 4,
-        "lab9_expert_parallel"),
+        "lab9_expert_parallel", (1,)),
 )
 
 

@@ -26,12 +26,14 @@ def test_the_course_map_has_every_lab_with_its_topic_files_and_time():
     rows = course_map()
     assert sorted(rows) == [lab.number for lab in syllabus.LABS]
     for lab in syllabus.LABS:
-        number, topic, you_write, _, time = rows[lab.number]
+        number, topic, you_write, _, time, builds_on = rows[lab.number]
         assert topic == lab.topic, f"lab {number}: README says {topic!r}, the syllabus {lab.topic!r}"
         files = re.findall(r"`(\w+)\.py`", you_write)
         assert files == list(lab.files), (f"lab {number}: the README's 'you write' names "
                                           f"{files}, the syllabus {list(lab.files)}")
         assert time == f"{lab.minutes} min", f"lab {number}: README {time!r}, syllabus {lab.minutes}"
+        assert builds_on == lab.earlier_labs, (f"lab {number}: README builds on {builds_on!r}, "
+                                               f"the syllabus on {lab.earlier_labs!r}")
 
 
 def test_the_grading_page_lists_the_gpus_of_every_lab():
@@ -40,6 +42,15 @@ def test_the_grading_page_lists_the_gpus_of_every_lab():
     assert sentence, "the documents' sentence on the GPUs each lab needs is missing"
     stated = {int(n): int(g) for n, g in re.findall(r"lab (\d+): (\d+)", sentence.group(1))}
     assert stated == {lab.number: lab.gpus for lab in syllabus.LABS}
+
+
+@pytest.mark.parametrize("folder", ["solutions", "labs"])
+def test_every_notebook_states_the_labs_it_builds_on(folder):
+    for lab in syllabus.LABS:
+        first = nbformat.read(REPO / folder / f"{lab.notebook}.ipynb", as_version=4).cells[0].source
+        assert f"**Builds on:** {lab.needs}." in first, (
+            f"{folder}/{lab.notebook}.ipynb: its first cell should say '**Builds on:** "
+            f"{lab.needs}.' (the syllabus)")
 
 
 @pytest.mark.parametrize("folder", ["solutions", "labs"])

@@ -71,6 +71,15 @@ def earlier_labs_used(lab) -> set[str]:
             if syllabus.lab(earlier).number < lab.number}
 
 
+def test_each_lab_says_the_earlier_labs_it_builds_on():
+    """The syllabus's ``builds_on`` (in the course maps and atop each notebook) is what the
+    lab's notebook and files reach."""
+    for lab in LABS:
+        used = sorted(syllabus.lab(earlier).number for earlier in earlier_labs_used(lab))
+        assert list(lab.builds_on) == used, (f"{lab.marker} builds on labs {used}, the syllabus "
+                                             f"says {list(lab.builds_on)}")
+
+
 def _library_source(module: str) -> Path | None:
     """The file of a library module; None for anything else (a name imported from a module)."""
     if not module.startswith("reference_impl"):
