@@ -139,9 +139,20 @@ def test_the_readme_s_set_up_check_passes(start_of_term, python):
     assert process.stdout.count("ok: ") == 3 and "ready for the labs" in process.stdout
 
 
+def test_the_readme_s_check_command_runs_as_printed_on_the_student_s_files(start_of_term, python):
+    """The handout README's own command (a plain ``pytest``: its pytest.ini checks labs/), on
+    the untouched stubs: every check of lab 0 fails at an exercise's hint."""
+    readme = (start_of_term / "README.md").read_text()
+    (command,) = re.findall(r"^pytest -m lab0$", readme, re.MULTILINE)
+    process = in_handout(python, start_of_term, command, timeout=300)
+    assert process.returncode == 1, process.stdout[-3000:] + process.stderr[-3000:]
+    assert "lab0: not started (0/" in process.stdout, process.stdout[-3000:]
+
+
 def test_the_readme_is_for_students(start_of_term):
     readme = (start_of_term / "README.md").read_text()
-    assert "pytest --impl labs -m lab0" in readme and "not started" in readme
+    assert "\npytest -m lab0\n" in readme and "not started" in readme
+    assert "--impl labs" not in readme  # its pytest.ini sets it: a plain pytest checks your files
     for maintainer_matter in ("tests/course", "tests/library", "maintaining", "For graders",
                               "For instructors", "whole suite"):
         assert maintainer_matter not in readme, maintainer_matter
