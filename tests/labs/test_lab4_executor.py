@@ -26,6 +26,7 @@ own), so this file grades the executor alone.
 import copy
 import functools
 import re
+import zlib
 from types import SimpleNamespace
 
 import pytest
@@ -273,6 +274,74 @@ WRONG_DTYPE = "a boundary tensor of the wrong dtype"
 SHARED_BUFFER = "two receives into one buffer"
 
 
+def fingerprint(tensor) -> int | None:
+    """A tensor's bytes as one number (equal bytes, equal numbers): what a message carried."""
+    if tensor is None:
+        return None
+    return zlib.crc32(tensor.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+
+
+def record_actions(executor):
+    """Wrap the student's ``run_action`` as the executor calls it, to record what each action
+    received and returned (as fingerprints: :func:`delivered_as_sent` compares them across the
+    pipeline), and to check at once the last stage's forward contract: it leaves the
+    microbatch's loss, a scalar, in ``context.losses`` (else the backward fails later, far from
+    the cause). Returns (a function giving the record, read once the step is over, and undo)."""
+    original, record, kept = executor.run_action, {}, {}
+
+    def run_action(action, stage, received, saved, context):
+        if action.kind == "F" and received is not None:
+            kept[(action.kind, action.microbatch, action.stage)] = received  # the backward uses it
+        returned = original(action, stage, received, saved, context)
+        if action.kind == "F" and action.stage == context.last_stage:
+            loss = context.losses.get(action.microbatch)
+            assert loss is not None and loss.dim() == 0, (
+                f"run_action, F on the last stage (microbatch {action.microbatch}): it must leave "
+                f"the microbatch's loss, a scalar, in context.losses; found "
+                f"{'nothing' if loss is None else f'a tensor of shape {tuple(loss.shape)}'}")
+        record[(action.kind, action.microbatch, action.stage)] = (
+            fingerprint(received), fingerprint(returned) if torch.is_tensor(returned) else None)
+        return returned
+
+    def rows():
+        """The record as data: (kind, microbatch, stage, received, returned, whether what the
+        forward received changed afterwards)."""
+        return [[*key, *value, key in kept and fingerprint(kept[key]) != value[0]]
+                for key, value in record.items()]
+
+    executor.run_action = run_action
+    return rows, lambda: setattr(executor, "run_action", original)
+
+
+def overwritten(records: dict) -> str | None:
+    """Where what a forward received changed after the forward used it (the backward then
+    differentiates other values), or None."""
+    for (kind, microbatch, stage), (_, _, changed) in sorted(records.items()):
+        if changed:
+            return (f"run_schedule's exchange: the activation stage {stage} received for "
+                    f"microbatch {microbatch}'s forward changed after the forward used it, so "
+                    "the backward differentiates other values (a later receive wrote into it?)")
+    return None
+
+
+def delivered_as_sent(records: dict, last_stage: int) -> str | None:
+    """Where an action received other bytes than its neighbouring stage's action returned
+    (the forward's output to stage s + 1, the backward's input gradient to stage s - 1), or
+    None: the unit blamed when the step differs is then the executor's delivery, not the
+    actions."""
+    for (kind, microbatch, stage), (received, _, _) in sorted(records.items()):
+        source = (kind, microbatch, stage - 1) if kind == "F" else (kind, microbatch, stage + 1)
+        if (kind == "F" and stage == 0) or (kind != "F" and stage == last_stage) or kind == "W":
+            continue
+        sent = records.get(source, (None, None))[1]
+        if source in records and sent != received:
+            direction = "forward" if kind == "F" else "backward"
+            return (f"what stage {stage} received for the {direction} of microbatch {microbatch} "
+                    f"is not what stage {source[2]} sent: run_schedule's exchange "
+                    "(PipelineRun.exchange, post_exchange) delivered other bytes")
+    return None
+
+
 def record_point_to_point(members, dtype):
     """Patch torch.distributed's point-to-point calls to record what this rank posts together:
     one entry per posting call (a batch, or a lone isend/irecv/send/recv), each a list of
@@ -447,7 +516,8 @@ def pipelined_and_single_device(impl, data, pipelines, coalesced=False, dtype=to
     expected = {name: p.grad.cpu() for name, p in reference.named_parameters()}
     executor = impl.module("pipeline_executor")
     log, undo_coalescing = coalesce_batches(executor) if coalesced else ([], lambda: None)
-    calls, undo = record_point_to_point(pipelines[index], dtype)
+    calls, undo_recording = record_point_to_point(pipelines[index], dtype)
+    action_rows, undo_actions = record_actions(executor)
     try:
         if dtype == torch.float32:
             step = executor.pipeline_train_step(gpt, as_schedule(data), tokens, targets,
@@ -462,11 +532,12 @@ def pipelined_and_single_device(impl, data, pipelines, coalesced=False, dtype=to
             raise
         raise ValueError(untranslated_peer(error, pipelines[index])) from None
     finally:
-        undo()
+        undo_recording()
+        undo_actions()
         undo_coalescing()
     return (index, float(step.loss), loss.item(), int(step.run.peak_saved),
             [(n, g.detach().cpu(), expected[n]) for n, g in step.grads.items()], calls,
-            computed_before_waiting(log))
+            computed_before_waiting(log), action_rows())
 
 
 def postings_as_exchanges(schedule, calls, members, rank, nbytes=None):
@@ -557,10 +628,21 @@ def check_pipelined_step(run_on_ranks, impl, case, name, rows, m, pipelines, coa
             raise
         raise AssertionError(f"{case}: run_schedule's exchange: "
                              f"{str(failure).splitlines()[0]}") from None
-    for world_rank, (index, loss, expected_loss, peak, grads, calls, early) in enumerate(results):
+    for world_rank, result in enumerate(results):  # the most specific cause first
+        index = result[0]
+        where = f"{case}, pipeline rank {pipelines[index].index(world_rank)} (global {world_rank})"
+        assert result[6] is None, f"{where}: " + COMPUTED_BEFORE_WAITING.format(action=result[6])
+    reused = {}  # pipeline -> where a forward's input changed after use: the likely cause
+    for index, members in enumerate(pipelines):  # the actions of a pipeline, all its ranks'
+        records = {tuple(row[:3]): tuple(row[3:]) for world_rank in members
+                   for row in results[world_rank][7]}
+        misdelivered = delivered_as_sent(records, schedule.stages - 1)
+        if misdelivered is not None:
+            pytest.fail(f"{case}, pipeline {members}: {misdelivered}", pytrace=False)
+        reused[index] = overwritten(records)
+    for world_rank, (index, loss, expected_loss, peak, grads, calls, _, _) in enumerate(results):
         rank = pipelines[index].index(world_rank)
         where = f"{case}, pipeline rank {rank} (global {world_rank})"
-        assert early is None, f"{where}: " + COMPUTED_BEFORE_WAITING.format(action=early)
         plan = postings_as_exchanges(schedule, calls, pipelines[index], rank, nbytes)
         if rank == 0:  # the whole pipeline's postings, jammed or not with rendezvous sends
             plans = {r: postings_as_exchanges(schedule, results[g][5], pipelines[index], r)
@@ -577,15 +659,15 @@ def check_pipelined_step(run_on_ranks, impl, case, name, rows, m, pipelines, coa
             pytest.fail(f"{where}: the loss is not scaled by 1/m: {loss:.5f} is m = {m} times "
                         f"the single-device mean {expected_loss:.5f}", pytrace=False)
         assert_close(loss, expected_loss, f"{case} loss", rank=world_rank,
-                     likely_cause="the forward action: is the last stage's loss divided by the "
-                                  "number of microbatches, and the right input fed to stage 0?",
+                     likely_cause=reused[index] or "the forward action: is the last stage's loss "
+                     "divided by the number of microbatches, and the right input fed to stage 0?",
                      **loss_tolerance)
         assert grads, f"{where}: holds no gradient: did the backward action run?"
         for parameter, gradient, expected in grads:
             assert_close(gradient, expected, f"{case} gradient of {parameter}", rank=world_rank,
-                         likely_cause="the backward action: backward from the saved output with "
-                         "the received gradient, returning the input's gradient; the loss "
-                         "scaled by 1/m", **tolerance)
+                         likely_cause=reused[index] or "the backward action: backward from the "
+                         "saved output with the received gradient, returning the input's "
+                         "gradient; the loss scaled by 1/m", **tolerance)
         promised, rule = promised_peak(name, p, m, schedule.chunks, rank)
         last_use = "W (ZB-H1's weight-gradient pass)" if schedule.split_backward else "backward"
         assert peak <= promised, (

@@ -349,6 +349,15 @@ LAB4: list[Mistake] = [
     Mistake("the last stage sends its loss on", "lab4", "pipeline_executor",
             "return None if is_last else y.detach()", "return y.detach()",
             "run_action", "the last stage sends"),
+    Mistake("one receive buffer kept for every step", "lab4", "pipeline_executor",
+            "            arrived[message] = torch.empty(tuple(boundary_shape), dtype=boundary_dtype,\n"
+            "                                           device=device)\n",
+            "            arrived[message] = exchange.__dict__.setdefault('buffer', torch.empty(\n"
+            "                tuple(boundary_shape), dtype=boundary_dtype, device=device))\n",
+            "pipelined_step and gpipe", "changed after the forward used it"),
+    Mistake("the last stage's forward keeps no loss", "lab4", "pipeline_executor",
+            "            context.losses[action.microbatch] = y.detach()\n", "",
+            "pipelined_step", "F on the last stage (microbatch 0): it must leave"),
     # what only NCCL does: one request for a coalesced batch
     Mistake("the batch's one request (NCCL) returned with the sends", "lab4",
             "pipeline_executor", "    return [], works  # one coalesced request (NCCL)\n",
