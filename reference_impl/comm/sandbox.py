@@ -307,11 +307,11 @@ def _memory_per_process(sandbox: Sandbox, ranks: int) -> int:
 def limit(sandbox: Sandbox, processes: int, ranks: int) -> None:
     """The per-process limits: writable memory, file size, no core files, ``processes``."""
     memory = _memory_per_process(sandbox, ranks)
-    for limit, value in ((resource.RLIMIT_DATA, memory), (resource.RLIMIT_FSIZE, sandbox.file_bytes),
-                         (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, processes)):
-        hard = resource.getrlimit(limit)[1]
+    for kind, value in ((resource.RLIMIT_DATA, memory), (resource.RLIMIT_FSIZE, sandbox.file_bytes),
+                        (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NPROC, processes)):
+        hard = resource.getrlimit(kind)[1]
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
-        resource.setrlimit(limit, (value, value))
+        resource.setrlimit(kind, (value, value))
 
 
 def processes_of(uid: int, running_only: bool = False) -> int:
@@ -339,7 +339,6 @@ def _drop_capabilities() -> None:
     header = struct.pack("Ii", _CAPABILITY_VERSION_3, 0)
     data = ctypes.create_string_buffer(24)  # two (effective, permitted, inheritable): all 0
     _call(_libc.capset, ctypes.c_char_p(header), data, what="capset (drop capabilities)")
-
 
 
 def no_new_privileges() -> None:

@@ -10,7 +10,7 @@ import pytest
 from reference_impl.comm.user_box import BOX_UID
 from reference_impl.course.grade import running
 from reference_impl.course.grade.scratch import SCRATCH_BYTES, SCRATCH_FILES
-from support.box_user import ROOT_ON_LINUX, open_to_a_box_user
+from support.box_user import ROOT_ON_LINUX, open_to_a_box_user, reachable_folder
 
 # Root runs it as root, and as another user (the box user's uid stands in for a grader's).
 pytestmark = pytest.mark.skipif(not ROOT_ON_LINUX, reason="the test takes root, to run it as "
@@ -37,23 +37,19 @@ except OSError as error:
 
 
 @pytest.mark.parametrize("user", [0, BOX_UID], ids=["as root", "as another user"])
-def test_the_scratch_holds_its_bytes_and_files_and_nothing_outlives_the_run(tmp_path, user):
-    tmp_path.chmod(0o755)
-    for parent in tmp_path.parents:
-        if str(parent).startswith("/tmp/"):
-            parent.chmod(parent.stat().st_mode | 0o001)
-    folder = tmp_path / "scratch"
-    folder.mkdir()
-    os.chown(folder, user, user)
-    with open_to_a_box_user():
+def test_the_scratch_holds_its_bytes_and_files_and_nothing_outlives_the_run(user):
+    with reachable_folder("scratch") as base, open_to_a_box_user():
+        folder = base / "scratch"
+        folder.mkdir()
+        os.chown(folder, user, user)
         run = subprocess.run([sys.executable, "-m", "reference_impl.course.grade.scratch",
                               str(folder), str(8 << 20), "100", "--", sys.executable, "-c", FILL,
                               str(folder)], capture_output=True, text=True, timeout=60,
-                             user=user, group=user, extra_groups=[], cwd=tmp_path)
-    assert run.returncode == 0, run.stderr
-    assert "big: No space left on device" in run.stdout, run.stdout
-    assert "files: " in run.stdout and "No space left on device" in run.stdout, run.stdout
-    assert list(folder.iterdir()) == []  # the run's files were in its own tmpfs
+                             user=user, group=user, extra_groups=[], cwd=base)
+        assert run.returncode == 0, run.stderr
+        assert "big: No space left on device" in run.stdout, run.stdout
+        assert "files: " in run.stdout and "No space left on device" in run.stdout, run.stdout
+        assert list(folder.iterdir()) == []  # the run's files were in its own tmpfs
 
 
 def test_the_batch_grader_runs_pytest_in_a_bounded_scratch(tmp_path):

@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -25,7 +24,7 @@ from reference_impl.comm.user_box import unavailable as no_box_user
 from reference_impl.course import make_labs
 from reference_impl.course.sandboxing import probe
 from support import REPO
-from support.box_user import needs_root, open_to_a_box_user
+from support.box_user import needs_root, open_to_a_box_user, reachable_folder
 
 pytestmark = pytest.mark.slow
 
@@ -111,17 +110,9 @@ def autograder(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def roots():
-    """Folders for roots laid out as ``/autograder``, reached by any user as that one is (not
-    under pytest's temporary folder, which only its owner may enter)."""
-    made = []
-
-    def make(name: str) -> Path:
-        made.append(Path(tempfile.mkdtemp(prefix=f"autograder-{name}-")))
-        made[-1].chmod(0o755)
-        return made[-1]
-    yield make
-    for folder in made:
-        shutil.rmtree(folder, ignore_errors=True)
+    """Folders for roots laid out as ``/autograder``, reached by any user as that one is."""
+    with contextlib.ExitStack() as made:
+        yield lambda name: made.enter_context(reachable_folder(f"autograder-{name}"))
 
 
 def container(autograder: Path, root: Path, make_submission) -> Path:

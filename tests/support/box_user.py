@@ -5,8 +5,11 @@ folder on the way to other users (passing through only, o+x) while a test runs, 
 its mode back afterwards."""
 import contextlib
 import os
+import shutil
 import stat
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -29,3 +32,15 @@ def open_to_a_box_user():
     finally:
         for folder, mode in reversed(opened):
             os.chmod(folder, stat.S_IMODE(mode))
+
+
+@contextlib.contextmanager
+def reachable_folder(name: str):
+    """A new folder any user may pass through, as ``/autograder`` is (pytest's temporary
+    folder is not: only its owner may enter it), removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    try:
+        folder.chmod(0o755)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -55,7 +55,6 @@ def gradescope(cost: LabCost) -> str:
             f">= {container_seconds(cost.wall, cost.cpu, cpus):.0f} s")
 
 
-
 def duration(seconds: float) -> str:
     """Hours past an hour, else minutes."""
     return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"

@@ -82,10 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     class_folder = Path(tempfile.mkdtemp(prefix="grading-"))
     hidden = tuple(str(path.resolve()) for path in (class_folder, args.submissions, args.out))
+    mode = "none" if not sandboxed else "user" if args.sandbox == "user" else "namespaces"
     limits = Limits(args.test_timeout, args.launch_timeout, args.after_hang, args.budget,
-                    args.backend, args.k, sandbox=args.sandbox if args.sandbox == "user" else
-                    "namespaces" if sandboxed else "none",
-                    hidden=hidden, memory_limit=args.memory_limit)
+                    args.backend, args.k, sandbox=mode, hidden=hidden,
+                    memory_limit=args.memory_limit)
     reaper, slots = Reaper(), gpu_slots(args.jobs, args.gpus_per_submission)
     free = list(range(len(slots)))
     condition = threading.Condition()

@@ -12,7 +12,7 @@ import pytest
 from reference_impl.comm.launcher import launch
 from reference_impl.comm.sandbox import Sandbox, processes_of
 from reference_impl.comm.user_box import BOX_UID
-from support.box_user import needs_root, open_to_a_box_user
+from support.box_user import needs_root, open_to_a_box_user, reachable_folder
 
 pytestmark = needs_root
 
@@ -24,21 +24,17 @@ def reachable():
 
 
 @pytest.fixture
-def folders(tmp_path_factory):
+def folders():
     """A closed folder with a secret, an open one, a writable one, and a root file beside them,
     under a folder any user may pass through (pytest's own is closed to them)."""
-    base = tmp_path_factory.mktemp("box")
-    base.chmod(0o755)
-    for parent in base.parents:
-        if str(parent).startswith("/tmp/"):
-            parent.chmod(parent.stat().st_mode | 0o001)
-    for name in ("closed", "open", "writable"):
-        (base / name).mkdir()
-        (base / name / "file").write_text(name)
-    (base / "closed").chmod(0o755)  # the box closes it
-    (base / "root_file").write_text("root's")
-    (base / "root_file").chmod(0o600)
-    return base
+    with reachable_folder("box") as base:
+        for name in ("closed", "open", "writable"):
+            (base / name).mkdir()
+            (base / name / "file").write_text(name)
+        (base / "closed").chmod(0o755)  # the box closes it
+        (base / "root_file").write_text("root's")
+        (base / "root_file").chmod(0o600)
+        yield base
 
 
 def boxed(fn, *args, folders, world_size=1, **options):
