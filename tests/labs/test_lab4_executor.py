@@ -284,30 +284,34 @@ def fingerprint(tensor) -> int | None:
 def record_actions(executor):
     """Wrap the student's ``run_action`` as the executor calls it, to record what each action
     received and returned (as fingerprints: :func:`delivered_as_sent` compares them across the
-    pipeline), and to check at once the last stage's forward contract: it leaves the
-    microbatch's loss, a scalar, in ``context.losses`` (else the backward fails later, far from
-    the cause). Returns (a function giving the record, read once the step is over, and undo)."""
-    original, record, kept = executor.run_action, {}, {}
+    pipeline) and whether the action changed what it received (an action leaves its input as it
+    came), and to check at once the last stage's forward contract: it leaves the microbatch's
+    loss, a scalar, in ``context.losses`` (else the backward fails later, far from the cause).
+    Returns (a function giving the record, read once the step is over, and undo)."""
+    original, record, kept, changed_by = executor.run_action, {}, {}, []
 
     def run_action(action, stage, received, saved, context):
+        key = (action.kind, action.microbatch, action.stage)
         if action.kind == "F" and received is not None:
-            kept[(action.kind, action.microbatch, action.stage)] = received  # the backward uses it
+            kept[key] = received  # the backward uses it
+        as_received = fingerprint(received)
         returned = original(action, stage, received, saved, context)
+        if fingerprint(received) != as_received:
+            changed_by.append(key)
         if action.kind == "F" and action.stage == context.last_stage:
             loss = context.losses.get(action.microbatch)
             assert loss is not None and loss.dim() == 0, (
                 f"run_action, F on the last stage (microbatch {action.microbatch}): it must leave "
                 f"the microbatch's loss, a scalar, in context.losses; found "
                 f"{'nothing' if loss is None else f'a tensor of shape {tuple(loss.shape)}'}")
-        record[(action.kind, action.microbatch, action.stage)] = (
-            fingerprint(received), fingerprint(returned) if torch.is_tensor(returned) else None)
+        record[key] = (as_received, fingerprint(returned) if torch.is_tensor(returned) else None)
         return returned
 
     def rows():
         """The record as data: (kind, microbatch, stage, received, returned, whether what the
-        forward received changed afterwards)."""
-        return [[*key, *value, key in kept and fingerprint(kept[key]) != value[0]]
-                for key, value in record.items()]
+        forward received changed afterwards, whether it changed while the action ran)."""
+        return [[*key, *value, key in kept and fingerprint(kept[key]) != value[0],
+                 key in changed_by] for key, value in record.items()]
 
     executor.run_action = run_action
     return rows, lambda: setattr(executor, "run_action", original)
@@ -316,11 +320,20 @@ def record_actions(executor):
 def overwritten(records: dict) -> str | None:
     """Where what a forward received changed after the forward used it (the backward then
     differentiates other values), or None."""
-    for (kind, microbatch, stage), (_, _, changed) in sorted(records.items()):
+    for (kind, microbatch, stage), (_, _, changed, _) in sorted(records.items()):
         if changed:
             return (f"run_schedule's exchange: the activation stage {stage} received for "
                     f"microbatch {microbatch}'s forward changed after the forward used it, so "
                     "the backward differentiates other values (a later receive wrote into it?)")
+    return None
+
+
+def changed_in_place(records: dict) -> str | None:
+    """Where an action changed the tensor it received while it ran, or None."""
+    for (kind, microbatch, stage), (_, _, _, changed) in sorted(records.items()):
+        if changed:
+            return (f"run_action, {kind} of microbatch {microbatch} at stage {stage}: it changed "
+                    "the tensor it received, in place; an action leaves its input as it came")
     return None
 
 
@@ -329,7 +342,7 @@ def delivered_as_sent(records: dict, last_stage: int) -> str | None:
     (the forward's output to stage s + 1, the backward's input gradient to stage s - 1), or
     None: the unit blamed when the step differs is then the executor's delivery, not the
     actions."""
-    for (kind, microbatch, stage), (received, _, _) in sorted(records.items()):
+    for (kind, microbatch, stage), (received, _, _, _) in sorted(records.items()):
         source = (kind, microbatch, stage - 1) if kind == "F" else (kind, microbatch, stage + 1)
         if (kind == "F" and stage == 0) or (kind != "F" and stage == last_stage) or kind == "W":
             continue
@@ -636,7 +649,7 @@ def check_pipelined_step(run_on_ranks, impl, case, name, rows, m, pipelines, coa
     for index, members in enumerate(pipelines):  # the actions of a pipeline, all its ranks'
         records = {tuple(row[:3]): tuple(row[3:]) for world_rank in members
                    for row in results[world_rank][7]}
-        misdelivered = delivered_as_sent(records, schedule.stages - 1)
+        misdelivered = changed_in_place(records) or delivered_as_sent(records, schedule.stages - 1)
         if misdelivered is not None:
             pytest.fail(f"{case}, pipeline {members}: {misdelivered}", pytrace=False)
         reused[index] = overwritten(records)
