@@ -5,7 +5,8 @@
 
 As nbgrader's ``generate_assignment`` does, from ``make_labs``' solution markers: the withheld
 labs' solutions become their stubs, the student files, graded tests and library pages ship, and
-the build fails on a broken link or a leaked answer (``answer_leaks``). What ships and how a
+the build fails on a broken link or a leaked answer: a solution line (``answer_leaks``), or a
+function or table that gives an exercise's results (``answer_finder``). What ships and how a
 student's file stands in for a withheld module: docs/teaching.md, 'A term with the kit'.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 
 from reference_impl.course.own_files import WITHHELD_LIST
-from reference_impl.course import answer_leaks, syllabus
+from reference_impl.course import answer_finder, answer_leaks, syllabus
 from reference_impl.course.make_labs import modules_with_exercises, stubbed_source
 
 REPO = Path(__file__).resolve().parents[2]
@@ -206,8 +207,10 @@ def broken_links(out: Path) -> list[str]:
 
 # ------------------------------------------------------------ the build
 
-def build(out: Path, first_withheld: int) -> list[str]:
-    """Write the handout to ``out`` (which must not exist); return the stubbed module names."""
+def build(out: Path, first_withheld: int, find_answers: bool = False) -> list[str]:
+    """Write the handout to ``out`` (which must not exist); return the stubbed module names.
+    With ``find_answers``, also refuse a function or table that gives an exercise's results
+    (``answer_finder``, about a minute), other than the known ones it lists."""
     if out.exists():
         raise FileExistsError(f"{out} exists: the handout is written to a new folder")
     labs = withheld_labs(first_withheld)
@@ -235,6 +238,11 @@ def build(out: Path, first_withheld: int) -> list[str]:
     if leaks:
         raise ValueError(f"the handout would give {len(leaks)} answer(s) away: "
                          + "; ".join(map(str, leaks)))
+    if find_answers:
+        new, _ = answer_finder.refused(answer_finder.answers(out, sorted(shipped), labs))
+        if new:
+            raise ValueError(f"the handout would give {len(new)} answer(s) away: "
+                             + "; ".join(map(str, new)))
     return names
 
 
@@ -244,12 +252,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--withhold-from", default="lab0",
                         help="the first withheld lab: it and every later one (default lab0: "
                              "all of them)")
+    parser.add_argument("--no-answer-finder", action="store_true",
+                        help="skip trying the shipped functions and tables on the exercises "
+                             "(saves about a minute; the line-by-line leak check still runs)")
     args = parser.parse_args(argv)
     match = re.fullmatch(r"(?:lab)?(\d+)", args.withhold_from)
     if not match:
         parser.error(f"--withhold-from {args.withhold_from}: give a lab, e.g. lab3")
     try:
-        names = build(args.out, int(match.group(1)))
+        names = build(args.out, int(match.group(1)), find_answers=not args.no_answer_finder)
     except FileExistsError as error:
         parser.error(str(error))
     except ValueError as error:

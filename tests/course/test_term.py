@@ -47,6 +47,9 @@ AT_ONCE = 4  # steps at a time: each is mostly waiting on ranks and kernels star
 # Every lab's graded tests in one run (about 3 minutes alone on 2 cores, more beside other
 # steps): below the term's limit, above a single run's.
 EVERY_LAB_LIMIT = 600
+# The start-of-term handout runs the answer finder (tests/course/test_handout.py); each step's
+# handout here skips it.
+NO_FINDER = "--no-answer-finder"
 LABS = syllabus.LABS
 
 
@@ -124,7 +127,7 @@ class Step:
         return in_handout(self.python, handout, student_command(lab), PYTEST_ADDOPTS=addopts)
 
     def start_of_term(self, lab) -> dict:
-        handout = build_handout(self.folder)
+        handout = build_handout(self.folder, NO_FINDER)
         hand_in(handout, self.solved, [each for each in LABS if each.number <= lab.number])
         log = self.folder / "grading.jsonl"
         result = {"graded": self.graded(handout, lab, f"--grading-log={log}"),
@@ -134,19 +137,19 @@ class Step:
         return result
 
     def release(self, lab) -> dict:
-        handout = build_handout(self.folder, f"--withhold-from {lab.marker}")
+        handout = build_handout(self.folder, f"--withhold-from {lab.marker}", NO_FINDER)
         hand_in(handout, self.solved, [lab])
         return {"graded": self.graded(handout, lab)}
 
     def fresh(self) -> dict:
-        handout = build_handout(self.folder)
+        handout = build_handout(self.folder, NO_FINDER)
         report = self.folder / "stubs.xml"
         process = in_handout(self.python, handout, "pytest", timeout=EVERY_LAB_LIMIT,
                              PYTEST_ADDOPTS=f"-p no:cacheprovider --junitxml={report}")
         return {"pytest": process, "cases": cases_of(report) if report.exists() else {}}
 
     def lab3_before_lab2_is_released(self) -> dict:
-        handout = build_handout(self.folder)
+        handout = build_handout(self.folder, NO_FINDER)
         hand_in(handout, self.solved, [syllabus.lab("lab3")])
         return {"graded": self.graded(handout, syllabus.lab("lab3"))}
 
