@@ -196,6 +196,7 @@ def test_a_withheld_module_s_command_runs_the_student_s_file(start_of_term, pyth
     assert "GPU1: pp_rank 1, tp_rank 0" in process.stdout, process.stdout
 
 
+@pytest.mark.timeout(900)  # the finder tries every shipped function: a minute alone, more in CI
 def test_the_answer_finder_finds_only_the_answers_it_lists(start_of_term):
     """The build ran the finder (the README's command); what it lists as known is still there."""
     shipped = sorted(path.relative_to(start_of_term).as_posix()
