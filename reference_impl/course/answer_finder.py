@@ -6,10 +6,11 @@ names; one that gives the reference's results on every input is an answer writte
 Every literal the files assign (a table, a list of orders) is compared with the results and
 their texts, for the units whose results are tables. The functions run in a process of their
 own (:mod:`reference_impl.course.answer_trial`), with the handout's files first on its path
-(so the withheld modules are the stubs), bounded in time and killed with its children.
+(so the withheld modules are the stubs), on a copy of the handout (a function may write beside
+its file), bounded in time and killed with its children.
 
 :data:`KNOWN` lists the answers a handout still ships, each with why: the build refuses any
-other, and a known one that is gone must leave the list.
+other, and refuses a known one that is gone until it leaves the list.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import json
 import os
 import pickle
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -60,8 +62,7 @@ def shipped_files(root: Path, names: list[str]) -> list[tuple[str, str]]:
             files.append((name, "notebook"))
         elif name.endswith(".py") and not name.endswith(("__main__.py", "conftest.py", "setup.py")):
             package = name.startswith("reference_impl/") and not name.endswith("__init__.py")
-            script = name.startswith(("labs/", "tests/labs/")) and name.count("/") == name.startswith(
-                "tests/") + 1
+            script = Path(name).parent.as_posix() in ("labs", "tests/labs")  # on the path
             if package or script:
                 files.append((name, "package" if package else "script"))
     return files
@@ -72,8 +73,8 @@ def job(root: Path, names: list[str], labs: set[str]) -> dict:
     entries = []
     for unit in tried:
         results = [unit.reference(*args) for args in unit.draws]
-        texts = [text for result in results for text in (unit.renderings or (lambda _: []))(result)
-                 if len(text) >= 24]
+        texts = [text for result in results if unit.renderings
+                 for text in unit.renderings(result) if len(text) >= 24]
         entries.append({"unit": unit.name, "draws": unit.draws, "tables": unit.tables,
                         "expected": [plain(result) for result in results], "texts": texts})
     return {"roots": [str(root), str(root / "labs"), str(root / "tests" / "labs")],
@@ -86,6 +87,8 @@ def answers(root: Path, names: list[str], labs: set[str]) -> list[Answer]:
     results of an exercise of ``labs``."""
     with tempfile.TemporaryDirectory(prefix="answer-finder-") as scratch:
         scratch = Path(scratch)
+        # A copy: a function tried may write next to its own file (a figure, a deck).
+        root = shutil.copytree(root, scratch / "handout", symlinks=True)
         (scratch / "job.pkl").write_bytes(pickle.dumps(job(root, names, labs)))
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "labs")]),
                "MPLBACKEND": "Agg"}
@@ -113,8 +116,10 @@ def _bounded() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
 
 
-def refused(found: list[Answer]) -> tuple[list[Answer], list[tuple[str, str]]]:
-    """The answers not in :data:`KNOWN`, and the known ones no longer found."""
+def refused(found: list[Answer], labs: set[str]) -> tuple[list[Answer], list[tuple[str, str]]]:
+    """The answers not in :data:`KNOWN`, and the known ones of ``labs`` (the labs searched) no
+    longer found."""
+    lab_of = {unit.name: unit.lab for unit in units()}
     keys = {(answer.unit, answer.where) for answer in found}
     return ([answer for answer in found if (answer.unit, answer.where) not in KNOWN],
-            sorted(set(KNOWN) - keys))
+            sorted(known for known in set(KNOWN) - keys if lab_of[known[0]] in labs))

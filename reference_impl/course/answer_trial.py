@@ -67,13 +67,20 @@ def _alarm(*_):
     raise _Late
 
 
-def _call(function, args):
+@contextlib.contextmanager
+def _bounded_and_quiet():
+    """At most :data:`SECONDS_PER_CALL` (then :class:`_Late` is raised), printing nothing."""
     signal.setitimer(signal.ITIMER_REAL, SECONDS_PER_CALL)
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            return plain(function(*copy.deepcopy(args)))
+            yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _call(function, args):
+    with _bounded_and_quiet():
+        return plain(function(*copy.deepcopy(args)))
 
 
 def _takes(function, count: int) -> bool:
@@ -131,12 +138,8 @@ def _parses(source: str) -> bool:
 
 
 def _run(module: ast.Module, namespace: dict) -> None:
-    signal.setitimer(signal.ITIMER_REAL, SECONDS_PER_CALL)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            exec(compile(module, namespace["__name__"], "exec"), namespace)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+    with _bounded_and_quiet():
+        exec(compile(module, namespace["__name__"], "exec"), namespace)
 
 
 def _literals(trees) -> list[tuple[str, object]]:

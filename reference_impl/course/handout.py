@@ -210,7 +210,8 @@ def broken_links(out: Path) -> list[str]:
 def build(out: Path, first_withheld: int, find_answers: bool = False) -> list[str]:
     """Write the handout to ``out`` (which must not exist); return the stubbed module names.
     With ``find_answers``, also refuse a function or table that gives an exercise's results
-    (``answer_finder``, about a minute), other than the known ones it lists."""
+    (``answer_finder``, about a minute), other than the known ones it lists, and a known one
+    of a withheld lab that is no longer shipped."""
     if out.exists():
         raise FileExistsError(f"{out} exists: the handout is written to a new folder")
     labs = withheld_labs(first_withheld)
@@ -239,10 +240,13 @@ def build(out: Path, first_withheld: int, find_answers: bool = False) -> list[st
         raise ValueError(f"the handout would give {len(leaks)} answer(s) away: "
                          + "; ".join(map(str, leaks)))
     if find_answers:
-        new, _ = answer_finder.refused(answer_finder.answers(out, sorted(shipped), labs))
+        new, gone = answer_finder.refused(answer_finder.answers(out, sorted(shipped), labs), labs)
         if new:
             raise ValueError(f"the handout would give {len(new)} answer(s) away: "
                              + "; ".join(map(str, new)))
+        if gone:
+            raise ValueError(f"answer_finder.KNOWN lists {gone}, no longer shipped: take them "
+                             "off the list")
     return names
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from reference_impl.course import answer_finder
+from reference_impl.course import answer_finder, answer_units
 
 pytestmark = pytest.mark.slow
 
@@ -75,9 +75,11 @@ def test_released_labs_are_not_searched(tmp_path):
     assert answer_finder.answers(tmp_path, ["labs/given.py"], {"lab4"}) == []
 
 
-def test_a_known_answer_that_is_gone_is_reported():
+def test_a_known_answer_that_is_gone_is_reported_where_its_lab_was_searched():
     kept = next(iter(answer_finder.KNOWN))
     found = [answer_finder.Answer(*kept), answer_finder.Answer("gpipe", "labs/new.py:f")]
-    new, gone = answer_finder.refused(found)
+    every_lab = {unit.lab for unit in answer_units.units()}
+    new, gone = answer_finder.refused(found, every_lab)
     assert [str(answer) for answer in new] == ["labs/new.py:f gives gpipe's results"]
     assert gone == sorted(set(answer_finder.KNOWN) - {kept})
+    assert answer_finder.refused([], set())[1] == [], "a released lab's known answer is not gone"

@@ -11,7 +11,7 @@ import nbformat
 import pytest
 
 from support.handout_runs import build_handout, handout_python, in_handout
-from reference_impl.course import answer_finder, handout, make_labs, syllabus
+from reference_impl.course import handout, make_labs, syllabus
 from support import REPO
 
 pytestmark = pytest.mark.slow
@@ -195,13 +195,3 @@ def test_a_withheld_module_s_command_runs_the_student_s_file(start_of_term, pyth
     assert process.returncode == 0, process.stderr[-3000:]
     assert "GPU1: pp_rank 1, tp_rank 0" in process.stdout, process.stdout
 
-
-@pytest.mark.timeout(900)  # the finder tries every shipped function: a minute alone, more in CI
-def test_the_answer_finder_finds_only_the_answers_it_lists(start_of_term):
-    """The build ran the finder (the README's command); what it lists as known is still there."""
-    shipped = sorted(path.relative_to(start_of_term).as_posix()
-                     for path in start_of_term.rglob("*") if path.is_file())
-    found = answer_finder.answers(start_of_term, shipped, handout.withheld_labs(0))
-    new, gone = answer_finder.refused(found)
-    assert not new, f"the build let these through: {new}"
-    assert not gone, f"no longer shipped, so to be taken off answer_finder.KNOWN: {gone}"
