@@ -36,8 +36,9 @@ def student_command(lab) -> str:
 def build_handout(where: Path, *options: str) -> Path:
     """The handout the README's command builds (with ``options``), run from ``where``."""
     command = f"{BUILD_COMMAND} {' '.join(options)}".strip()
+    # The answer finder takes a minute alone, several on a loaded machine.
     process = subprocess.run(command, shell=True, cwd=where, capture_output=True, text=True,
-                             timeout=900, env=with_this_python_first())  # the answer finder, on a loaded machine
+                             timeout=900, env=with_this_python_first())
     assert process.returncode == 0, f"`{command}` failed:\n{process.stdout}{process.stderr}"
     return where / BUILD_COMMAND.split()[-1]
 
