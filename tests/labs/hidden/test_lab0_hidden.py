@@ -15,8 +15,11 @@ import torch
 from test_lab0_collectives import (DOUBLING, RING, check_all_gather, check_choices,
                                    check_chunk_lengths, check_crossovers, check_fits, check_models,
                                    check_plans, check_reduce_scatter, check_sweep)
+from reference_impl.course.contracts import assert_contract
+from test_lab0_contracts import CHUNKS, FIT, PLAN, chunk_draws, measurement_draws
 
 pytestmark = pytest.mark.lab0
+CONTRACT_SEED = 104729  # added to the sweep's seed: the contracts' other draws
 
 SEED_OFFSET = 7919  # the hidden sweeps' seeds: the public one plus this
 
@@ -114,3 +117,13 @@ def test_hidden_alpha_beta(impl, run_alone, sweep_seed):
                       "plan": [faster(size, n, *fitted(sizes, noisy, n)) for size in sizes]})
     check_fits(impl, run_alone, fits)
     check_plans(impl, run_alone, plans)
+
+
+def test_hidden_contracts_on_other_draws(impl, run_alone, sweep_seed):
+    seed = sweep_seed + CONTRACT_SEED
+    assert_contract(run_alone, impl, "collectives", "ring_chunks", CHUNKS, chunk_draws(seed, (7, 31, 64)))
+    measured = measurement_draws(seed, (2, 16))
+    assert_contract(run_alone, impl, "alpha_beta", "fit_line", FIT,
+                    {label: args[:2] for label, args in measured.items()})
+    assert_contract(run_alone, impl, "alpha_beta", "fit_alpha_beta", FIT, measured)
+    assert_contract(run_alone, impl, "alpha_beta", "all_reduce_plan", PLAN, measured)

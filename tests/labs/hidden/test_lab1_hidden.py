@@ -10,8 +10,11 @@ from test_lab1_rank_groups import (Sweep, check_groups_along, check_layouts, che
                                    check_mesh_groups, check_meshes, check_new_groups,
                                    check_places, check_positions, check_real_groups,
                                    stored_layouts, units)
+from reference_impl.course.contracts import assert_contract
+from test_lab1_contracts import ALONG, GRID, GROUP_RANK, POSITION, along_draws, grid_draws
 
 pytestmark = pytest.mark.lab1
+CONTRACT_SEED = 104729  # added to the sweep's seed: the contracts' other draws
 
 REFUSED_POSITIONS = [(10, {"a": 2, "b": 2, "c": 2}, ("a", "b", "c")),
                      (18, {"pp": 3, "tp": 4, "rdp": 2}, ("pp", "tp", "rdp"))]
@@ -72,3 +75,20 @@ def test_hidden_real_groups(impl, run_on_ranks, at):
     layouts = [stored_layouts()[f"{w}/{tp}/{pp}/{cp}/{order}"]
                for w, tp, pp, cp, order in REAL_LAYOUTS]
     check_real_groups(impl, run_on_ranks, layouts, "hidden", at)
+
+
+OTHER_GRIDS = {"rdp 3 x pp 2 x tp 2": ((3, 2, 2), ("rdp", "pp", "tp")),
+               "rdp 2 x pp 2 x cp 2 x tp 2": ((2, 2, 2, 2), ("rdp", "pp", "cp", "tp"))}
+
+
+def test_hidden_contracts_on_other_grids(impl, run_alone, sweep_seed):
+    seed = sweep_seed + CONTRACT_SEED
+    assert_contract(run_alone, impl, "groups", "groups_along", ALONG, along_draws(seed, OTHER_GRIDS))
+    grids = grid_draws(seed, OTHER_GRIDS)
+    assert_contract(run_alone, impl, "groups", "mesh_groups", GRID,
+                    {label: (mesh, names, names[::2]) for label, (mesh, names) in grids.items()})
+    assert_contract(run_alone, impl, "groups", "mesh_position", POSITION,
+                    {label: (mesh, names, int(mesh.flatten()[0])) for label, (mesh, names) in grids.items()})
+    assert_contract(run_alone, impl, "groups", "mesh_group_rank", GROUP_RANK,
+                    {label: (mesh, names, names[1:], int(mesh.flatten()[0]))
+                     for label, (mesh, names) in grids.items()})

@@ -7,8 +7,11 @@ from test_lab2_sagemaker_linear import (check_communication, check_data_parallel
 from test_lab2_tp_layers import (check_collective_on_every_layout, check_compositions,
                                  check_layers_on_every_layout, check_shard)
 from test_lab2_unshard import check_on_every_layout
+from reference_impl.course.contracts import assert_contract
+from test_lab2_contracts import SHARD, shard_draws
 
 pytestmark = pytest.mark.lab2
+CONTRACT_SEED = 104729  # added to the sweep's seed: the contracts' other draws
 
 SEEDS = (101, 202)
 OTHER_SHARDS = [(18, 0, 3, 3), (16, 1, 4, 2), (36, 1, 3, 2), (9, 0, 3, 1), (40, 0, 4, 2)]
@@ -54,3 +57,8 @@ def test_distributed_linear_communication_on_other_sizes(impl, run_on_ranks):
     sizes = (8, 3)
     check_communication(run_on_ranks(traced_calls, 4, impl, 2, SEEDS[1], sizes), 2, SEEDS[1],
                         sizes)
+
+
+def test_hidden_shard_contract_on_other_shapes(impl, run_alone, sweep_seed):
+    assert_contract(run_alone, impl, "tp_layers", "shard", SHARD,
+                    shard_draws(sweep_seed + CONTRACT_SEED, ((12, 8), (3, 12, 2), (8,))))

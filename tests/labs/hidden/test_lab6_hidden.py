@@ -5,8 +5,12 @@ import pytest
 from test_lab6_trace_analysis import (check_clocks, check_live_tp_block, check_made_traces,
                                       check_recorded_alignment, check_refusals, check_step,
                                       made_trace)
+from reference_impl.course.contracts import assert_contract
+from test_lab6_contracts import (RANK_TIME, STEP, STRAGGLER, span_draws, thread_draws,
+                                wait_draws)
 
 pytestmark = pytest.mark.lab6
+CONTRACT_SEED = 104729  # added to the sweep's seed: the contracts' other draws
 
 
 def test_hidden_traces_made_from_a_known_truth(impl, run_alone):
@@ -35,3 +39,10 @@ def test_hidden_recorded_tp_block_on_skewed_clocks(impl, run_alone):
 
 def test_hidden_real_trace_of_a_tp_block(impl, run_on_ranks, run_alone, tmp_path):
     check_live_tp_block(impl, run_on_ranks, run_alone, tmp_path, {0: -3.0, 1: 0.5})
+
+
+def test_hidden_contracts_on_other_draws(impl, run_alone, sweep_seed):
+    seed = sweep_seed + CONTRACT_SEED
+    assert_contract(run_alone, impl, "trace_analysis", "rank_time", RANK_TIME, thread_draws(seed, (1, 4)))
+    assert_contract(run_alone, impl, "trace_analysis", "step_seconds", STEP, span_draws(seed, (2, 8)))
+    assert_contract(run_alone, impl, "trace_analysis", "straggler", STRAGGLER, wait_draws(seed, (2, 8)))

@@ -18,8 +18,11 @@ from test_lab8_ring_attention import NUMBERS, check_world
 from test_lab8_ring_backward import NUMBERS as STEP_NUMBERS
 from test_lab8_ring_backward import cases as step_cases
 from test_lab8_ring_backward import check_backward_steps
+from reference_impl.course.contracts import assert_contract
+from test_lab8_contracts import MERGE, merge_draws
 
 pytestmark = pytest.mark.lab8
+CONTRACT_SEED = 104729  # added to the sweep's seed: the contracts' other draws
 
 OTHER = 7919  # added to the sweep's seed: other draws than the public checks'
 LONG_CHUNKS = [(cp, chunk) for cp in (5, 7, 11, 13, 16) for chunk in (4, 5)]
@@ -46,3 +49,9 @@ def test_hidden_backward_step_with_other_heads(impl, run_alone, sweep_seed):
 
 def test_hidden_ring_on_other_layouts_and_heads(impl, run_on_ranks, sweep_seed):
     check_world(4, impl, run_on_ranks, sweep_seed + OTHER, RING_SPACE)
+
+
+def test_hidden_merge_contract_on_other_shapes(impl, run_alone, sweep_seed):
+    seed = sweep_seed + CONTRACT_SEED
+    draws = {**merge_draws(seed, (1, 4, 7, 8)), **merge_draws(seed + 1, (3, 1, 3, 2))}
+    assert_contract(run_alone, impl, "online_softmax", "merge_partials", MERGE, draws)

@@ -8,8 +8,11 @@ from test_lab9_expert_groups import check_groups
 from test_lab9_moe import check_combine, check_dispatch, check_layer, check_router, \
     check_sync_alone
 from test_lab9_token_exchange import check_exchange
+from reference_impl.course.contracts import assert_contract
+from test_lab9_contracts import CAPACITY, GROUPS, group_draws, routing_draws
 
 pytestmark = pytest.mark.lab9
+CONTRACT_SEED = 104729  # added to the sweep's seed: the contracts' other draws
 
 SEEDS = (1, 2)      # the checks in one helper process: two more sweeps each
 LAUNCH_SEED = 1     # the checks that launch 4 ranks: one more sweep each (a launch costs more)
@@ -43,3 +46,11 @@ def test_hidden_combine(impl, run_on_ranks):
 
 def test_hidden_layer(impl, run_on_ranks):
     check_layer(impl, run_on_ranks, LAUNCH_SEED)
+
+
+def test_hidden_contracts_on_other_draws(impl, run_alone, sweep_seed):
+    seed = sweep_seed + CONTRACT_SEED
+    assert_contract(run_alone, impl, "router", "keep_within_capacity", CAPACITY,
+                    routing_draws(seed, (3, 20)))
+    assert_contract(run_alone, impl, "expert_groups", "expert_parallel_groups", GROUPS,
+                    group_draws(seed, ((16, 8, 4), (6, 6, 2))))
