@@ -9,19 +9,22 @@ A graded test declares, for each unit, the properties its contract promises:
 * :class:`FollowsDevice`: the results are on the inputs' device (or the one asked for) while
   the default device is another (``meta``, so a CPU machine tells them apart);
 * :class:`Relation`: a relation between calls, written in the test as a function
-  ``relation(function, args) -> str | None`` (what differs): invariance or equivariance under
-  reordering and renumbering, an optional part absent, the empty and the single case.
+  ``calls(function, args) -> (found, expected)``: invariance or equivariance under reordering
+  and renumbering, an optional part absent, the empty and the single case.
 
-:func:`broken` applies every property to every draw of inputs, in the process that holds the
-student's files (``run_alone``), and returns one line per broken property naming the unit, the
+One harness applies every property to every draw of inputs: :func:`observe` makes the calls in
+the process that holds the student's files (``run_alone``) and returns what it saw as data;
+:func:`judged`, in pytest's process, returns one line per broken property naming the unit, the
 property and the draw. Public draws are in the lab's graded test, other draws in its hidden
 tier. A property states an invariant, never how to keep it.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
@@ -102,15 +105,42 @@ def _mapped(value: Any, change: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return value
 
 
+def data(value: Any) -> Any:
+    """``value`` as plain data (tensors, numbers, strings, None, lists, tuples and dicts of
+    them): a dataclass as its fields, a namespace as its attributes, a slice as its three
+    numbers, anything else as its text."""
+    if value is None or isinstance(value, (torch.Tensor, bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {key: data(each) for key, each in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [data(each) for each in value]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, slice):
+        return (value.start, value.stop, value.step)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: data(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    if isinstance(value, SimpleNamespace):
+        return data(vars(value))
+    return repr(value)
+
+
+def at_most(found: Any, bound: Any) -> str | None:
+    """A comparison for :class:`Relation`: ``found`` is no more than ``bound``."""
+    return None if found <= bound + 1e-12 else f"{found!r}, more than {bound!r}"
+
+
 @dataclass(frozen=True)
 class ReadsOnly:
     """The call leaves every input as it found it (the caller's tensors are not written)."""
     name: str = "leaves its inputs as they were"
 
-    def broken(self, function: Callable, args: tuple) -> str | None:
-        before = _mapped(copy.deepcopy(args), torch.Tensor.clone)
+    def observe(self, function: Callable, args: tuple) -> Any:
         function(*args)
-        for index, (now, then) in enumerate(zip(args, before)):
+        return args
+
+    def judge(self, seen: Any, args: tuple) -> str | None:
+        for index, (now, then) in enumerate(zip(seen, args)):
             if (where := differs(now, then, atol=0, rtol=0)) is not None:
                 return f"argument {index + 1} changed: {where}"
         return None
@@ -125,12 +155,16 @@ class FollowsDtype:
     def name(self) -> str:
         return f"gives results in its inputs' dtype ({str(self.dtype).removeprefix('torch.')})"
 
-    def broken(self, function: Callable, args: tuple) -> str | None:
+    def observe(self, function: Callable, args: tuple) -> list[str]:
         cast = _mapped(args, lambda t: t.to(self.dtype) if t.is_floating_point() else t)
-        for index, tensor in enumerate(_tensors(function(*cast))):
-            if tensor.is_floating_point() and tensor.dtype != self.dtype:
-                return f"result tensor {index + 1} is {tensor.dtype}"
-        return None
+        return [str(t.dtype) for t in _tensors(function(*cast)) if t.is_floating_point()]
+
+    def judge(self, seen: list[str], args: tuple) -> str | None:
+        wrong = [(index, dtype) for index, dtype in enumerate(seen) if dtype != str(self.dtype)]
+        if not wrong:
+            return None
+        index, dtype = wrong[0]
+        return f"floating result tensor {index + 1} is {dtype}"
 
 
 @dataclass(frozen=True)
@@ -141,64 +175,86 @@ class FollowsDevice:
     name: str = "gives results on its inputs' device, whatever the default device"
     default: str = "meta"
 
-    def broken(self, function: Callable, args: tuple) -> str | None:
-        devices = {tensor.device for tensor in _tensors(args)}
+    def observe(self, function: Callable, args: tuple) -> list[str]:
         with torch.device(self.default):
             result = function(*args)
-        for index, tensor in enumerate(_tensors(result)):
-            if tensor.device not in devices:
-                return (f"result tensor {index + 1} is on {tensor.device} (the default device "
-                        f"in this check), its inputs on {', '.join(map(str, devices))}")
+        return [str(tensor.device) for tensor in _tensors(result)]
+
+    def judge(self, seen: list[str], args: tuple) -> str | None:
+        devices = {str(tensor.device) for tensor in _tensors(args)}
+        for index, device in enumerate(seen):
+            if device not in devices:
+                return (f"result tensor {index + 1} is on {device} (the default device in this "
+                        f"check), its inputs on {', '.join(sorted(devices))}")
         return None
 
 
 @dataclass(frozen=True)
 class Relation:
-    """A relation between calls of the function (``relation(function, args)`` says what
-    differs, or None), declared in the test with the invariant it states as its name.
-    ``relation`` is a module-level function, so that the contract travels to the helper."""
+    """A relation between calls of the function, declared in the test with the invariant it
+    states as its name: ``calls(function, args)`` makes the calls and returns (found,
+    expected), which ``compare`` (:func:`differs` unless given) judges. Both are module-level
+    functions, so that the contract travels to the helper process."""
     name: str
-    relation: Callable[[Callable, tuple], str | None]
+    calls: Callable[[Callable, tuple], tuple[Any, Any]]
+    compare: Callable[[Any, Any], str | None] = differs
 
-    def broken(self, function: Callable, args: tuple) -> str | None:
-        return self.relation(function, args)
+    def observe(self, function: Callable, args: tuple) -> tuple[Any, Any]:
+        return self.calls(function, args)
+
+    def judge(self, seen: tuple[Any, Any], args: tuple) -> str | None:
+        return self.compare(*seen)
 
 
 Property = ReadsOnly | FollowsDtype | FollowsDevice | Relation
 
 
-def broken(function: Callable, unit: str, properties: tuple[Property, ...],
-           draws: dict[str, tuple]) -> list[str]:
-    """One line per property of ``unit`` that some draw breaks (the first such draw), naming
-    the unit, the property and the draw. The function is first called plainly on every draw:
-    an exception there (a stub's NotImplementedError with its hint, a refused input) is the
-    graded test's to show, as it is."""
+def observe(function: Callable, properties: tuple[Property, ...],
+            draws: dict[str, tuple]) -> dict[str, tuple[str, Any]]:
+    """In the process that holds the submission: what each property sees on each draw, as
+    data, ``("ok", seen)`` or ``("raised", text)``. The function is first called plainly on
+    every draw: an exception there (a stub's NotImplementedError with its hint, a refused
+    input) is the graded test's to show, as it is."""
     for args in draws.values():
         function(*copy.deepcopy(args))
-    failures = []
-    for prop in properties:
+    observed = {}
+    for index, prop in enumerate(properties):
         for label, args in draws.items():
             try:
-                where = prop.broken(function, copy.deepcopy(args))
+                observed[f"{index}/{label}"] = ("ok", data(prop.observe(function, copy.deepcopy(args))))
             except NotImplementedError:
                 raise
             except Exception as error:  # reported with the property it was checked for
-                where = f"raised {type(error).__name__}: {_shown(str(error), 300)}"
+                observed[f"{index}/{label}"] = ("raised", f"{type(error).__name__}: "
+                                                          f"{_shown(str(error), 300)}")
+    return observed
+
+
+def judged(unit: str, properties: tuple[Property, ...], draws: dict[str, tuple],
+           observed: dict[str, tuple[str, Any]]) -> list[str]:
+    """In pytest's process: one line per property of ``unit`` that some draw breaks (the first
+    such draw), naming the unit, the property and the draw."""
+    failures = []
+    for index, prop in enumerate(properties):
+        for label, args in draws.items():
+            status, seen = observed[f"{index}/{label}"]
+            where = f"raised {seen}" if status == "raised" else prop.judge(seen, data(args))
             if where is not None:
                 failures.append(f"{unit} breaks its contract that it {prop.name}; on {label}: {where}")
                 break
     return failures
 
 
-def contract_failures(impl, module: str, unit: str, properties: tuple[Property, ...],
-                      draws: dict[str, tuple]) -> list[str]:
-    """:func:`broken` for ``unit`` of the student's ``module``: give it to ``run_alone``."""
-    return broken(getattr(impl.module(module), unit), unit, properties, draws)
+def observed_in_helper(impl, module: str, unit: str, properties: tuple[Property, ...],
+                       draws: dict[str, tuple]) -> dict:
+    """:func:`observe` for ``unit`` of the student's ``module``: given to ``run_alone``."""
+    return observe(getattr(impl.module(module), unit), properties, draws)
 
 
 def assert_contract(run_alone, impl, module: str, unit: str, properties: tuple[Property, ...],
                     draws: dict[str, tuple]) -> None:
     """Fail the graded test with every property of ``unit`` that a draw breaks."""
-    failures = run_alone(contract_failures, impl, module, unit, properties, draws)
+    failures = judged(unit, properties, draws,
+                      run_alone(observed_in_helper, impl, module, unit, properties, draws))
     if failures:
         raise AssertionError("\n".join(failures))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from reference_impl.course.contracts import (
-    FollowsDevice, FollowsDtype, ReadsOnly, Relation, assert_contract, differs)
+    FollowsDevice, FollowsDtype, ReadsOnly, Relation, assert_contract)
 
 pytestmark = pytest.mark.lab2
 
@@ -33,22 +33,21 @@ def shard_draws(seed: int, shapes=((4, 6), (6, 4), (2, 6, 4))) -> dict[str, tupl
     return draws
 
 
-def counted_from_the_end(shard, args) -> str | None:
+def counted_from_the_end(shard, args) -> tuple:
     full, dim, rank, tp, blocks = args
-    return differs(shard(full, dim - full.dim(), rank, tp, blocks), shard(full, dim, rank, tp, blocks))
+    return (shard(full, dim - full.dim(), rank, tp, blocks), shard(full, dim, rank, tp, blocks))
 
 
-def integers(shard, args) -> str | None:
+def integers(shard, args) -> tuple:
     full, *rest = args
-    found = shard((full * 100).long(), *rest)
-    return None if found.dtype == torch.int64 else f"int64 in, {found.dtype} out"
+    return str(shard((full * 100).long(), *rest).dtype), str(torch.int64)
 
 
-def a_new_tensor(shard, args) -> str | None:
+def a_new_tensor(shard, args) -> tuple:
     full, *rest = args
     before = full.clone()
     shard(full, *rest).add_(1)
-    return differs(full, before, atol=0, rtol=0)
+    return full, before
 
 
 SHARD = (ReadsOnly(), FollowsDtype(torch.float64), FollowsDtype(torch.bfloat16), FollowsDevice(),

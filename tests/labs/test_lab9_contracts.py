@@ -15,7 +15,7 @@ groups of 8 and 12 ranks consecutive, strided and permuted. The hidden tier draw
 import pytest
 import torch
 
-from reference_impl.course.contracts import FollowsDevice, ReadsOnly, Relation, assert_contract, differs
+from reference_impl.course.contracts import FollowsDevice, ReadsOnly, Relation, assert_contract
 from reference_impl.course.sweeps import group_layouts
 
 pytestmark = pytest.mark.lab9
@@ -34,27 +34,27 @@ def routing_draws(seed: int, tokens=(7, 12)) -> dict[str, tuple]:
     return draws
 
 
-def earlier_tokens_only(keep, args) -> str | None:
+def earlier_tokens_only(keep, args) -> tuple:
     index, experts, capacity = args
     first = index.shape[0] // 2
-    return differs(keep(index[:first], experts, capacity), keep(index, experts, capacity)[:first])
+    return (keep(index[:first], experts, capacity), keep(index, experts, capacity)[:first])
 
 
-def experts_renamed(keep, args) -> str | None:
+def experts_renamed(keep, args) -> tuple:
     index, experts, capacity = args
     names = torch.arange(experts).flip(0)
-    return differs(keep(names[index], experts, capacity), keep(index, experts, capacity))
+    return (keep(names[index], experts, capacity), keep(index, experts, capacity))
 
 
-def no_tokens(keep, args) -> str | None:
+def no_tokens(keep, args) -> tuple:
     index, experts, capacity = args
     empty = index[:0]
-    return differs(keep(empty, experts, capacity), torch.zeros(empty.shape, dtype=torch.bool))
+    return (keep(empty, experts, capacity), torch.zeros(empty.shape, dtype=torch.bool))
 
 
-def room_for_all(keep, args) -> str | None:
+def room_for_all(keep, args) -> tuple:
     index, experts, _ = args
-    return differs(keep(index, experts, index.shape[0]), torch.ones(index.shape, dtype=torch.bool))
+    return (keep(index, experts, index.shape[0]), torch.ones(index.shape, dtype=torch.bool))
 
 
 CAPACITY = (ReadsOnly(), FollowsDevice(),
@@ -75,19 +75,19 @@ def as_sets(groups) -> dict:
     return {kind: sorted(tuple(sorted(group)) for group in found) for kind, found in groups.items()}
 
 
-def renumbered(expert_parallel_groups, args) -> str | None:
+def renumbered(expert_parallel_groups, args) -> tuple:
     dp_groups, ep = args
     number = {rank: 3 * rank + 5 for group in dp_groups for rank in group}  # increasing
     moved = expert_parallel_groups([[number[rank] for rank in group] for group in dp_groups], ep)
     expected = {kind: [[number[rank] for rank in group] for group in found]
                 for kind, found in expert_parallel_groups(dp_groups, ep).items()}
-    return differs(as_sets(moved), as_sets(expected))
+    return (as_sets(moved), as_sets(expected))
 
 
-def any_order(expert_parallel_groups, args) -> str | None:
+def any_order(expert_parallel_groups, args) -> tuple:
     dp_groups, ep = args
     shuffled = [list(reversed(group)) for group in reversed(dp_groups)]
-    return differs(as_sets(expert_parallel_groups(shuffled, ep)),
+    return (as_sets(expert_parallel_groups(shuffled, ep)),
                    as_sets(expert_parallel_groups(dp_groups, ep)))
 
 
