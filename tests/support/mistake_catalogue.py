@@ -924,4 +924,42 @@ LAB9: list[Mistake] = [
             DISPATCH_ALONE, "the dispatch sent the dropped assignments too"),
 ]
 
-CATALOGUE = LAB0_LAB1 + LAB2_LAB3 + LAB4 + LAB5 + LAB6_LAB7 + LAB8 + LAB9
+# ---------------------------------------------------------------- contracts (test_labN_contracts.py)
+CONTRACT = "keeps_its_contract"
+CONTRACTS: list[Mistake] = [
+    Mistake("the capacity mask made without the index's device", "lab9", "router",
+            "    return (position.sum(dim=1) < capacity).view_as(expert_index)\n",
+            "    keep = torch.zeros(expert_index.numel(), dtype=torch.bool)\n"
+            "    keep |= position.sum(dim=1) < capacity\n"
+            "    return keep.view_as(expert_index)\n",
+            CONTRACT, "keep_within_capacity breaks its contract that it gives results on its "
+            "inputs' device"),
+    Mistake("a rank's communication ranges sorted in the caller's lists", "lab6",
+            "trace_analysis",
+            '    comm = union([interval for ranges in threads.values() for interval in ranges["comm"]])\n',
+            '    for ranges in threads.values():\n'
+            '        ranges["comm"].sort()\n'
+            '    comm = union([interval for ranges in threads.values() for interval in ranges["comm"]])\n',
+            CONTRACT, "rank_time breaks its contract that it leaves its inputs as they were"),
+    Mistake("the plan switches to the ring once, as if the sizes were sorted", "lab0",
+            "alpha_beta",
+            "    return [faster_all_reduce(size, n, alpha, bandwidth) for size in nbytes]\n",
+            "    choices = [faster_all_reduce(size, n, alpha, bandwidth) for size in nbytes]\n"
+            '    first = choices.index("ring") if "ring" in choices else len(choices)\n'
+            '    return ["recursive doubling"] * first + ["ring"] * (len(choices) - first)\n',
+            CONTRACT, "decides each size by the size, not by its place in the list"),
+    Mistake("the grid's groups read as if its ranks were numbered row by row", "lab1", "groups",
+            "    rows = mesh.permute(kept + spanned)",
+            "    rows = torch.arange(mesh.numel()).reshape(mesh.shape).permute(kept + spanned)",
+            CONTRACT, "mesh_groups breaks its contract that it renumbers its groups"),
+    Mistake("the straggler's tie broken by the order of the waits", "lab6", "trace_analysis",
+            "    return min(sorted(waits), key=lambda rank: waits[rank])\n",
+            "    return min(waits, key=waits.get)\n",
+            CONTRACT, "straggler breaks its contract that it does not depend on the order"),
+    Mistake("the merge's results cast to fp32", "lab8", "online_softmax",
+            "    return out, lse\n", "    return out.float(), lse.float()\n",
+            CONTRACT, "merge_partials breaks its contract that it gives results in its inputs' "
+            "dtype (float64)"),
+]
+
+CATALOGUE = LAB0_LAB1 + LAB2_LAB3 + LAB4 + LAB5 + LAB6_LAB7 + LAB8 + LAB9 + CONTRACTS

@@ -1,0 +1,37 @@
+"""Lab 4's expected values: the orders and the activations in flight of GPipe and 1F1B, written
+by the reference.
+
+``orders``: {"generator/p/m": [each rank's passes, "F0 F1 B0 ..."]} for the sizes whose order the
+public checks compare. ``warm_up`` and ``peaks``: {"p/m": [per rank]} of 1F1B, the forwards each
+rank runs before its first backward and the most microbatches whose activations it holds at once,
+for every size the public and hidden checks draw (p 1 to 7, m 1 to 12).
+"""
+from __future__ import annotations
+
+from reference_impl.pipeline.pipeline_schedules import gpipe, one_f_one_b
+from reference_impl.pipeline.pipeline_simulator import simulate
+
+ORDERED = [("gpipe", 1, 3), ("gpipe", 2, 3), ("gpipe", 3, 2), ("one_f_one_b", 1, 3),
+           ("one_f_one_b", 2, 3), ("one_f_one_b", 3, 4), ("one_f_one_b", 4, 2),
+           ("one_f_one_b", 4, 6)]
+SIZES = [(p, m) for p in range(1, 8) for m in range(1, 13)]
+
+
+def _forwards_first(passes: str) -> int:
+    kinds = [action[0] for action in passes.split()]
+    return kinds.index("B") if "B" in kinds else len(kinds)
+
+
+def make() -> dict:
+    generators = {"gpipe": gpipe, "one_f_one_b": one_f_one_b}
+    orders = {}
+    for name, p, m in ORDERED:
+        schedule = generators[name](p, m)
+        orders[f"{name}/{p}/{m}"] = [schedule.format(rank) for rank in range(p)]
+    warm_up, peaks = {}, {}
+    for p, m in SIZES:
+        schedule = one_f_one_b(p, m)
+        warm_up[f"{p}/{m}"] = [_forwards_first(schedule.format(rank))
+                               for rank in range(p)]
+        peaks[f"{p}/{m}"] = list(simulate(schedule).peak_in_flight)
+    return {"orders": orders, "warm_up": warm_up, "peaks": peaks}
