@@ -64,6 +64,7 @@ from reference_impl.comm.comm_contract import check_contract, expected
 from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.device import current_device
 from reference_impl.comm.rank_failures import RankFailure
+from reference_impl.course.snapshots import snapshot
 from reference_impl.course.sweeps import group_layouts, group_of, label
 from reference_impl.memory.model_states import zero_memory_formula
 from reference_impl.model import MLP
@@ -358,12 +359,12 @@ def unsharded_adamw(replicas: tuple, scale=1.0, micros=tuple(range(MICRO))) -> l
     return records
 
 
-def padded_slice(tensor, member, members):
-    """Rank ``member``'s shard of ``tensor`` flattened and padded with zeros to N pieces."""
+def recorded_slice(tensor, member, members):
+    """Rank ``member``'s shard of ``tensor``, by the elements lab 5's snapshot records that it
+    owns (zeros where the padding goes)."""
+    owned = snapshot("lab5", "owners")[f"{tensor.numel()}/{members}"][member]
     flat = tensor.reshape(-1)
-    size = -(-flat.numel() // members)
-    flat = torch.cat([flat, flat.new_zeros(size * members - flat.numel())])
-    return flat[member * size:(member + 1) * size]
+    return torch.where(owned >= 0, flat[owned.clamp(min=0)], torch.zeros((), dtype=flat.dtype))
 
 
 def usual_mistakes(group, member, members, stage) -> dict:
@@ -505,10 +506,10 @@ def check_gradients(rank, result, stage, step, right, where):
             f"[{where}] rank {rank}: {what}: the shard's gradient (shards[param].grad) is None "
             f"after reduce_gradients(); ZeRO-{stage} keeps this rank's shard of the mean there")
         assert_close_naming(
-            shard.reshape(-1), padded_slice(mean, member, members),
+            shard.reshape(-1), recorded_slice(mean, member, members),
             f"[{where}] {what}: this rank's gradient shard", rank=rank,
             against=f"shard {member} of the group's mean gradient, padded",
-            mistakes={cause: padded_slice(value, member, members)
+            mistakes={cause: recorded_slice(value, member, members)
                       for cause, value in mistakes.items()},
             otherwise="the shard must be this rank's piece of the padded flat mean: a shard "
                       "updated with another slice of the gradient?", **TOLERANCE)
@@ -524,7 +525,7 @@ def check_adam_state(rank, result, stage, step, right, where):
             f"{state['count'][index]} steps, not {step + 1}: Adam's bias correction reads it")
         for kind in ("exp_avg", "exp_avg_sq"):
             assert_close(state[kind][index].reshape(-1),
-                         padded_slice(right[step][kind][index], member, members),
+                         recorded_slice(right[step][kind][index], member, members),
                          f"[{where}] step(), step {step}: {name}'s {kind}", rank=rank,
                          against=f"shard {member} of torch.optim.AdamW's {kind}",
                          likely_cause="the gradients were right (reduce_gradients): is this "

@@ -24,43 +24,44 @@ pytestmark = pytest.mark.lab7
 
 REL = 1e-12
 STEP_TERMS = ("layers", "TP", "LM head", "bubble", "DP")
-MISTAKES = {
-    "llama_parameters": "K and V have kv_heads x head size columns each (grouped-query "
-                        "attention), not h; a gated (SwiGLU) MLP has 3 matrices of h x ffn, a "
-                        "plain one 2; the output layer counts again unless tied",
-    "first_stage_parameters": "ceil(layers / pp) layers on the stage (80 / 3 leaves 27 on the "
-                              "first), every layer and the embedding split over the tp GPUs",
-    "model_state_bytes_per_parameter": "Megatron-LM keeps a 4-byte fp32 gradient (18 bytes "
-                                       "unsharded, 6 + 12/d with its distributed optimizer, "
-                                       "which shards only the 12 optimizer bytes)",
-    "activation_bytes_per_layer": "without SP the 10 sbh of layernorm inputs and dropout masks "
-                                  "are not split by t (with SP they are); no dropout removes "
-                                  "2 sbh of masks and the a s^2 b mask; flash attention keeps "
-                                  "4 a s b / t bytes, no scores",
-    "in_flight_microbatches": "1F1B's first stage holds min(pp, m), interleaved 1F1B a factor "
-                              "1 + (pp-1)/(pp v) more",
-    "bubble_fraction": "(p-1)/(m+p-1), and (p-1)/(vm+p-1) with v chunks per rank",
-    "tp_all_reduce_bytes_per_layer": "4 all-reduces per layer (2 forward, 2 backward) of the "
-                                     "b x s x h activation, bytes_per_element each",
-    "tp_seconds_per_layer": "4 ring all-reduces of b s h x bytes_per_element bytes over the tp "
-                            "GPUs, each 2(n-1) alpha + 2(n-1)/n S / B (none on one GPU)",
-    "dp_exposed_seconds": "a reduce-scatter (sharded optimizer) or an all-gather is half an "
-                          "all-reduce; the gradients hide behind the last backward (2/3 of a "
-                          "stage), the parameters' gather behind the first forward (1/3), and "
-                          "each part's exposed time is clipped at 0 on its own",
-    "stage_seconds": "each of the stage's layers / pp layers pays its compute and its exposed "
-                     "TP time, and the LM head counts once, on the last stage",
-    "pipeline_seconds": "1F1B takes m + p - 1 slots of the slowest stage, interleaved 1F1B "
-                        "m + (p-1)/v",
+MISTAKES = {  # a question about the property that fails, never its formula
+    "llama_parameters": "count each matrix by its shape: how many columns do K and V have under "
+                        "grouped-query attention, how many matrices does a gated (SwiGLU) MLP "
+                        "have, and does the output layer count when it is tied?",
+    "first_stage_parameters": "how many layers does the first stage hold when pp does not divide "
+                              "the layers (80 over 3), and which of its parts are split over "
+                              "the tp GPUs?",
+    "model_state_bytes_per_parameter": "which of the weight's, the gradient's and the "
+                                       "optimizer's bytes does each stage shard, and in what "
+                                       "precision does Megatron-LM keep the gradient?",
+    "activation_bytes_per_layer": "which terms does tensor parallelism split without sequence "
+                                  "parallelism, and which only with it? what do no dropout and "
+                                  "flash attention leave out?",
+    "in_flight_microbatches": "how many microbatches has the first stage started before its "
+                              "first backward, m smaller than pp too, and how does "
+                              "interleaving change that?",
+    "bubble_fraction": "how many idle slots against busy ones, for p stages and m microbatches, "
+                       "and how long is an idle slot with v chunks per rank?",
+    "tp_all_reduce_bytes_per_layer": "how many all-reduces does a layer make in its forward and "
+                                     "in its backward, and of which tensor?",
+    "tp_seconds_per_layer": "each of the layer's TP all-reduces is lab 0's ring all-reduce over "
+                            "the tp GPUs: how many, of how many bytes, and what does one cost "
+                            "on one GPU?",
+    "dp_exposed_seconds": "what share of an all-reduce is a reduce-scatter or an all-gather, "
+                          "behind which part of the stage does each hide, and is each part's "
+                          "exposed time clipped on its own?",
+    "stage_seconds": "which layers does the slowest stage run, what does each of them pay, and "
+                     "on which stage does the LM head run?",
+    "pipeline_seconds": "how many slots of the slowest stage does 1F1B take for m microbatches, "
+                        "and how does interleaving with v chunks shrink the extra ones?",
 }
 STEP_MISTAKES = {
-    "layers": "the layers' compute is the stage's share of the layers (layers / pp) times the "
-              "layer's time, once per microbatch",
-    "TP": "the exposed TP time is paid by each of the stage's layers, once per microbatch",
-    "LM head": "the LM head runs once per microbatch, on the last stage only",
+    "layers": "the layers' compute: which of the layers does the stage run, and how often?",
+    "TP": "the exposed TP time: which layers pay it, and how often?",
+    "LM head": "the LM head: on which stage does it run, and how often?",
     "bubble": "the bubble is what the pipeline takes beyond m slots of the slowest stage "
               "(the pipeline less m x stage), not a fraction of the layers alone",
-    "DP": "the exposed DP time is added once per step, as given",
+    "DP": "the exposed DP time: how often is it paid in a step?",
     "step": "the step is the sum of the terms",
 }
 
@@ -94,11 +95,11 @@ def check_value(name, args, kwargs, result, expected, rel=REL, source="the refer
     kind, value = result
     assert kind == "value", f"{where} raised ValueError: {value}; these arguments are valid"
     if isinstance(expected, int) and not isinstance(expected, bool):
-        assert value == expected, (f"{where} = {value:,.0f}, {source} {expected:,}. Likely "
-                                   f"mistake: {MISTAKES[name]}")
+        assert value == expected, (f"{where} = {value:,.0f}, {source} {expected:,}. Ask: "
+                                   f"{MISTAKES[name]}")
     else:
         assert value == pytest.approx(expected, rel=rel, abs=1e-15), (
-            f"{where} = {value:.10g}, {source} {expected:.10g}. Likely mistake: "
+            f"{where} = {value:.10g}, {source} {expected:.10g}. Ask: "
             f"{MISTAKES[name]}")
 
 
@@ -191,7 +192,7 @@ def check_breakdown(where, kind, terms, expected, source, rel=REL):
         f"expected {sorted(expected)}")
     for name, value in expected.items():
         assert terms[name] == pytest.approx(value, rel=rel, abs=1e-12), (
-            f"{where}: {name} = {terms[name]:.10g} s, {source} {value:.10g} s. Likely mistake: "
+            f"{where}: {name} = {terms[name]:.10g} s, {source} {value:.10g} s. Ask: "
             f"{STEP_MISTAKES[name]}")
 
 
@@ -215,8 +216,8 @@ def check_planner_step(impl, run_alone, cases="public"):
             assert kind == "value", f"{name} on the planner's {case['layout']} raised: {result}"
             assert result == pytest.approx(value, rel=1e-9), (
                 f"{name} on the planner's {case['layout']} ({case['microbatches']} "
-                f"microbatches) = {result:.10g} s, the planner's {value:.10g} s. Likely "
-                f"mistake: {MISTAKES[name]}")
+                f"microbatches) = {result:.10g} s, the planner's {value:.10g} s. Ask: "
+                f"{MISTAKES[name]}")
         kind, terms = next(found)
         expected = {name: case[name] for name in STEP_TERMS}
         expected["step"] = sum(expected.values())
