@@ -93,10 +93,10 @@ def create_process_groups(layout: RankLayout) -> ParallelGroups:
 
 
 def members_by_all_reduce(group: dist.ProcessGroup) -> list[int]:
-    """The global ranks that an all-reduce over ``group`` sums, found by doing one: each member
-    puts in the bit of its global rank, 2**rank, so the sum's set bits name the ranks that
-    took part (the notebook's check of every group). Every member calls it; one int64, so
-    worlds of up to 63 ranks."""
+    """The global ranks that an all-reduce over ``group`` sums, increasing, found by doing one
+    all-reduce of one int64 (the notebook's check of every group). Every member calls it. What
+    can each member put in so that the sum alone names every rank that took part? Worlds of up
+    to 63 ranks."""
     world = dist.get_world_size()
     if world > 63:
         raise ValueError(f"a 64-bit sum holds the bits of ranks 0 to 62; this world has {world} "

@@ -632,7 +632,7 @@ def check_members(impl, run_on_ranks, world: int, sizes, seed: int) -> None:
                            rank=rank, formula="one all-reduce of one int64 over the group")
             if found[name]["members"] != mine:
                 fail(f"{where} on rank {rank} = {found[name]['members']}, expected {mine}: the "
-                     "global ranks whose bits are set in the group's sum, increasing")
+                     "group's members as global ranks, increasing")
 
 
 def new_groups_on_ranks(impl, kinds: dict, broken: dict):
@@ -708,11 +708,12 @@ def real_groups_of(impl, layout: Stored):
         if group_rank < 0:
             found[kind] = {"group_rank": group_rank}
             continue
-        value = torch.tensor([1 << rank], dtype=torch.int64, device=device)
+        value = torch.tensor([rank + 1], dtype=torch.int64, device=device)
         with CommTracer() as trace:
             dist.all_reduce(value, group=handle)
         found[kind] = {"group_rank": group_rank, "calls": [c.as_data() for c in trace.calls],
-                       "summed": [r for r in range(dist.get_world_size()) if int(value) >> r & 1]}
+                       "ranks": sorted(dist.get_process_group_ranks(handle)),
+                       "sum": int(value)}
     mesh = process_groups.device_mesh(layout_here, device.type)
     dims = {kind: process_groups.mesh_dim_names(layout_here, kind) for kind in layout.groups}
     spans = {kind: sorted(mesh[names].mesh.flatten().tolist()) for kind, names in dims.items()}
@@ -737,8 +738,10 @@ def check_real_groups(impl, run_on_ranks, layouts: list[Stored], tier: str, at: 
                            f"an all-reduce over create_process_groups' {kind}_GROUP "
                            f"[{layout.where()}]", rank=rank,
                            formula=f"an all-reduce over the {kind}_GROUP {mine}")
-            assert got["summed"] == mine, (f"{where}: an all-reduce over it summed ranks "
-                                           f"{got['summed']}, expected {mine}")
+            assert got["ranks"] == mine, f"{where}: it holds the ranks {got['ranks']}, expected {mine}"
+            assert got["sum"] == sum(member + 1 for member in mine), (
+                f"{where}: an all-reduce over it of each rank's rank + 1 gave {got['sum']}, not "
+                f"the sum over {mine}: it reduces over other ranks than it holds")
             assert got["group_rank"] == mine.index(rank), f"{where}: rank in the group"
             mesh_where = f"rank {rank}, device_mesh [{layout.where()}]"
             if found["spans"][kind] != mine:
