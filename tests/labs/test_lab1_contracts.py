@@ -66,9 +66,7 @@ def along_any_axis_order(groups_along, args) -> tuple:
 def along_renumbered(groups_along, args) -> tuple:
     positions, varying = args
     number = renumbering(len(positions), 3)
-    moved = [None] * len(positions)
-    for rank, position in enumerate(positions):
-        moved[number[rank]] = position
+    moved = [positions[number.index(new)] for new in range(len(positions))]  # rank -> number[rank]
     expected = [[number[rank] for rank in group] for group in groups_along(positions, varying)]
     return (as_set(groups_along(moved, varying)), as_set(expected))
 
