@@ -95,7 +95,8 @@ def units() -> list[Unit]:
               for rank in range(cp)], recorded=(("lab8", "layouts"),), tables=True),
         Unit("lab8", "visible_part", visible_part,
              [(cp, rank, owner, local) for cp, local in ((2, 4), (3, 2), (4, 6))
-              for rank, owner in itertools.product(range(cp), repeat=2)]),
+              for rank, owner in itertools.product(range(cp), repeat=2)],
+             recorded=(("lab8", "visible"),)),
         Unit("lab8", "merge_partials", merge_partials, [_partials(seed) for seed in range(3)]),
         Unit("lab9", "keep_within_capacity", keep_within_capacity, experts),
         Unit("lab9", "expert_parallel_groups", expert_parallel_groups, groups),

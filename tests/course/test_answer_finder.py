@@ -75,11 +75,16 @@ def test_released_labs_are_not_searched(tmp_path):
     assert answer_finder.answers(tmp_path, ["labs/given.py"], {"lab4"}) == []
 
 
-def test_a_known_answer_that_is_gone_is_reported_where_its_lab_was_searched():
-    kept = next(iter(answer_finder.KNOWN))
+def test_a_known_answer_that_is_gone_is_reported_where_its_lab_was_searched(monkeypatch):
+    kept, dropped = ("merge_partials", "tests/labs/a.py:f"), ("one_f_one_b", "tests/labs/b.py:T")
+    monkeypatch.setattr(answer_finder, "KNOWN", {kept: "why", dropped: "why"})
     found = [answer_finder.Answer(*kept), answer_finder.Answer("gpipe", "labs/new.py:f")]
     every_lab = {unit.lab for unit in answer_units.units()}
     new, gone = answer_finder.refused(found, every_lab)
     assert [str(answer) for answer in new] == ["labs/new.py:f gives gpipe's results"]
-    assert gone == sorted(set(answer_finder.KNOWN) - {kept})
+    assert gone == [dropped]
     assert answer_finder.refused([], set())[1] == [], "a released lab's known answer is not gone"
+
+
+def test_the_handout_ships_no_known_answer():
+    assert answer_finder.KNOWN == {}, "every give-away the finder found is gone from the handout"

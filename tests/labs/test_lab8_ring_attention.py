@@ -16,13 +16,15 @@ failure prints its seed and case):
   so bf16 holds every score exactly, and lse 44 to 60, where bf16's spacing is 0.25: running
   statistics kept in bf16 instead of fp32 show; checked after every other case).
 
-Each case runs twice on the same ranks: **the ring alone**, with stand-ins written here for
-``token_positions``, ``visible_part``, ``merge_partials`` and ``backward_step`` (the positions
-from the layout's snapshot, ``tests/labs/snapshots/lab8.pt``; so only ``start_ring_exchange``,
-the forward's steps and the backward's ring are graded), then **composed** with the
-submission's own. Each rank also hands back what its own ``visible_part``, ``token_positions``
-and ``merge_partials`` give on the case's arguments, so that a composed run that differs
-blames the unit that is wrong (``backward_step`` alone: ``test_lab8_ring_backward.py``).
+Each case runs twice on the same ranks: **the ring alone**, with ``token_positions`` and
+``visible_part`` read from the layout's snapshot (``tests/labs/snapshots/lab8.pt``: the
+reference's results, recorded) and the submission's own ``merge_partials`` and
+``backward_step``, then **composed** with the submission's own four. Each rank also hands back
+what its own ``visible_part``, ``token_positions`` and ``merge_partials`` give on the case's
+arguments: a merge that is wrong on its own is named before any value of the ring is
+checked, and a composed run that differs blames the unit that is wrong (``backward_step``
+alone: ``test_lab8_ring_backward.py``). No working unit is written here: a stand-in would be
+an answer.
 
 Checks, in this order, each failure naming the function, the rank, the case (with its seed)
 and the likely cause:
@@ -69,7 +71,7 @@ from reference_impl.comm.rank_failures import LaunchTimeout, RankFailure
 from reference_impl.course.sweeps import draw, group_layouts, group_of, label
 from reference_impl.model import repeat_kv_heads
 from test_lab8_online_softmax import attention_over
-from test_lab8_ring_backward import (positions_of, replaced, share_through, stand_in_visible_part,
+from test_lab8_ring_backward import (positions_of, recorded_visible_part, replaced, share_through,
                                      visible_pairs)
 
 pytestmark = pytest.mark.lab8
@@ -157,33 +159,13 @@ def message_sizes(config: dict, phase: str) -> dict[int, str]:
     return {**sizes, kv_bytes: "the K/V block"}
 
 
-# ----------------------------------------------------------------- stand-ins for the units
+# ----------------------------------------------------------------- the units, as recorded
 
-def stand_in_positions(seq: int, cp: int, rank: int, device=None) -> torch.Tensor:
+def recorded_positions(seq: int, cp: int, rank: int, device=None) -> torch.Tensor:
     return torch.tensor(positions_of(seq, cp, rank), device=device)
 
 
-def stand_in_merge(out1, lse1, out2, lse2):
-    """Two blocks' (out, lse) merged: the blocks' shares of the row's softmax mass are the
-    softmax of their lse over the two blocks; rows that see nothing stay (0, -inf)."""
-    lses = torch.stack((lse1, lse2))
-    shares = lses.softmax(dim=0).nan_to_num(0.0)
-    return (shares[..., None] * torch.stack((out1, out2))).sum(dim=0), lses.logsumexp(dim=0)
-
-
-def stand_in_backward_step(softmax):
-    """One backward step on the whole block, masked by the global positions (no slices), with
-    ``softmax``'s given ``block_attention_backward`` (the submission's online_softmax module)."""
-    def backward_step(q, kv, grad_out, lse, out_dot_grad, positions, cp, rank, owner):
-        keys = torch.tensor(positions_of(cp * q.shape[2], cp, owner), device=q.device)
-        grad_q, grad_k, grad_v = softmax.block_attention_backward(
-            q, kv[0], kv[1], grad_out, lse, out_dot_grad, positions, keys)
-        return grad_q, torch.stack((grad_k, grad_v))
-    return backward_step
-
-
-STAND_INS = {"token_positions": stand_in_positions, "visible_part": stand_in_visible_part,
-             "merge_partials": stand_in_merge}
+RECORDED = {"token_positions": recorded_positions, "visible_part": recorded_visible_part}
 
 
 # ----------------------------------------------------------------- on every rank
@@ -400,16 +382,14 @@ def ring_on_rank(impl, world: int, seed: int, space: dict):
         q, k, v, upstream = (t[:, :, mine].to(device) for t in whole)
         found = {"units": units_on_rank(modules, config, member, seed)}
         watch = RingWatch(members, config)
-        stand_ins = {**STAND_INS, "backward_step": stand_in_backward_step(modules["online_softmax"])}
-        for how, functions in ((ALONE, {**stand_ins, **watch.watch_compute(ring)}),
+        for how, functions in ((ALONE, {**RECORDED, **watch.watch_compute(ring)}),
                                ("composed", {})):
             try:
                 with replaced([ring, *modules.values()], functions):
                     found[how] = run_ring(ring, q, k, v, upstream, handles[tuple(members)], watch, how)
             except Exception as error:
-                composed = (" (composed with your own token_positions, visible_part and "
-                            "merge_partials: with the test's stand-ins for them it ran)"
-                            if how == "composed" else "")
+                composed = (" (composed with your own token_positions and visible_part: with "
+                            "the snapshot's it ran)" if how == "composed" else "")
                 raise RuntimeError(f"[{entry['key']}] {watch.phase}: ring_attention{composed} "
                                    f"raised {type(error).__name__}: {error}") from error
         found["events"] = watch.events
@@ -453,8 +433,8 @@ def crash_cause(error: Exception) -> str:
     first, _, rest = text.partition("\n")  # the failing rank's own error, then its peers'
     causes = [cause for part in (first, text) for words, cause in GLOO_CAUSES.items() if words in part]
     if not causes and "composed, " in first:
-        causes = ["one of your units gives what the ring cannot use here (it ran with the test's "
-                  f"stand-ins for them): see {', '.join(UNIT_TESTS.values())}"]
+        causes = ["one of your units gives what the ring cannot use here (it ran with the "
+                  f"snapshot's positions and visible parts): see {', '.join(UNIT_TESTS.values())}"]
     found = f"\nLikely cause: {causes[0]}" if causes else ""
     return f"{first}{found}\n{rest[:6000]}"
 
@@ -667,6 +647,16 @@ def wrong_units(entry, rank, units) -> list[str]:
     return wrong
 
 
+def check_merge_first(entry, rank, found) -> None:
+    """The ring alone runs with the submission's merge: a merge wrong on its own is named
+    before any value of the ring, which it would spoil."""
+    wrong = [each for each in wrong_units(entry, rank, found["units"])
+             if each.startswith("merge_partials")]
+    assert not wrong, (f"[{entry['key']}] rank {rank}: {wrong[0]} ({UNIT_TESTS['merge_partials']}); "
+                       "the ring's values are checked once merge_partials is right: it merges "
+                       "every block")
+
+
 def summary(value) -> str:
     if isinstance(value, torch.Tensor):
         shown = value.tolist()
@@ -679,17 +669,14 @@ def check_composed(entry, rank, found, expected_values, inputs, names) -> None:
     wrong = wrong_units(entry, rank, found["units"])
     if wrong:
         units = [name for name in UNIT_TESTS if any(w.startswith(name) for w in wrong)]
-        otherwise = (f"the ring is right with the test's stand-ins for its units, so the unit "
-                     f"is wrong, not the ring: {'; '.join(wrong[:3])} (see "
+        otherwise = (f"the ring is right with the snapshot's positions and visible parts, so "
+                     f"the unit is wrong, not the ring: {'; '.join(wrong[:3])} (see "
                      f"{', '.join(UNIT_TESTS[name] for name in units)}).")
     else:
-        otherwise = ("the ring is right with the test's stand-ins for token_positions, "
-                     "visible_part, merge_partials and backward_step, and the first three give the "
-                     "right values on their own: is backward_step right "
-                     f"({UNIT_TESTS['backward_step']})? Else it is the composition: does the ring "
-                     "hand the units the arguments it hands the stand-ins (the owner "
-                     "(rank - step) % cp, this rank's positions, the rows of the running out, "
-                     "lse), and keep what they return?")
+        otherwise = ("the ring is right with the snapshot's token_positions and visible_part, "
+                     "and yours give the right values on their own: does the ring hand them the "
+                     "arguments it hands the recorded ones (this rank's positions, each owner's "
+                     "block), and keep what they return?")
     compare(found["composed"], entry, rank, expected_values, inputs, otherwise,
             blame_units=bool(wrong), names=names)
 
@@ -716,7 +703,7 @@ def check_results(results, world: int, seed: int, space: dict) -> None:
     """Every rank's exchanges, then its order, then the values of the ring alone, then
     composed (a wrong exchange shows in the values too: the exchange names it better)."""
     plan = ring_plan(world, seed, space)
-    for check in (check_contract_of, check_order):
+    for check in (check_contract_of, check_order, check_merge_first):
         for entry in plan:
             for rank in range(world):
                 check(entry, rank, results[rank][entry["key"]])
@@ -742,13 +729,14 @@ def check_values(results, entry, how: str, names, world: int, seed: int) -> None
             check_composed(entry, rank, found, expected_values, inputs, names)
             continue
         compare(found[how], entry, rank, expected_values, inputs, names=names, otherwise=(
-            "the ring itself (the test's stand-ins ran for token_positions, visible_part, "
-            "merge_partials and backward_step): at step t a rank holds the K/V block of rank "
-            "r - t (the blocks travel to the next rank); "
+            "the ring itself (the snapshot's token_positions and visible_part stood in for "
+            "yours, and your merge_partials is right on its own): at step t a rank holds the "
+            "K/V block of rank r - t (the blocks travel to the next rank); "
             + ("is its visible part taken for that owner, and merged into the running (out, lse)?"
-               if names == ("out",) else "is that owner handed to backward_step, the step's dq "
-               "added to the rank's, and the step's dK/dV added to what arrived for that block "
-               "before it is passed on?")))
+               if names == ("out",) else "is backward_step right on its own "
+               f"({UNIT_TESTS['backward_step']})? Then: is that owner handed to backward_step, "
+               "the step's dq added to the rank's, and the step's dK/dV added to what arrived "
+               "for that block before it is passed on?")))
 
 
 def test_ring_attention_on_4_ranks_matches_one_device(impl, run_on_ranks, sweep_seed):

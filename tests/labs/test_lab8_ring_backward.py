@@ -9,7 +9,7 @@ share of the block's dK/dV). Autograd gives both on one device: the loss restric
 r's query rows, q's gradient taken through the owner's key columns only (the scores of the
 other columns computed from a detached q), read at rank r's queries and the owner's keys. The
 forward's final lse and rowsum(dO * O) of each row are handed in, from the same single-device
-attention; visible_part is the test's stand-in (from the layout's snapshot), so only
+attention; visible_part is read from the snapshot (the reference's, recorded), so only
 backward_step itself is graded.
 
 What is swept (``reference_impl.course.sweeps``; ``--sweep-seed N`` draws other cases, and every
@@ -42,12 +42,12 @@ NUMBERS = {"fp32": (torch.float32, 1e-5), "bf16": (torch.bfloat16, 8e-2),
 LARGE = "fp32, scores ~95"
 SPACE = {"cp": [1, 2, 3, 4], "shape": SHAPES, "chunk": [1, 2, 3], "numbers": list(NUMBERS)}
 ORDER = ("dv", "dk", "dq")  # dv first: it shows a wrong lse most plainly
-HINT = ("the visible part of the block (the stand-in visible_part gave its rows, keys and mask), "
+HINT = ("the visible part of the block (the snapshot's visible_part gave its rows, keys and mask), "
         "its gradients from the forward's lse and out_dot_grad (block_attention_backward), "
         "placed at those rows (dq) and keys (dkv) of fp32 zeros")
 
 
-# ----------------------------------------------------------------- the layout and its stand-in
+# ----------------------------------------------------------------- the layout and the recorded visible parts
 
 def positions_of(seq: int, cp: int, rank: int) -> list[int]:
     """The global positions of rank ``rank``'s tokens in the load-balanced layout (snapshot)."""
@@ -62,14 +62,12 @@ def visible_pairs(cp: int, local: int, rank: int, owner: int) -> torch.Tensor:
     return keys[None, :] <= queries[:, None]
 
 
-def stand_in_visible_part(cp: int, rank: int, owner: int, seq_local: int):
-    """The smallest slices holding every pair with key position <= query position, and whether
-    a mask is needed inside them, derived from the positions."""
-    seen = visible_pairs(cp, seq_local, rank, owner)
-    rows, columns = seen.any(dim=1).nonzero()[:, 0], seen.any(dim=0).nonzero()[:, 0]
-    rows = slice(int(rows.min()), int(rows.max()) + 1)
-    columns = slice(int(columns.min()), int(columns.max()) + 1)
-    return rows, columns, not bool(seen[rows, columns].all())
+def recorded_visible_part(cp: int, rank: int, owner: int, seq_local: int):
+    """``visible_part`` as the snapshot records it: the rows, the keys and whether a mask is
+    needed inside them."""
+    rows0, rows1, keys0, keys1, masked = snapshot("lab8", "visible")[
+        f"{cp}/{seq_local // 2}"][rank, owner].tolist()
+    return slice(rows0, rows1), slice(keys0, keys1), bool(masked)
 
 
 @contextmanager
@@ -153,7 +151,7 @@ def steps_alone(impl, configs: list[dict], seed: int) -> dict:
     backward_step with the test's visible_part."""
     ring = impl.module("ring_attention")
     found = {}
-    with replaced([ring], {"visible_part": stand_in_visible_part}):
+    with replaced([ring], {"visible_part": recorded_visible_part}):
         for config in configs:
             cp = config["cp"]
             q, k, v, upstream = problem(config, seed)
