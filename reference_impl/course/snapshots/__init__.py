@@ -27,8 +27,11 @@ import torch
 REPO = Path(__file__).resolve().parents[3]
 STORED = REPO / "tests" / "labs" / "snapshots"
 MAKERS = Path(__file__).resolve().parent
-# Floating-point tensors made by another build of torch: within the graded checks' tolerances
-# (fp32 and fp64: atol = rtol = 1e-5; bf16 and fp16: atol 1e-2).
+# Floating-point tensors made by another build of torch, or on another CPU (its vector width
+# changes the order of sums): within the graded checks' tolerances, the absolute one in units of
+# the tensor's largest element where that is above 1, as the graded checks compare a sum's
+# rounding (fp32 and fp64: atol = rtol = 1e-5; bf16 and fp16: atol 1e-2). Lab 9's gate gradient
+# (largest element 2.6) moves by 3e-5 between two x86 CPUs.
 ACROSS_BUILDS = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.float64: dict(atol=1e-5, rtol=1e-5),
                  torch.bfloat16: dict(atol=1e-2, rtol=0.0), torch.float16: dict(atol=1e-2, rtol=0.0)}
 
@@ -69,7 +72,10 @@ def same(a, b, across_builds: bool = False) -> bool:
                 and a.dtype == b.dtype and a.shape == b.shape):
             return False
         if across_builds and a.dtype in ACROSS_BUILDS:
-            return torch.allclose(a, b, equal_nan=True, **ACROSS_BUILDS[a.dtype])
+            tolerance = dict(ACROSS_BUILDS[a.dtype])
+            largest = float(b.abs().nan_to_num(posinf=0.0, neginf=0.0).max()) if b.numel() else 0.0
+            tolerance["atol"] *= max(1.0, largest)
+            return torch.allclose(a, b, equal_nan=True, **tolerance)
         return torch.equal(a, b)
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k], across_builds) for k in a)
