@@ -107,7 +107,8 @@ def one_f_one_b(p: int, m: int) -> Schedule:
 
     Rank r runs a warm-up of forwards, then alternates one forward and one backward, then
     runs the cool-down backwards. Each backward starts as early as the pipeline allows, so
-    rank r holds at most ``min(p - r, m)`` microbatches' activations, instead of GPipe's m.
+    rank r holds only as many microbatches' activations as its warm-up runs forwards, never
+    more than p, instead of GPipe's m.
     """
     check_counts(ranks=p, microbatches=m)
     actions = []
