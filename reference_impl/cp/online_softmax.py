@@ -2,10 +2,11 @@
 
 A block of keys gives each query row a partial result, ``out`` (the softmax over the block's
 keys applied to their values) and ``lse`` (the log-sum-exp of the row's scores over them). Two
-partial results of the same rows merge exactly, the online softmax (Milakov & Gimelshein 2018,
-"Online normalizer calculation for softmax"; Dao et al. 2022, "FlashAttention"):
-lse = logaddexp(lse1, lse2), out = exp(lse1 - lse) out1 + exp(lse2 - lse) out2; a row that
-sees no key is (out, lse) = (0, -inf), never NaN. The backward recomputes a block's
+partial results of the same rows merge exactly into the result over both blocks' keys, the
+online softmax (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"; Dao et
+al. 2022, "FlashAttention"), whose rule the notebook has you derive; it holds for scores far
+beyond what exp can represent in fp32. A row that sees no key is (out, lse) = (0, -inf), never
+NaN. The backward recomputes a block's
 probabilities from the row's final lse (FlashAttention's recomputation), with grouped-query
 K/V heads expanded inside and their gradients summed back.
 

@@ -12,8 +12,8 @@ failure prints its seed and case): blocks of 4+5, 1+8, 2+4+3 and 3+3+3+3 keys (u
 single key), 6 or 7 queries, and the scores' magnitude: randn-sized (lse about 2), lifted so
 that lse is about 95 (exp(95) overflows fp32, whose largest number is about e^88.7), blocks at
 95 and at 5 (one block's weight is e^-90), and lowered to lse about -100 (exp(-100) is below
-fp32's smallest normal number). Only a merge written with logaddexp and exp(lse_i - lse)
-survives all of them.
+fp32's smallest normal number). Only a merge that never forms an exp(lse) on its own survives
+all of them.
 
 In every case some rows see no key of one block (lse = -inf, out = 0 there) and query 0 sees no
 key at all: it must come out as (0, -inf), not NaN. The merge must not write into its inputs
@@ -141,21 +141,21 @@ def wrong_merge(parts, out, lse):
     seen = (lse1 > float("-inf")) & (lse2 > float("-inf"))  # rows that see both blocks
     close = lambda a, b: torch.allclose(a[seen], b[seen], **OUT_TOLERANCE)  # noqa: E731
     if close(out, out1 + out2):
-        return ("the partial outputs were added without rescaling by exp(lse_i - lse): each is "
-                "normalised over its own block's keys only, so each weighs by its block's share "
-                "of the row's softmax mass")
+        return ("the partial outputs were added without rescaling: each is normalised over its "
+                "own block's keys only. What share of the row's softmax mass does each block "
+                "hold?")
     if close(out, (out1 + out2) / 2):
-        return ("the partial outputs were averaged, not rescaled by exp(lse_i - lse): the blocks' "
-                "shares of the row's softmax mass are not one half each")
+        return ("the partial outputs were averaged: the blocks' shares of the row's softmax mass "
+                "are not one half each. What are they?")
     if close(out, lse1.exp()[..., None] * out1 + lse2.exp()[..., None] * out2):
-        return ("each partial output was weighed by exp(lse_i), not rescaled by exp(lse_i - lse): "
-                "divide by the merged sum of exponentials")
+        return ("each partial output was weighed by its block's sum of exponentials, exp(lse_i): "
+                "a share of the row's softmax mass is a part over the whole")
     if torch.allclose(lse[seen], torch.maximum(lse1, lse2)[seen], **LSE_TOLERANCE):
-        return ("lse is the larger of the two, not the log of the summed exponentials: "
-                "lse = log(exp(lse1) + exp(lse2)) (torch.logaddexp)")
+        return ("lse is the larger of the two, not the log of the summed exponentials: the merged "
+                "lse is the log-sum-exp of the row's scores over both blocks' keys")
     if torch.allclose(lse[seen], (lse1 + lse2)[seen], **LSE_TOLERANCE):
-        return ("the two lse were added: the blocks' sums of exponentials add, so lse = "
-                "log(exp(lse1) + exp(lse2)) (torch.logaddexp)")
+        return ("the two lse were added: when two blocks merge, what adds, their lse or their "
+                "sums of exponentials?")
     return None
 
 
@@ -191,9 +191,8 @@ def not_finite_cause(what, config, out, lse, expected_lse) -> str | None:
     return (f"{what}: query rows {rows_of(bad)} became NaN or infinite, or -inf though they see "
             f"keys, with partial lse near {MAGNITUDES[config['magnitude']][0]:g}: the merge "
             "overflows or underflows. exp(95) is beyond fp32's largest number (about e^88.7) and "
-            "exp(-100) below its smallest normal one, so log(exp(lse1) + exp(lse2)) and "
-            "exp(lse1) / exp(lse) must not be computed as written: lse = torch.logaddexp(lse1, "
-            "lse2) and the weights exp(lse_i - lse), which are at most 1")
+            "exp(-100) below its smallest normal one, so no exp(lse) may be formed on its own: "
+            "which quantities of the merge stay between 0 and 1?")
 
 
 def check_case(config, seed, found, parts, expected, first_two) -> None:
@@ -224,8 +223,9 @@ def check_case(config, seed, found, parts, expected, first_two) -> None:
             f"{what}: query 0 sees no key at all, so its merged (out, lse) must be (0, -inf); got "
             f"out up to {out[nothing].abs().max().item():.3g}, lse {lse[nothing].max().item():.3g}")
         finite = ~nothing
-        hint = ("lse = logaddexp(lse1, lse2), out = exp(lse1 - lse) out1 + exp(lse2 - lse) out2; "
-                "rows that see no key of one block (lse_i = -inf) take the other block's whole")
+        hint = ("the merged lse is the log-sum-exp of the row's scores over both blocks' keys, and "
+                "each block's out counts by its share of the row's softmax mass; rows that see no "
+                "key of one block (lse_i = -inf) take the other block's whole")
         for value, wanted, name, tolerance in ((lse, expected_lse, "lse", LSE_TOLERANCE),
                                                (out, expected_out, "out", OUT_TOLERANCE)):
             assert_close_naming(value[finite], wanted[finite], f"{what}: the merged {name} of the "

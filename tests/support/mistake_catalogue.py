@@ -676,7 +676,7 @@ LAB8: list[Mistake] = [
             "ring_attention_on_4_ranks or hidden_ring", "running statistics kept in the inputs' dtype"),
     Mistake("the partial outputs summed as they are", "lab8", "online_softmax",
             "out = (lse1 - finite).exp()[..., None] * out1 + (lse2 - finite).exp()[..., None] * out2",
-            "out = out1 + out2", "merge", "added without rescaling by exp(lse_i - lse)"),
+            "out = out1 + out2", "merge", "added without rescaling"),
     Mistake("the merge's weights exp(lse_i - lse) taken as they come, -inf rows included", "lab8",
             "online_softmax", "    finite = _finite(lse)\n    out =", "    finite = lse\n    out =",
             "merge", "became NaN"),
