@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900),
 # 4 ranks, then the alpha-beta time in a helper); graded alone, the hostile submission is graded
 # on lab 0's own public checks: the ring on 3 ranks, then the alpha-beta fit in a helper (not
 # the hidden tier, tests/labs/hidden/, whose grading tests/course/test_grade_batch.py checks).
-RING, HELPER = "ring_all_reduce_on_3_ranks", "fit_alpha_beta"
+RING, HELPER = "ring_all_reduce_on_3_ranks", "fit_alpha_beta_recovers"
 SELECTED = f"({RING} or {HELPER}) and not hidden"
 SLEEP_MARK = "1000.375"  # what the hostile submission leaves running, if anything survives
 ACCUMULATE = "chunks[receive_index] += received"
