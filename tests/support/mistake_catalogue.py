@@ -956,6 +956,10 @@ CONTRACTS: list[Mistake] = [
             "    return min(sorted(waits), key=lambda rank: waits[rank])\n",
             "    return min(waits, key=waits.get)\n",
             CONTRACT, "straggler breaks its contract that it does not depend on the order"),
+    Mistake("the row-parallel bias copied whether or not the layer has one", "lab2", "tp_layers",
+            "self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None "
+            "else None", "self.bias = nn.Parameter(linear.bias.detach().clone())",
+            "without_a_bias", "they take a linear layer without a bias"),
     Mistake("the merge's results cast to fp32", "lab8", "online_softmax",
             "    return out, lse\n", "    return out.float(), lse.float()\n",
             CONTRACT, "merge_partials breaks its contract that it gives results in its inputs' "
