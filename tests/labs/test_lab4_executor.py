@@ -15,7 +15,8 @@
   single-device GPT's (fp32, atol = rtol = 1e-5; observed within 3e-7), also with the GPT and
   its boundary tensors in fp64 (``run_schedule``'s ``boundary_dtype``: every tensor posted must
   be of that dtype), each rank must hold exactly the activations the schedule promises (naive:
-  1, GPipe: m, 1F1B: min(p - r, m), ZB-H1: min(p, m), interleaved: its warm-up plus one), and
+  1, GPipe: m, 1F1B: what the simulator's ``peak_in_flight`` gives for the schedule, ZB-H1:
+  min(p, m), interleaved: its warm-up plus one), and
   the messages each rank posted, recorded as it posted them, must not jam when a send waits
   for its receive (NCCL): ``check_rendezvous`` runs the recorded postings and names the cycle
   if a send and a receive were posted separately.
@@ -40,6 +41,7 @@ from reference_impl.course.sweeps import group_layouts
 from reference_impl.model import GPT, ModelConfig
 from reference_impl.pipeline.gpt_stages import gpt_pipeline_step
 from reference_impl.pipeline.pipeline_messages import Exchange, exchange_plan, messages, normalized
+from reference_impl.pipeline.pipeline_simulator import simulate
 from reference_impl.pipeline.pipeline_validator import ScheduleError, check_rendezvous
 
 pytestmark = pytest.mark.lab4
@@ -49,8 +51,8 @@ MICRO_BATCH, TOLERANCE = 2, dict(atol=1e-5, rtol=1e-5)
 
 ROWS = {  # by hand from the definitions: GPipe all F then all B; 1F1B backward as early as it can
     ("gpipe", 4, 8): ["F0 F1 F2 F3 F4 F5 F6 F7 B0 B1 B2 B3 B4 B5 B6 B7"] * 4,
-    ("1f1b", 4, 6): ["F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5", "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5",
-                     "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5", "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"],
+    ("1f1b", 4, 5): ["F0 F1 F2 F3 B0 F4 B1 B2 B3 B4", "F0 F1 F2 B0 F3 B1 F4 B2 B3 B4",
+                     "F0 F1 B0 F2 B1 F3 B2 F4 B3 B4", "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4"],
     ("1f1b", 2, 4): ["F0 F1 B0 F2 B1 F3 B2 B3", "F0 B0 F1 B1 F2 B2 F3 B3"],
     ("naive", 4, 1): ["F0 B0"] * 4,
     # the kit's own generators (not exercises), as they print: ZB-H1 is 1F1B's F/B order with
@@ -64,16 +66,17 @@ ROWS = {  # by hand from the definitions: GPipe all F then all B; 1F1B backward 
 }
 
 
-def promised_peak(name, p, m, v, rank):
+def promised_peak(name, schedule, rank):
     """The most (microbatch, stage) entries rank ``rank`` holds at once under the schedule, as
     the schedules' docstrings state it (``pipeline_schedules``, ``interleaved``), and the rule
     in words. An entry lives from its F to its B (to its W when the backward is split)."""
+    p, m, v = schedule.ranks, schedule.microbatches, schedule.chunks
     if name == "naive":
         return 1, "1: one microbatch"
     if name == "gpipe":
         return m, "m"
     if name == "1f1b":
-        return min(p - rank, m), "min(p - r, m)"
+        return simulate(schedule).peak_in_flight[rank], "the schedule's peak, as the simulator counts it"
     if name == "zb-h1":
         return min(p, m), "min(p, m): held until W"
     if name == "interleaved":  # its warm-up forwards, then one more before the first backward
@@ -173,8 +176,8 @@ def test_run_action_returns_records_and_frees(impl, run_alone):
         f"(microbatch, stage) entry, [(1, 0), (1, 1)], for its backward")
     assert found["held after B1"] == [(1, 0)], (
         f"activation never freed: after the backward of microbatch 1 at stage 1, `saved` holds "
-        f"{found['held after B1']}; the backward must drop its own entry, or the rank holds "
-        f"more than min(p - r, m) microbatches at once (GPipe's m under 1F1B)")
+        f"{found['held after B1']}; the backward must drop its own entry, or under 1F1B the rank "
+        f"holds as many microbatches at once as under GPipe")
     assert found["held after B0"] == [], (
         f"activation never freed: after the last backward `saved` still holds "
         f"{found['held after B0']}")
@@ -590,7 +593,7 @@ FP32, FP64 = torch.float32, torch.float64
 CASES = {  # name: (schedule rows key, the layout of the pipelines, one request per batch, the
     # GPT's dtype: its boundary tensors')
     "gpipe, p=4, m=8": (("gpipe", 4, 8), "world", False, FP32),
-    "1f1b, p=4, m=6": (("1f1b", 4, 6), "world", False, FP32),
+    "1f1b, p=4, m=5": (("1f1b", 4, 5), "world", False, FP32),
     "1f1b, pipelines consecutive, p=2, m=4, one request per batch (NCCL)": (
         ("1f1b", 2, 4), "consecutive", True, FP32),
     "1f1b, pipelines strided, p=2, m=4, one request per batch (NCCL)": (
@@ -681,7 +684,7 @@ def check_pipelined_step(run_on_ranks, impl, case, name, rows, m, pipelines, coa
                          likely_cause=reused[index] or "the backward action: backward from the "
                          "saved output with the received gradient, returning the input's "
                          "gradient; the loss scaled by 1/m", **tolerance)
-        promised, rule = promised_peak(name, p, m, schedule.chunks, rank)
+        promised, rule = promised_peak(name, schedule, rank)
         last_use = "W (ZB-H1's weight-gradient pass)" if schedule.split_backward else "backward"
         assert peak <= promised, (
             f"{where}: activation never freed: the rank held {peak} (microbatch, stage) entries "

@@ -50,7 +50,10 @@ def warm_up_note(schedule, generator, p, m):
     for rank in range(len(schedule.actions)):
         kinds = [action.kind for action in schedule.actions[rank]]
         before = kinds.index("B") if "B" in kinds else len(kinds)
-        expected = snapshot("lab4", "warm_up")[f"{p}/{m}"][rank]
+        recorded = snapshot("lab4", "warm_up").get(f"{p}/{m}")
+        if recorded is None:  # recorded for the sizes whose orders and peaks are compared only
+            return ""
+        expected = recorded[rank]
         if before != expected:
             what = "warm-up off by one" if abs(before - expected) == 1 else "warm-up wrong"
             more = "one" if abs(before - expected) == 1 else "more than one"
@@ -62,7 +65,7 @@ def warm_up_note(schedule, generator, p, m):
 
 ORDERED = [("gpipe", 1, 3), ("gpipe", 2, 3), ("gpipe", 3, 2), ("one_f_one_b", 1, 3),
            ("one_f_one_b", 2, 3), ("one_f_one_b", 3, 4), ("one_f_one_b", 4, 2),
-           ("one_f_one_b", 4, 6)]  # the sizes whose order lab 4's snapshot records
+           ("one_f_one_b", 4, 5)]  # the sizes whose order lab 4's snapshot records
 
 
 def schedules_as_data(impl, generator, sizes):
