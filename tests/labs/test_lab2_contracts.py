@@ -79,9 +79,10 @@ def layers_without_bias(impl, seed: int):
     torch.manual_seed(seed)
     first, second = nn.Linear(6, 8, bias=False).to(device), nn.Linear(8, 6, bias=False).to(device)
     x = torch.randn(3, 6, device=device, requires_grad=True)
-    second(first(x)).pow(2).sum().backward()
+    out = second(first(x))
+    out.pow(2).sum().backward()
     expected = {"x": x.grad.cpu(), "first": first.weight.grad.cpu(), "second": second.weight.grad.cpu(),
-                "out": second(first(x)).detach().cpu()}
+                "out": out.detach().cpu()}
     layers = impl.module("tp_layers")
     column = layers.ColumnParallelLinear(copy.deepcopy(first))
     row = layers.RowParallelLinear(copy.deepcopy(second))
