@@ -35,3 +35,14 @@ def test_another_builds_rounding_is_not_a_stale_snapshot():
     assert snapshots.same(half, half + 0.0078125, across_builds=True)
     assert not snapshots.same(torch.arange(3), torch.arange(3) + 1, across_builds=True)
     assert not snapshots.same(x, x.double(), across_builds=True)
+
+
+@pytest.mark.parametrize("lab", snapshots.makers())
+def test_no_hidden_check_s_value_is_in_the_public_snapshot(lab):
+    """The handout ships the public snapshot only: a value the hidden checks read is in the
+    hidden one alone (a table of the same name: no row in both)."""
+    public, hidden = snapshots.made(lab)
+    for key, value in hidden.items():
+        shared = (set(value) & set(public[key]) if isinstance(public.get(key), dict)
+                  else {key} & set(public))
+        assert not shared, f"{lab}'s public snapshot holds the hidden checks' {key}: {sorted(shared)}"

@@ -2,7 +2,7 @@
 
 In one helper process, no communication. What is swept: cp = 1 to 8 with 1, 2 and 3 tokens per
 chunk (odd chunks included), and two more (cp, tokens per chunk) drawn from cp 9 to 16 and 1 to
-5 tokens by the sweep's seed (``--sweep-seed N`` draws others; a failure prints its seed and case):
+3 tokens by the sweep's seed (``--sweep-seed N`` draws others; a failure prints its seed and case):
 
 * **Chunks and positions.** Every rank's two chunks and the global positions of its tokens,
   against the layout's snapshot (``tests/labs/snapshots/lab8.pt``): the sequence cut into 2cp
@@ -30,7 +30,7 @@ from reference_impl.course.sweeps import label
 pytestmark = pytest.mark.lab8
 
 FIXED = [(cp, chunk) for cp in range(1, 9) for chunk in (1, 2, 3)]  # (cp, tokens per chunk)
-DRAWN = 2  # more (cp, chunk) drawn by the seed from cp 9..16, chunk 1..5
+DRAWN = 2  # more (cp, chunk) drawn by the seed from cp 9..16, chunk 1..3
 REFUSED = [(2, 10), (4, 20), (3, 9), (8, 24)]  # (cp, seq): seq not divisible by 2cp
 
 
@@ -38,9 +38,11 @@ def case(cp: int, chunk: int, seed: int, **more) -> str:
     return label({"cp": cp, "seq": 2 * cp * chunk, **more}, seed)
 
 
-def layouts(seed: int, fixed=FIXED, drawn: int = DRAWN) -> list[tuple[int, int]]:
+def layouts(seed: int, fixed=FIXED, drawn: int = DRAWN, chunks=(1, 3)) -> list[tuple[int, int]]:
+    """``fixed`` and ``drawn`` more (cp, tokens per chunk), cp from 9 to 16, the tokens from
+    ``chunks[0]`` to ``chunks[1]``."""
     rng = random.Random(seed)
-    return list(fixed) + [(rng.randint(9, 16), rng.randint(1, 5)) for _ in range(drawn)]
+    return list(fixed) + [(rng.randint(9, 16), rng.randint(*chunks)) for _ in range(drawn)]
 
 
 def chunks_of(cp: int, rank: int) -> list[int]:

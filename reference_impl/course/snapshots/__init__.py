@@ -5,7 +5,11 @@ experts a router picks) reads it from a snapshot instead of computing it, so the
 holds the numbers and never the algorithm (as Stanford CS336's assignments keep their tests'
 ``_snapshots``). Each lab with snapshots has a maker here, ``labN.py``, whose ``make()``
 returns a dict of tensors, numbers, lists and strings computed by the reference; it is
-stored in ``tests/labs/snapshots/labN.pt``. The makers stay with the kit (the handout leaves
+stored in ``tests/labs/snapshots/labN.pt``. The hidden checks' values, from a maker's
+``make_hidden()``, are stored beside the hidden checks, in ``tests/labs/hidden/snapshots/``,
+which the handout leaves out with them: :func:`snapshot` adds them to the public ones where that
+file is present (a table of the same name gains the hidden rows), so a student's files meet the
+hidden draws' answers nowhere. The makers stay with the kit (the handout leaves
 them out); a kit test checks that the stored snapshots are what the makers give today: bit for
 bit on the build of torch that wrote them, and on another (a GPU build rounds differently)
 floating-point tensors within :data:`ACROSS_BUILDS`, the tightest tolerance a graded check
@@ -26,6 +30,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[3]
 STORED = REPO / "tests" / "labs" / "snapshots"
+STORED_HIDDEN = REPO / "tests" / "labs" / "hidden" / "snapshots"
 MAKERS = Path(__file__).resolve().parent
 # Floating-point tensors made by another build of torch, or on another CPU (its vector width
 # changes the order of sums): within the graded checks' tolerances, the absolute one in units of
@@ -41,17 +46,31 @@ def makers() -> list[str]:
     return sorted(path.stem for path in MAKERS.glob("lab*.py"))
 
 
+def _load(path: Path) -> dict:
+    return torch.load(path, weights_only=True) if path.exists() else {}
+
+
+def merged(public: dict, hidden: dict) -> dict:
+    """The public values with the hidden ones added; a table (a dict) in both gains the hidden
+    rows."""
+    both = dict(public)
+    for key, value in hidden.items():
+        both[key] = {**public[key], **value} if isinstance(public.get(key), dict) else value
+    return both
+
+
 @cache
 def _stored(lab: str) -> dict:
-    path = STORED / f"{lab}.pt"
-    if not path.exists():
-        raise FileNotFoundError(f"no snapshot {path}: write it with "
+    public, hidden = _paths(lab)
+    if not public.exists():
+        raise FileNotFoundError(f"no snapshot {public}: write it with "
                                 "`python -m reference_impl.course.snapshots`")
-    return torch.load(path, weights_only=True)
+    return merged(_load(public), _load(hidden))
 
 
 def snapshot(lab: str, key: str):
-    """The stored value ``key`` of ``lab``'s snapshot."""
+    """The stored value ``key`` of ``lab``'s snapshot, the hidden checks' rows included where
+    their file is present."""
     values = _stored(lab)
     if key not in values:
         raise KeyError(f"{lab}'s snapshot has no {key!r}: its keys are {sorted(values)}; "
@@ -59,9 +78,10 @@ def snapshot(lab: str, key: str):
     return values[key]
 
 
-def made(lab: str) -> dict:
-    """What ``lab``'s maker gives now."""
-    return importlib.import_module(f"{__name__}.{lab}").make()
+def made(lab: str) -> tuple[dict, dict]:
+    """What ``lab``'s maker gives now: the public values and the hidden checks' ones."""
+    maker = importlib.import_module(f"{__name__}.{lab}")
+    return maker.make(), (maker.make_hidden() if hasattr(maker, "make_hidden") else {})
 
 
 def same(a, b, across_builds: bool = False) -> bool:
@@ -85,12 +105,21 @@ def same(a, b, across_builds: bool = False) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _paths(lab: str) -> tuple[Path, Path]:
+    return STORED / f"{lab}.pt", STORED_HIDDEN / f"{lab}.pt"
+
+
 def out_of_date() -> list[str]:
-    """The labs whose stored snapshot differs from what their maker gives (across builds of
+    """The labs whose stored snapshots differ from what their maker gives (across builds of
     torch: floating-point tensors within :data:`ACROSS_BUILDS`)."""
-    return [lab for lab in makers() if not (STORED / f"{lab}.pt").exists()
-            or not same(torch.load(STORED / f"{lab}.pt", weights_only=True), made(lab),
-                        across_builds=True)]
+    stale = []
+    for lab in makers():
+        public, hidden = _paths(lab)
+        if not public.exists() or not all(
+                same(_load(path), values, across_builds=True)
+                for path, values in zip((public, hidden), made(lab))):
+            stale.append(lab)
+    return stale
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,9 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         stale = out_of_date()
         print("snapshots out of date: " + ", ".join(stale) if stale else "snapshots up to date")
         return 1 if stale else 0
-    STORED.mkdir(parents=True, exist_ok=True)
     for lab in args.labs or makers():
-        torch.save(made(lab), STORED / f"{lab}.pt")
-        print(f"wrote {(STORED / f'{lab}.pt').relative_to(REPO)}")
+        for path, values in zip(_paths(lab), made(lab)):
+            path.unlink(missing_ok=True)
+            if values:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(values, path)
+                print(f"wrote {path.relative_to(REPO)}")
     return 0
 

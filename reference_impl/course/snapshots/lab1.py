@@ -3,11 +3,11 @@
 A layout is stored as rows, one per rank (int8): the index of the rank's group of each kind of
 :data:`KINDS` among that kind's groups (sorted; -1 for a kind the layout does not have), then
 its coordinates :data:`COORDINATES`. ``layouts`` (the public checks) and ``layouts_more`` (the
-hidden ones): {"rows": every layout's rows, one after the other, "keys": ["W/tp/pp/cp/order",
-...] in that order, "names": [the grid's dimensions, slowest first, "rdp-tp-pp", ...]}, the
-order written as its axes, fastest first ("pp-tp-rdp"). ``layouts``: every world size 1 to
-16, every tp, pp and cp (1 to 4) that divide it, every order; ``layouts_more``: a few world
-sizes from 18 to 64.
+hidden ones, from :func:`make_hidden`): {"rows": every layout's rows, one after the other,
+"keys": ["W/tp/pp/cp/order", ...] in that order, "names": [the grid's dimensions, slowest
+first, "rdp-tp-pp", ...]}, the order written as its axes, fastest first ("pp-tp-rdp").
+``layouts``: every world size 1 to 16, every tp, pp and cp (1 to 4) that divide it, every
+order; ``layouts_more``: a few world sizes from 18 to 64.
 
 ``positions`` and ``positions_more``: mixed-radix numberings over other axes than a layout's,
 {"case": {"axes": [...], "sizes": [...], "positions": [[digit per axis] for each rank],
@@ -80,6 +80,10 @@ def numbering(axes: tuple[str, ...], sizes: tuple[int, ...]) -> dict:
 
 
 def make() -> dict:
-    return {"layouts": layouts(small_configs()), "layouts_more": layouts(more_configs()),
-            "positions": {case: numbering(*spec) for case, spec in POSITIONS.items()},
+    return {"layouts": layouts(small_configs()),
+            "positions": {case: numbering(*spec) for case, spec in POSITIONS.items()}}
+
+
+def make_hidden() -> dict:
+    return {"layouts_more": layouts(more_configs()),
             "positions_more": {case: numbering(*spec) for case, spec in POSITIONS_MORE.items()}}

@@ -10,7 +10,7 @@ flight during the backward), and a TP block's per-rank traces as each rank wrote
 * ``tp_skews/<set>``: {rank: seconds added to that rank's timestamps}, and
   ``tp_offsets/<set>``, ``tp_waits/<set>``, ``tp_straggler/<set>``: the reference's clock
   offsets of the per-rank TP traces so skewed, the waits read from their aligned timeline, and
-  its straggler.
+  its straggler (the "hidden" set from :func:`make_hidden`).
 """
 from __future__ import annotations
 
@@ -64,15 +64,20 @@ def mistakes(events) -> dict:
 def make() -> dict:
     traces = recorded()
     ddp = traces["ddp_small_buckets"]
-    made = {"ddp": {rank.rank: {name: getattr(rank, name) for name in (
+    return {"ddp": {rank.rank: {name: getattr(rank, name) for name in (
                 "compute_s", "comm_s", "overlapped_s", "exposed_comm_s", "idle_s", "span_s")}
                     for rank in trace_analysis.breakdown(ddp)},
-            "ddp_mistakes": mistakes(ddp)}
-    for name, skews in SKEWS.items():
-        per_rank = skewed(traces["tp_block_per_rank"], skews)
-        waits = trace_analysis.arrival_waits(trace_analysis.aligned_timeline(per_rank))
-        made[f"tp_skews/{name}"] = skews
-        made[f"tp_offsets/{name}"] = trace_analysis.clock_offsets(per_rank)
-        made[f"tp_waits/{name}"] = waits
-        made[f"tp_straggler/{name}"] = trace_analysis.straggler(waits)
-    return made
+            "ddp_mistakes": mistakes(ddp), **tp_reading("public", traces)}
+
+
+def make_hidden() -> dict:
+    return tp_reading("hidden", recorded())
+
+
+def tp_reading(name: str, traces: dict) -> dict:
+    """The reference's reading of the TP traces skewed by ``SKEWS[name]``."""
+    per_rank = skewed(traces["tp_block_per_rank"], SKEWS[name])
+    waits = trace_analysis.arrival_waits(trace_analysis.aligned_timeline(per_rank))
+    return {f"tp_skews/{name}": SKEWS[name],
+            f"tp_offsets/{name}": trace_analysis.clock_offsets(per_rank),
+            f"tp_waits/{name}": waits, f"tp_straggler/{name}": trace_analysis.straggler(waits)}

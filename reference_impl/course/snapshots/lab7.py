@@ -88,28 +88,34 @@ def tp_comm(tps) -> list:
 
 
 def make() -> dict:
+    return {**made_for("public"), "tp_comm/public": tp_comm((8, 2))}
+
+
+def make_hidden() -> dict:
+    return {**made_for("hidden"), "tp_comm/hidden": tp_comm((4, 1))}
+
+
+def made_for(name: str) -> dict:
+    """Every function's values on the ``name`` set of cases ("public" or "hidden")."""
     made = {}
-    for name in ("public", "hidden"):
-        shapes = ([spec_arguments(get_model(preset)) for preset in PRESETS]
-                  if name == "public" else SHAPES)
-        made[f"llama_parameters/{name}"] = values("llama_parameters", shapes)
-        seventy = get_model("70b")
-        made[f"first_stage_parameters/{name}"] = values("first_stage_parameters", [
-            ((seventy.params_per_layer, seventy.layers, seventy.vocab, seventy.hidden, tp, pp), {})
-            for tp, pp in FIRST_STAGE[name]])
-        made[f"model_state_bytes_per_parameter/{name}"] = values(
-            "model_state_bytes_per_parameter", [(case, {}) for case in STATES[name]])
-        made[f"activation_bytes_per_layer/{name}"] = values("activation_bytes_per_layer", [
-            ((s, b, h, a, t), {"sequence_parallel": sp, "flash": flash, "dropout": dropout})
-            for s, b, h, a, t, sp, flash, dropout in ACTIVATIONS[name]])
-        for function in ("in_flight_microbatches", "bubble_fraction"):
-            made[f"{function}/{name}"] = values(function, [(case, {}) for case in PIPELINES[name]])
-        made[f"tp_all_reduce_bytes_per_layer/{name}"] = values("tp_all_reduce_bytes_per_layer",
-                                                               TP_VOLUMES[name])
-        made[f"tp_seconds_per_layer/{name}"] = values("tp_seconds_per_layer", TP_TIMES[name])
-        made[f"dp_exposed_seconds/{name}"] = values("dp_exposed_seconds",
-                                                    [(case, {}) for case in DP[name]])
-        made[f"planner/{name}"] = planner_terms(LAYOUTS[name])
-    made["tp_comm/public"] = tp_comm((8, 2))
-    made["tp_comm/hidden"] = tp_comm((4, 1))
+    shapes = ([spec_arguments(get_model(preset)) for preset in PRESETS]
+              if name == "public" else SHAPES)
+    made[f"llama_parameters/{name}"] = values("llama_parameters", shapes)
+    seventy = get_model("70b")
+    made[f"first_stage_parameters/{name}"] = values("first_stage_parameters", [
+        ((seventy.params_per_layer, seventy.layers, seventy.vocab, seventy.hidden, tp, pp), {})
+        for tp, pp in FIRST_STAGE[name]])
+    made[f"model_state_bytes_per_parameter/{name}"] = values(
+        "model_state_bytes_per_parameter", [(case, {}) for case in STATES[name]])
+    made[f"activation_bytes_per_layer/{name}"] = values("activation_bytes_per_layer", [
+        ((s, b, h, a, t), {"sequence_parallel": sp, "flash": flash, "dropout": dropout})
+        for s, b, h, a, t, sp, flash, dropout in ACTIVATIONS[name]])
+    for function in ("in_flight_microbatches", "bubble_fraction"):
+        made[f"{function}/{name}"] = values(function, [(case, {}) for case in PIPELINES[name]])
+    made[f"tp_all_reduce_bytes_per_layer/{name}"] = values("tp_all_reduce_bytes_per_layer",
+                                                           TP_VOLUMES[name])
+    made[f"tp_seconds_per_layer/{name}"] = values("tp_seconds_per_layer", TP_TIMES[name])
+    made[f"dp_exposed_seconds/{name}"] = values("dp_exposed_seconds",
+                                                [(case, {}) for case in DP[name]])
+    made[f"planner/{name}"] = planner_terms(LAYOUTS[name])
     return made

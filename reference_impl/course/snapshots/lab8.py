@@ -2,10 +2,11 @@
 
 ``chunks``: {"cp": [[first, second] for each rank]}, cp 1 to 16. ``layouts``: {"cp/chunk":
 int64 (cp, 2 * chunk), row r the global positions of rank r's tokens in the order it holds
-them}, cp 1 to 16 and 1 to 5 tokens per chunk: every layout the public and hidden checks draw.
+them}, cp 1 to 16 and 1 to 3 tokens per chunk: every layout the public checks draw.
 ``visible``: {"cp/chunk": int64 (cp, cp, 5)}, entry [rank, owner] rank's ``visible_part`` of
-owner's block as (rows start, rows stop, keys start, keys stop, masked), cp 1 to 8 and 1 to 5
-tokens per chunk.
+owner's block as (rows start, rows stop, keys start, keys stop, masked), cp 1 to 4 and 1 to 3
+tokens per chunk. :func:`make_hidden` gives the same tables for the hidden checks' longer
+chunks, 4 and 5 tokens.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import torch
 
 from reference_impl.cp.load_balance import chunks_of_rank, token_positions, visible_part
 
-CPS, CHUNKS = range(1, 17), range(1, 6)
-VISIBLE_CPS = range(1, 9)
+CPS, CHUNKS, HIDDEN_CHUNKS = range(1, 17), range(1, 4), range(4, 6)
+VISIBLE_CPS = range(1, 5)
 
 
 def _visible(cp: int, chunk: int) -> torch.Tensor:
@@ -25,8 +26,17 @@ def _visible(cp: int, chunk: int) -> torch.Tensor:
 
 def make() -> dict:
     chunks = {str(cp): [list(chunks_of_rank(cp, rank)) for rank in range(cp)] for cp in CPS}
+    return {"chunks": chunks, **tables(CHUNKS)}
+
+
+def make_hidden() -> dict:
+    return tables(HIDDEN_CHUNKS)
+
+
+def tables(chunks) -> dict:
+    """The layouts and visible parts for chunks of each length of ``chunks``."""
     layouts = {f"{cp}/{chunk}": torch.stack([token_positions(2 * cp * chunk, cp, rank)
                                              for rank in range(cp)])
-               for cp in CPS for chunk in CHUNKS}
-    visible = {f"{cp}/{chunk}": _visible(cp, chunk) for cp in VISIBLE_CPS for chunk in CHUNKS}
-    return {"chunks": chunks, "layouts": layouts, "visible": visible}
+               for cp in CPS for chunk in chunks}
+    visible = {f"{cp}/{chunk}": _visible(cp, chunk) for cp in VISIBLE_CPS for chunk in chunks}
+    return {"layouts": layouts, "visible": visible}
