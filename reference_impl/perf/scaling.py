@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from reference_impl.comm.alpha_beta import fit_alpha_beta, ring_all_reduce_seconds, time_all_reduce
 from reference_impl.perf.step_timing import median_step_seconds
+from reference_impl.perf.trace_analysis import scaling_efficiency
 from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.device import current_device, resolve_backend, wait_for_device
 from reference_impl.comm.launcher import launch
@@ -205,10 +206,11 @@ def measure(sizes=(1, 2, 4), hidden=128, heads=8, seq=64, batch=8, repeats=5,
         base = results[0]  # sizes[0] is the baseline, normally 1
         for result in results:
             n = result["n"] / base["n"]
-            rows.append(ScalingRow(method, result["n"], result["strong"],
-                                   base["strong"] / (n * result["strong"]), result["weak"],
-                                   base["weak"] / result["weak"], result["comm"],
-                                   predicted_comm(result, method)))
+            rows.append(ScalingRow(
+                method, result["n"], result["strong"],
+                scaling_efficiency(base["strong"], result["strong"], n), result["weak"],
+                scaling_efficiency(base["weak"], result["weak"], n, weak=True), result["comm"],
+                predicted_comm(result, method)))
     return rows
 
 

@@ -93,10 +93,9 @@ def anchor_intervals(trace, anchor: str = ANCHOR) -> dict[int, Intervals]:
 def clock_offsets(traces: dict, anchor: str = ANCHOR) -> dict[int, float]:
     """{rank: seconds to add to its timestamps to put them on the lowest rank's clock}, from
     ``traces`` = {rank: that rank's own trace (path, dict or events)}, given in any order.
-    The k-th ``anchor`` collective ends at the same instant on every rank (module docstring),
-    so each rank's offset is the median over k of the lowest rank's k-th end less its own (the
-    median: one late or early end does not move it). A rank without the anchor, or with
-    another number of them than the lowest rank, is refused (ValueError naming both)."""
+    The k-th ``anchor`` collective ends at the same instant on every rank (module docstring);
+    one late or early end must not move an offset. A rank without the anchor, or with another
+    number of them than the lowest rank, is refused (ValueError naming both)."""
     if not traces:
         raise ValueError("clock_offsets needs at least one rank's trace, got none")
     # BEGIN SOLUTION lab6: clock_offsets (hint: "one timeline and the straggler" in the notebook)
@@ -127,9 +126,9 @@ def aligned_timeline(traces: dict, anchor: str = ANCHOR) -> dict:
 
 def arrival_waits(timeline, anchor: str = ANCHOR) -> dict[int, float]:
     """{rank: seconds it spent in the ``anchor`` collectives waiting for the last rank to
-    join} of one aligned timeline: at the k-th collective, the latest start over the ranks
-    less this rank's start, summed over k. Ranks with different numbers of them are refused
-    (ValueError naming the counts); a timeline without the anchor gives {}."""
+    join}, over every ``anchor`` collective of one aligned timeline. Ranks with different
+    numbers of them are refused (ValueError naming the counts); a timeline without the anchor
+    gives {}."""
     # BEGIN SOLUTION lab6: arrival_waits (hint: "one timeline and the straggler" in the notebook)
     starts = {rank: sorted(start for start, _ in intervals)
               for rank, intervals in anchor_intervals(timeline, anchor).items()}
@@ -144,8 +143,8 @@ def arrival_waits(timeline, anchor: str = ANCHOR) -> dict[int, float]:
 
 
 def straggler(waits: dict[int, float]) -> int:
-    """The rank the others wait for, from :func:`arrival_waits`: the one that waits least
-    (the lowest such rank on a tie)."""
+    """The rank the others wait for, read from :func:`arrival_waits` (the lowest such rank on
+    a tie)."""
     if not waits:
         raise ValueError("straggler needs the waits of at least one rank, got none")
     # BEGIN SOLUTION lab6: straggler (hint: "one timeline and the straggler" in the notebook)
