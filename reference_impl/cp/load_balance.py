@@ -2,15 +2,10 @@
 
 Cut in cp contiguous pieces, a causal sequence gives the last rank the most work (its queries
 see every earlier key) and the first the least. Megatron-core and NVIDIA's TransformerEngine
-(context parallelism, "CP") cut it instead into 2*cp chunks and give rank i chunks i and
-2cp-1-i: one early and one late chunk each, so every rank attends to the same number of
-(query, key) pairs. With cp = 2 and a sequence of 8 tokens:
-
-    chunks   [0 1] [2 3] [4 5] [6 7]
-    rank 0:  chunks 0 and 3 -> positions 0 1 6 7
-    rank 1:  chunks 1 and 2 -> positions 2 3 4 5
-
-A rank's tokens are its two chunks side by side; :func:`token_positions` gives their places in
+(context parallelism, "CP") cut it instead into 2*cp equal chunks and give every rank two of
+them, one early and one late, chosen so that every rank attends to the same number of (query,
+key) pairs (:func:`chunks_of_rank`). A rank's tokens are its two chunks side by side, the
+earlier first; :func:`token_positions` gives their places in
 the whole sequence (for rotary embeddings and the causal mask).
 """
 from __future__ import annotations
@@ -28,17 +23,17 @@ def check_sequence(seq: int, cp: int) -> None:
 
 
 def chunks_of_rank(cp: int, rank: int) -> tuple[int, int]:
-    """The two chunks rank ``rank`` holds: its own index and its mirror image."""
+    """The two chunks of the 2*cp that rank ``rank`` holds, the earlier first: one early and one
+    late, every rank with the same causal work."""
     # BEGIN SOLUTION lab8: chunks_of_rank (hint: "chunks and positions" in the notebook)
     return rank, 2 * cp - 1 - rank
     # END SOLUTION
 
 
 def shard_sequence(x: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
-    """Rank ``rank``'s share of ``x`` along ``dim`` (the sequence): chunks i and 2cp-1-i."""
-    check_sequence(x.shape[dim], cp)
-    chunks = x.chunk(2 * cp, dim=dim)
-    return torch.cat([chunks[i] for i in chunks_of_rank(cp, rank)], dim=dim)
+    """Rank ``rank``'s share of ``x`` along ``dim`` (the sequence): the entries at its
+    :func:`token_positions`, in that order."""
+    return x.index_select(dim, token_positions(x.shape[dim], cp, rank, device=x.device))
 
 
 def unshard_sequence(shards: list[torch.Tensor], dim: int = 1) -> torch.Tensor:

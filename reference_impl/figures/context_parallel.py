@@ -6,8 +6,8 @@ and what the ring and the all-gather variant send and keep per rank.
   in its owner's colour, with the arrow of the send to rank r + 1 that brings it there.
 * :func:`plot_causal_chunks`: the causal mask of a sequence cut into 2cp chunks, each visible
   (query, key) pair in the colour of the rank whose query it is: cut contiguously the last rank
-  has the most pairs; in the load-balanced layout (rank i: chunks i and 2cp-1-i,
-  ``cp/load_balance.py``) every rank has the same number. The panels' titles state the pairs per
+  has the most pairs; in the load-balanced layout (``cp/load_balance.py``'s
+  ``chunks_of_rank``) every rank has the same number. The panels' titles state the pairs per
   rank (:func:`causal_pairs_per_rank`).
 * :func:`plot_cp_traffic`: per cp, the bytes one rank sends (ring and all-gather, forward and
   backward) and the attention's activation bytes it keeps, from ``cp/cp_costs.py``'s formulas.
@@ -101,7 +101,7 @@ def plot_causal_chunks(cp: int = 2, seq: int = 16, fontsize: float = SLIDE_FONTS
             axes.axhline(boundary, color=GREY_33, linewidth=0.8)
             axes.axvline(boundary, color=GREY_33, linewidth=0.8)
         pairs = causal_pairs_per_rank(seq, cp, balanced)
-        name = "load-balanced: rank i holds chunks i, 2cp-1-i" if balanced else "contiguous pieces"
+        name = "load-balanced chunks" if balanced else "contiguous pieces"
         axes.set_title(f"{name}\npairs per rank: {', '.join(map(str, pairs))}", fontsize=fontsize)
         axes.set_xlim(0, seq)
         axes.set_ylim(seq, 0)

@@ -1,8 +1,8 @@
 """Context parallelism as a step of ``parallelize.py``: the GPT's sequence split over a CP group.
 
 With ``cp`` > 1 every rank of a CP group holds the same weights and the same samples, and a
-share of every sample's tokens: the load-balanced layout of ``cp/load_balance.py`` (chunks i and
-2cp-1-i of 2cp). What changes, as in Megatron-core's context parallelism:
+share of every sample's tokens: the load-balanced layout of ``cp/load_balance.py`` (two chunks
+of 2cp each). What changes, as in Megatron-core's context parallelism:
 
 * **Data.** :func:`context_shard` cuts the replica's tokens and targets along the sequence; the
   embedding, the norms, the MLPs, the head and the loss are per token and run on the shard as

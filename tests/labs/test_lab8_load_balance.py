@@ -6,7 +6,7 @@ chunk (odd chunks included), and two more (cp, tokens per chunk) drawn from cp 9
 
 * **Chunks and positions.** Every rank's two chunks and the global positions of its tokens,
   against the layout's snapshot (``tests/labs/snapshots/lab8.pt``): the sequence cut into 2cp
-  equal chunks, rank i holding chunks i and 2cp-1-i, in that order. A sequence that does not
+  equal chunks, two per rank, the earlier first. A sequence that does not
   split into 2cp chunks is refused with a ValueError naming seq and 2cp.
 * **What a rank's queries see of another rank's keys.** Every (rank, owner) pair: the (query
   slice, key slice, masked) that ``visible_part`` returns must hold exactly the (query, key)
@@ -95,13 +95,13 @@ def check_chunks(impl, run_alone, cases, sweep_seed) -> None:
             if raised(actual):
                 pytest.fail(f"{where} raised {actual}", pytrace=False)
             if actual == [rank, cp - 1 - rank] and actual != expected:
-                pytest.fail(f"{where} = {actual}: the rank holds chunks i and cp-1-i instead of i "
-                            f"and 2cp-1-i (there are 2cp = {2 * cp} chunks; rank i's mirror image is "
-                            f"chunk {2 * cp - 1 - rank})", pytrace=False)
+                pytest.fail(f"{where} = {actual}, expected {expected}: the ranks' chunks are all "
+                            f"among the first cp = {cp}, but the sequence has 2cp = {2 * cp} chunks",
+                            pytrace=False)
             if actual != expected:
                 pytest.fail(f"{where} = {actual}, expected {expected}: of the 2cp = {2 * cp} chunks, "
-                            "rank i holds its own index i and its mirror image 2cp-1-i, one early "
-                            "and one late chunk, so every rank has the same causal work", pytrace=False)
+                            "every rank holds one early and one late, the earlier first, and every "
+                            "rank has the same causal work", pytrace=False)
 
 
 def positions_cause(actual, expected, seq: int, cp: int, rank: int) -> str:
@@ -110,13 +110,14 @@ def positions_cause(actual, expected, seq: int, cp: int, rank: int) -> str:
         return ("the positions are local to the rank, not the places of its tokens in the whole "
                 "sequence (rotary embeddings and the causal mask need the global ones)")
     if actual == list(range(rank * local, (rank + 1) * local)) and cp > 1:
-        return "a contiguous piece of the sequence, not the load-balanced chunks i and 2cp-1-i"
+        return "a contiguous piece of the sequence, not the load-balanced chunks"
     if isinstance(actual, list) and sorted(actual) == sorted(expected):
-        return "the right tokens in the wrong order: chunk i first, then chunk 2cp-1-i"
+        return "the right tokens in the wrong order: the earlier chunk comes first"
     size = seq // (2 * cp)
     held = [actual[0] // size, actual[size] // size] if len(actual) == 2 * size else None  # chunks
     if cp > 1 and held == [rank, cp - 1 - rank]:
-        return "the rank holds chunks i and cp-1-i instead of i and 2cp-1-i"
+        return (f"the ranks' chunks are all among the first cp = {cp}, but the sequence has "
+                f"2cp = {2 * cp} chunks")
     return (f"the sequence is cut into 2cp = {2 * cp} chunks of {seq // (2 * cp)} tokens; rank "
             f"{rank} holds chunks {chunks_of(cp, rank)}")
 
@@ -178,8 +179,8 @@ def visible_part_cause(cp, rank, owner, local, covered, computed, expected, mask
                 "rank's block the visible part is visible whole, with no mask")
     if owner < rank and computed.all():
         return (f"the block from an earlier rank (rank {owner}, r-1 at the first step) was "
-                f"treated as fully visible: its second chunk {2 * cp - 1 - owner} comes after both "
-                f"of rank {rank}'s chunks")
+                f"treated as fully visible: its second chunk comes after both of rank {rank}'s "
+                "chunks")
     if owner > rank and computed[: local // 2].any():
         return (f"rank {rank}'s first chunk sees none of a later rank's keys (chunk {rank} is "
                 f"before both of rank {owner}'s chunks); only its second chunk sees them, all of them")

@@ -182,9 +182,9 @@ def not_finite_cause(what, config, out, lse, expected_lse) -> str | None:
     bad_out, bad_lse = ~torch.isfinite(out), torch.isnan(lse) | (lse == float("inf"))
     if (bad_out.any(-1) & nothing).any() or (torch.isnan(lse) & nothing).any():
         return (f"{what}: query rows {rows_of(bad_out.any(-1) & nothing | torch.isnan(lse) & nothing)} "
-                "became NaN. Query 0 sees no key of any block (lse = -inf in both): exp(lse_i - "
-                "lse) is then exp(-inf - (-inf)) = NaN; such a row must stay (out 0, lse -inf), a "
-                "row that sees nothing adds nothing")
+                "became NaN. Query 0 sees no key of any block (lse = -inf in both), and -inf less "
+                "-inf is NaN; such a row must stay (out 0, lse -inf), a row that sees nothing adds "
+                "nothing")
     bad = bad_out.any(-1) | bad_lse | ((lse == float("-inf")) & ~nothing)
     if not bad.any():
         return None

@@ -10,7 +10,7 @@ failure prints its seed and case):
   neighbours are the next and previous ranks *of the group*.
 * **Cases**, drawn for each layout so that every value appears: (batch, heads, kv_heads) (3, 4, 2),
   (1, 4, 1), (2, 2, 2) (grouped-query attention); 1, 2 or 3 tokens per chunk (the sequence is
-  2cp chunks, load-balanced: rank i holds chunks i and 2cp-1-i); numbers fp32, bf16, fp32
+  2cp chunks, load-balanced); numbers fp32, bf16, fp32
   with scores near 95 (lse 95 to 130: exp overflows fp32 above 88.7, so only a stable merge
   survives), and bf16 with scores near 50 (q and k small integers with a common component 10,
   so bf16 holds every score exactly, and lse 44 to 60, where bf16's spacing is 0.25: running
@@ -102,11 +102,10 @@ ALONE = "the ring alone"
 STATISTICS_DTYPE = (
     "Every other case of this run passed, fp32 at scores ~95 and bf16 at small scores too; only "
     "bf16 at large scores fails (q and k are small integers here, so bf16 holds every score "
-    "exactly): the likely cause is the running statistics kept in the inputs' dtype, bf16. The "
-    "running out and lse (and the lse saved for the backward) must be fp32, as block_attention "
-    "returns them (not zeros_like(q) or full_like(q[..., 0], -inf) of a bf16 q): bf16 rounds an "
-    "lse near 50 by up to 0.125, so each block's weight exp(lse_i - lse) and the backward's "
-    "probabilities exp(s - lse) are off by up to 13%. Convert to the inputs' dtype once, at the end.")
+    "exactly): the likely cause is the running statistics kept in the inputs' dtype, bf16, where "
+    "block_attention gives them in fp32 (the running out and lse, and the lse saved for the "
+    "backward): bf16 rounds an lse near 50 by up to 0.125, so each block's weight in the merge "
+    "and the backward's probabilities are off by up to 13%.")
 
 
 # ----------------------------------------------------------------- the plan (both sides)
@@ -469,14 +468,13 @@ def usual_mistakes(q, k, v, cp):
                    for source in range(cp))
     return {
         "the diagonal block was not masked: a rank's own K/V block is causal inside (its first "
-        "chunk's queries do not see its second chunk's keys); mask it by the tokens' global "
-        "positions": masked_attention(q, k, v, causal | same),
+        "chunk's queries do not see its second chunk's keys)": masked_attention(q, k, v, causal | same),
         "the block from rank r-1 (an earlier rank) was treated as fully visible: only its first "
-        "chunk comes before this rank's tokens, its second chunk (2cp-1-owner) after both of "
+        "chunk comes before this rank's tokens, its second chunk after both of "
         "them": masked_attention(q, k, v, causal | earlier),
         "a later rank's block was treated as fully visible: this rank's first chunk sees none of "
         "it, only its second chunk sees it, whole": masked_attention(q, k, v, causal | later),
-        "the partial outputs were added without rescaling by exp(lse_i - lse): each block's out is "
+        "the partial outputs were added without rescaling: each block's out is "
         "normalised over that block's keys only (merge_partials merges them)": unscaled,
     }
 

@@ -685,7 +685,7 @@ LAB8: list[Mistake] = [
             "merge", "not the log of the summed exponentials"),
     Mistake("the mirror chunk counted among cp chunks, not 2cp", "lab8", "load_balance",
             "return rank, 2 * cp - 1 - rank", "return rank, cp - 1 - rank", "chunks_i",
-            "the rank holds chunks i and cp-1-i instead of i and 2cp-1-i"),
+            "the ranks' chunks are all among the first cp"),
     Mistake("the rank's positions counted from 0", "lab8", "load_balance",
             "    chunk = seq // (2 * cp)\n    return torch.cat(",
             "    return torch.arange(seq // cp, device=device)\n    chunk = seq // (2 * cp)\n"
