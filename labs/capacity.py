@@ -91,15 +91,15 @@ def activation_bytes_with_recompute(s: int, b: int, h: int, a: int, t: int = 1,
 
 
 def in_flight_microbatches(pp: int, microbatches: int, v: int = 1) -> float:
-    """Microbatches whose activations the first stage holds at once: 1F1B keeps at most ``pp``
-    (and never more than there are), interleaved 1F1B with ``v`` chunks per rank a factor
-    1 + (pp - 1) / (pp v) more."""
+    """Microbatches whose activations the first stage holds at once under 1F1B, or under
+    interleaved 1F1B with ``v`` model chunks per rank (Korthikanti et al. 2022, section
+    4.2.3), never more than there are."""
     raise NotImplementedError('lab7: in_flight_microbatches (hint: "activations in flight" in the notebook)')
 
 
 def bubble_fraction(pp: int, microbatches: int, v: int = 1) -> float:
-    """The idle share of a 1F1B pipeline's step, (p-1)/(m+p-1); interleaved with ``v`` chunks
-    per rank, (p-1)/(vm+p-1) (Narayanan et al. 2021)."""
+    """The idle share of a 1F1B pipeline's step, or of interleaved 1F1B's with ``v`` model
+    chunks per rank (Narayanan et al. 2021), the stages equal and the sends free."""
     raise NotImplementedError('lab7: bubble_fraction (hint: "the bubble and the pipeline" in the notebook)')
 
 
