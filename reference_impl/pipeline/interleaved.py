@@ -24,9 +24,8 @@ def interleaved_one_f_one_b(p: int, m: int, v: int = 2) -> Schedule:
 
     and the k-th backward is the same with the chunks reversed (v - 1 first). Rank r warms up
     with ``(v - 1)*p + 2*(p - r - 1)`` forwards (capped at m*v), then alternates one forward
-    and one backward, then runs the cool-down backwards. The ``(v - 1)*p`` term lets the first
-    group of microbatches reach the last chunk; the factor 2 keeps every link's messages in
-    the order they are sent, which ``(v - 1)*p + (p - r - 1)`` would not for p = 2.
+    and one backward, then runs the cool-down backwards (Megatron-LM's warm-up count). The
+    ``(v - 1)*p`` term lets the first group of microbatches reach the last chunk.
 
     The group size is p here, as in PyTorch's ``ScheduleInterleaved1F1B``. Megatron-LM names
     it ``microbatch_group_size_per_vp_stage`` (p by default) and accepts any group size of at
