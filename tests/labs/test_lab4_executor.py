@@ -133,18 +133,30 @@ def run_action_on_two_stages(impl):
                                    inputs=[torch.zeros(2, 4), x], targets=[None, target],
                                    loss_fn=F.cross_entropy)
     saved, found = {}, {}
-    sent = executor.run_action(action("F", 1, 0), first, None, saved, context)
-    found["F0"] = (sent.detach() if isinstance(sent, torch.Tensor) else None,
-                   isinstance(sent, torch.Tensor) and sent.grad_fn is not None)
-    sent_last = executor.run_action(action("F", 1, 1), last, sent, saved, context)
-    found["F1"] = repr(type(sent_last).__name__)
-    recorded = context.losses.get(1)
-    found["loss"] = None if recorded is None else recorded.detach().float()
-    found["held"] = sorted(saved)
-    gradient = executor.run_action(action("B", 1, 1), last, None, saved, context)
-    found["B1"] = gradient.detach() if isinstance(gradient, torch.Tensor) else None
-    found["held after B1"] = sorted(saved)
-    back = executor.run_action(action("B", 1, 0), first, gradient, saved, context)
+
+    def run(kind, stage, module, received):
+        """run_action of microbatch 1; an exception it raises is recorded with the action."""
+        try:
+            return executor.run_action(action(kind, 1, stage), module, received, saved, context)
+        except Exception as error:  # named in the test, with the action that raised it
+            found["raised"] = (f"{kind} of stage {stage}", f"{type(error).__name__}: {error}")
+            raise
+
+    try:
+        sent = run("F", 0, first, None)
+        found["F0"] = (sent.detach() if isinstance(sent, torch.Tensor) else None,
+                       isinstance(sent, torch.Tensor) and sent.grad_fn is not None)
+        sent_last = run("F", 1, last, sent)
+        found["F1"] = repr(type(sent_last).__name__)
+        recorded = context.losses.get(1)
+        found["loss"] = None if recorded is None else recorded.detach().float()
+        found["held"] = sorted(saved)
+        gradient = run("B", 1, last, None)
+        found["B1"] = gradient.detach() if isinstance(gradient, torch.Tensor) else None
+        found["held after B1"] = sorted(saved)
+        back = run("B", 0, first, gradient)
+    except Exception:
+        return found, expected
     found["B0"] = repr(type(back).__name__)
     found["held after B0"] = sorted(saved)
     found["first"] = [p.grad for p in first.parameters()]
@@ -152,8 +164,22 @@ def run_action_on_two_stages(impl):
     return found, expected
 
 
+def raised_in_run_action(found) -> None:
+    """Fail naming the action of ``run_action`` that raised, and what its backward needs."""
+    if "raised" not in found:
+        return
+    where, error = found["raised"]
+    why = ""
+    if "implicitly created only for scalar outputs" in error:
+        why = (": a backward without a received gradient starts from a single number. Is what "
+               "the last stage's forward kept for its backward its loss (divided by m), or its "
+               "output?")
+    pytest.fail(f"run_action({where}) raised {error}{why}", pytrace=False)
+
+
 def test_run_action_returns_records_and_frees(impl, run_alone):
     found, expected = run_alone(run_action_on_two_stages, impl)
+    raised_in_run_action(found)
     sent, attached = found["F0"]
     assert sent is not None, "the first stage's forward must return its output for stage 1"
     assert not attached, ("the forward returned its output still attached to the stage's graph: "
@@ -640,10 +666,15 @@ def check_pipelined_step(run_on_ranks, impl, case, name, rows, m, pipelines, coa
         results = run_on_ranks(pipelined_and_single_device, WORLD, impl, data, pipelines,
                                coalesced, dtype)
     except RankFailure as failure:  # a posting of the wrong dtype, refused before it aborts
-        if WRONG_DTYPE not in str(failure):
-            raise
-        raise AssertionError(f"{case}: run_schedule's exchange: "
-                             f"{str(failure).splitlines()[0]}") from None
+        if WRONG_DTYPE in str(failure):
+            raise AssertionError(f"{case}: run_schedule's exchange: "
+                                 f"{str(failure).splitlines()[0]}") from None
+        if re.search(r'File "[^"]*pipeline_executor\.py", line \d+, in run_action\n', str(failure)):
+            raise AssertionError(
+                f"{case}: run_action raised inside the step ({str(failure).splitlines()[0]}): "
+                "the unit comes first, test_run_action_returns_records_and_frees runs it alone "
+                f"and names the action\n{failure}") from None
+        raise
     for world_rank, result in enumerate(results):  # the most specific cause first
         index = result[0]
         where = f"{case}, pipeline rank {pipelines[index].index(world_rank)} (global {world_rank})"

@@ -316,6 +316,20 @@ LAB4: list[Mistake] = [
             "        for message in planned.receives:\n"
             "            arrived[message] = buffer\n",
             "pipelined_step and interleaved", "two receives into one buffer"),
+    Mistake("one receive buffer kept across the step's exchanges", "lab4", "pipeline_executor",
+            "            arrived[message] = torch.empty(tuple(boundary_shape), dtype=boundary_dtype,\n"
+            "                                           device=device)\n",
+            "            arrived[message] = exchange.__dict__.setdefault(\"buffer\", torch.empty(\n"
+            "                tuple(boundary_shape), dtype=boundary_dtype, device=device))\n",
+            "pipelined_step", "changed after the forward used it"),
+    Mistake("the last stage's forward keeps its output, the loss only recorded", "lab4",
+            "pipeline_executor",
+            "            y = context.loss_fn(y, context.targets[action.microbatch]) / context.microbatches\n"
+            "            context.losses[action.microbatch] = y.detach()\n",
+            "            context.losses[action.microbatch] = (\n"
+            "                context.loss_fn(y, context.targets[action.microbatch])\n"
+            "                / context.microbatches).detach()\n",
+            "run_action_returns or pipelined_step", "run_action(B of stage 1) raised"),
     Mistake("the receive buffer made in the default dtype (float32)", "lab4", "pipeline_executor",
             "arrived[message] = torch.empty(tuple(boundary_shape), dtype=boundary_dtype,",
             "arrived[message] = torch.empty(tuple(boundary_shape),",
