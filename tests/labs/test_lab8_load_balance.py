@@ -211,7 +211,7 @@ def check_visible(impl, run_alone, cases, sweep_seed) -> None:
                             f"{pairs_summary(computed, expected)}. {cause}", pytrace=False)
 
 
-def test_each_rank_holds_chunks_i_and_2cp_minus_1_minus_i(impl, run_alone, sweep_seed):
+def test_each_rank_holds_two_balanced_chunks(impl, run_alone, sweep_seed):
     check_chunks(impl, run_alone, layouts(sweep_seed), sweep_seed)
 
 

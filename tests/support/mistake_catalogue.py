@@ -698,7 +698,7 @@ LAB8: list[Mistake] = [
             "lse = torch.logaddexp(lse1, lse2)\n    finite", "lse = torch.maximum(lse1, lse2)\n    finite",
             "merge", "not the log of the summed exponentials"),
     Mistake("the mirror chunk counted among cp chunks, not 2cp", "lab8", "load_balance",
-            "return rank, 2 * cp - 1 - rank", "return rank, cp - 1 - rank", "chunks_i",
+            "return rank, 2 * cp - 1 - rank", "return rank, cp - 1 - rank", "two_balanced_chunks",
             "the ranks' chunks are all among the first cp"),
     Mistake("the rank's positions counted from 0", "lab8", "load_balance",
             "    chunk = seq // (2 * cp)\n    return torch.cat(",
