@@ -28,6 +28,8 @@ RUN_ELSEWHERE = {
         "tests/course/test_check_machine.py runs it as printed and reads its report",
     "python -m reference_impl.course.grade.merge results":
         "tests/course/test_grade_parts.py merges a class graded in parts",
+    "python -m reference_impl.course.handout course-handout":
+        "tests/course/test_handout.py builds the handout with it, as printed, and reads it",
 }
 
 
