@@ -45,6 +45,10 @@ micro-batches overwritten), each trained here too, and otherwise says which shar
 The world layout is checked first: on groups of 2 in a world of 4, "averaged over the world
 size" and "averaged twice" both halve the mean, while on the world only the second is wrong.
 
+**A parameter that gets no gradient in a step** (a branch the step skips), stages 1 to 3 on 2
+ranks, two steps: it keeps its weights and its Adam state, and its first step with a gradient
+is its first, as torch's Adam has it.
+
 Adam's update g / (sqrt(v) + eps) ignores the gradient's scale when eps is tiny: a gradient
 summed instead of averaged would pass. With eps = 1 the scale shows. Tolerance (fp32): 1e-6
 absolute and relative (Adam's own arithmetic per element; only the order of sums changes;
@@ -53,6 +57,7 @@ observed within 1e-7).
 import functools
 import inspect
 import math
+import traceback
 
 import pytest
 import torch
@@ -637,3 +642,81 @@ def test_zero_on_two_groups_matches_unsharded_adam(impl, run_on_ranks, sweep_see
     where = label(case_of(stage, dp, name, "bf16"), sweep_seed)
     for rank, found in enumerate(results):
         check_bf16_run(rank, found[where], stage, where)
+
+
+# ------------------------------------------- a parameter that gets no gradient in a step
+
+class SometimesUnused(nn.Module):
+    """Two layers, and a third that only odd steps use: in step 0 its parameters get no
+    gradient (``grad`` None), as a layer skipped by a branch or a frozen expert's would."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.last, self.branch = (nn.Linear(HIDDEN, FFN), nn.Linear(FFN, HIDDEN),
+                                              nn.Linear(FFN, FFN))
+
+    def forward(self, x, step: int):
+        hidden = torch.tanh(self.first(x))
+        if step % 2:
+            hidden = hidden + torch.tanh(self.branch(hidden))
+        return self.last(hidden)
+
+
+UNUSED_STEPS = 2
+
+
+def unused_on_rank(impl, stage: int):
+    """Two ZeRO steps of ``SometimesUnused`` on the world (2 ranks), the branch unused in the
+    first: every parameter after each step, or the exception raised, with its step."""
+    model = SometimesUnused()
+    zero = impl.module("zero").ZeroOptimizer(model, stage=stage, lr=LR, eps=EPS)
+    found = []
+    for step in range(UNUSED_STEPS):
+        try:
+            x, upstream = zero_batch(step, 0, dist.get_rank(), 0)
+            model(x, step).backward(upstream)
+            zero.step()
+            zero.zero_grad()
+            found.append({name: value.detach().clone()
+                          for name, value in zero.full_state_dict().items()})
+        except Exception as error:  # named in the test with the step and the function
+            frames = [frame.name for frame in traceback.extract_tb(error.__traceback__)
+                      if frame.filename.endswith("zero.py")]
+            inside = f" in ZeroOptimizer's {frames[-1]}" if frames else ""
+            return found, f"step {step}{inside}: {type(error).__name__}: {error}"
+    return found, None
+
+
+def unused_with_torch() -> list[dict]:
+    """The same two steps with torch's Adam on the two ranks' mean gradient."""
+    model = SometimesUnused()
+    adam = torch.optim.Adam(model.parameters(), lr=LR, eps=EPS)
+    found = []
+    for step in range(UNUSED_STEPS):
+        for member in range(2):
+            x, upstream = zero_batch(step, 0, member, 0)
+            (model(x, step) * upstream / 2).sum().backward()
+        adam.step()
+        adam.zero_grad()
+        found.append({name: value.detach().clone() for name, value in model.named_parameters()})
+    return found
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3], ids=["zero1", "zero2", "zero3"])
+def test_zero_steps_a_parameter_that_got_no_gradient(impl, run_on_ranks, stage):
+    """A parameter whose gradient is None in a step keeps its weights and its Adam state (torch
+    skips it), and is updated as its first step when it next gets one."""
+    results = run_on_ranks(unused_on_rank, 2, impl, stage, timeout=TIMEOUT)
+    expected = unused_with_torch()
+    for rank, (found, raised) in enumerate(results):
+        where = f"ZeRO-{stage}, 2 ranks, the branch unused in step 0, rank {rank}"
+        assert raised is None, (f"{where}: {raised}: a parameter that got no gradient in a step "
+                                "has none to reduce or to step with")
+        for step, (mine, right) in enumerate(zip(found, expected)):
+            for name, value in right.items():
+                assert_close(mine[name], value, f"{where}, {name} after step {step}",
+                             likely_cause=("a parameter that got no gradient must keep its "
+                                           "weights and its Adam state (step count included) "
+                                           "until it gets one" if "branch" in name else None),
+                             **TOLERANCE)

@@ -421,6 +421,11 @@ LAB5: list[Mistake] = [
     Mistake("finish_gradient_sync leaves each bucket's handle behind", "lab5", "ddp_hooks",
             "bucket.handle, bucket.flat, bucket.ready = None, None, 0",
             "bucket.flat, bucket.ready = None, 0", "ddp_from_hooks", "holds its handle"),
+    Mistake("ZeRO-1 reduces a parameter that got no gradient", "lab5", "zero",
+            "            if param.grad is None:\n                continue\n"
+            "            dist.all_reduce(param.grad, group=self.group)",
+            "            dist.all_reduce(param.grad, group=self.group)",
+            "no_gradient", "in ZeroOptimizer's reduce_gradients"),
     Mistake("ZeRO's gather buffer made in the default dtype", "lab5", "zero",
             "buffer = piece.new_empty(shard.padded)", "buffer = torch.empty(shard.padded)",
             "matches_unsharded", "in the default dtype (float32)"),
