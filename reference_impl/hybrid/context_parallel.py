@@ -68,6 +68,6 @@ def context_parallel_attention(stages: nn.ModuleDict, group, variant: str = "rin
 
 
 def context_shard(batch: torch.Tensor, cp: int, cp_rank: int) -> torch.Tensor:
-    """This CP rank's tokens of ``batch`` (samples, seq): chunks cp_rank and 2cp-1-cp_rank of
-    every sample (the whole batch when cp = 1)."""
+    """This CP rank's tokens of ``batch`` (samples, seq): its two chunks of every sample, the
+    load-balanced layout's (the whole batch when cp = 1)."""
     return batch if cp == 1 else shard_sequence(batch, cp, cp_rank, dim=1)
