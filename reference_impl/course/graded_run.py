@@ -87,7 +87,9 @@ class GradedRun:
         if not self.sandboxed:
             return None
         folder = implementation.folder
-        readable, hidden, replaced = (), self.hidden, ()
+        # The reference's launches, too, find the folders a handout leaves out empty (the hidden
+        # checks among them), so that the suite on the reference reads no more than a grade does.
+        readable, hidden, replaced = (), (*self.hidden, *view.hidden_folders()), ()
         if folder is not None:
             if self.view is None:
                 self.view = view.students_view(sorted(set(self.lab_of_test.values())))

@@ -71,7 +71,8 @@ from reference_impl.comm.rank_failures import LaunchTimeout, RankFailure
 from reference_impl.course.sweeps import draw, group_layouts, group_of, label
 from reference_impl.model import repeat_kv_heads
 from test_lab8_online_softmax import attention_over
-from test_lab8_ring_backward import (positions_of, recorded_visible_part, replaced, share_through,
+from test_lab8_ring_backward import (positions_of, recorded_rows, recorded_visible_part,
+                                     replaced, share_through, use_recorded,
                                      visible_pairs)
 
 pytestmark = pytest.mark.lab8
@@ -358,10 +359,11 @@ def run_ring(ring, q, k, v, upstream, group, watch: RingWatch, how: str) -> dict
     return found
 
 
-def ring_on_rank(impl, world: int, seed: int, space: dict):
-    """Every case of the plan on this rank: {case label: {"alone", "composed", "units"}}.
-    An error is raised with the case and phase named (so that a failing rank ends the launch
-    instead of leaving its peers waiting)."""
+def ring_on_rank(impl, world: int, seed: int, space: dict, rows: dict):
+    """Every case of the plan on this rank: {case label: {"alone", "composed", "units"}}, the
+    snapshot's ``rows`` standing in for the layout. An error is raised with the case and phase
+    named (so that a failing rank ends the launch instead of leaving its peers waiting)."""
+    use_recorded(rows)
     rank, device = dist.get_rank(), current_device()
     plan = ring_plan(world, seed, space)
     handles = {}
@@ -683,7 +685,8 @@ def check_world(world: int, impl, run_on_ranks, seed: int, space: dict = CASE_SP
     """The ring on ``world`` ranks, every CP layout, cases drawn from ``space``: launched, then
     checked (contract, order, values alone, values composed)."""
     try:
-        results, failure = run_on_ranks(ring_on_rank, world, impl, world, seed, space,
+        rows = recorded_rows(CP_SIZES[world], space["chunk"])
+        results, failure = run_on_ranks(ring_on_rank, world, impl, world, seed, space, rows,
                                         timeout=TIMEOUT), ""
     except (RankFailure, LaunchTimeout) as error:
         failure = crash_cause(error)
