@@ -226,11 +226,12 @@ def check_losses_on(groups, layout, results, cases):
                 NO_MAX if case == "large" else "the losses are not finite (inf or nan)")
             atol = 1e-3 if case == "large" else 1e-5
             assert_close_naming(
-                got["losses"], losses, f"{where_}: the losses", atol=atol, rtol=1e-6,
+                got["losses"], losses, f"{where_}: every token's loss", atol=atol, rtol=1e-6,
                 against="F.cross_entropy on the whole logits", mistakes=mistakes, where=tokens,
-                otherwise="loss = log(sum of exp(l - max) over every rank's slice) - (l_target - "
-                          "max): the global max (MAX), the sum (SUM) and the target's term (SUM, "
-                          "from the one rank whose slice holds it), each reduced over `group`")
+                otherwise=("bf16 logits: the loss differs by more than the logits' own "
+                           "rounding; in what dtype is it computed?" if case == "bf16" else
+                           "each token's loss is the cross entropy over the whole vocabulary, "
+                           "every rank's slice of it, reduced over `group` only"))
             summary, nbytes, calls = got["forward"]
             per_token = BATCH * SEQ * 4  # one fp32 number per token
             assert summary == {"all_reduce": 3} and nbytes == 3 * per_token, (

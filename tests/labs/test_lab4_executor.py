@@ -150,6 +150,7 @@ def run_action_on_two_stages(impl):
         found["F1"] = repr(type(sent_last).__name__)
         recorded = context.losses.get(1)
         found["loss"] = None if recorded is None else recorded.detach().float()
+        found["loss attached"] = isinstance(recorded, torch.Tensor) and recorded.requires_grad
         found["held"] = sorted(saved)
         gradient = run("B", 1, last, None)
         found["B1"] = gradient.detach() if isinstance(gradient, torch.Tensor) else None
@@ -190,6 +191,10 @@ def test_run_action_returns_records_and_frees(impl, run_alone):
         f"last stage (its output is the loss, kept for its backward): return None")
     assert found["loss"] is not None, "the last stage's forward must record its loss in " \
                                       "context.losses[microbatch]"
+    assert not found["loss attached"], (
+        "run_action(F of stage 1) recorded its loss still attached to the stage's graph "
+        "(requires_grad): context.losses holds numbers, the step's loss is their sum, and an "
+        "attached one keeps the microbatch's graph alive after its backward")
     if torch.allclose(found["loss"], expected["loss"], atol=1e-6):
         pytest.fail(f"the loss is not scaled by 1/m: recorded {float(found['loss']):.6f}, the "
                     f"microbatch's whole loss; with m = 2 microbatches each contributes "

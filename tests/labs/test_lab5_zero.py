@@ -488,7 +488,8 @@ def check_gradients(rank, result, stage, step, right, where):
     grads = result["steps"][step]["grads"]
     names = [name for name, _ in zero_model().named_parameters()]
     for index, name in enumerate(names):
-        what = f"reduce_gradients(), step {step}: {name}"
+        reduced_by = "reduce_gradients()" if stage == 1 else "the backward's _reduce_scatter"
+        what = f"the gradient reduction ({reduced_by}), step {step}: {name}"
         mean, own = right[step]["mean"][index], right[step]["own"][member][index]
         mistakes = gradient_mistakes(result, stage, step, index)
         actual = grads["param"][index]

@@ -15,6 +15,7 @@ tolerance 1e-9 s (sums of a few floats).
 """
 import json
 import random
+import traceback
 from pathlib import Path
 
 import pytest
@@ -487,8 +488,45 @@ def check_one_clock(config, straggler, traces, truth, result, seed):
             "over the collectives; the ends are the same on every rank and tell nothing")
     assert chosen == straggler, (
         f"straggler ({where}) = rank {chosen}, expected rank {straggler} (it computes longest; "
-        f"waits {waits}). Likely mistake: the straggler is the rank the others wait for, the "
-        "one that waits least")
+        f"waits {waits}): the straggler is the rank the others wait for; which rank's waits "
+        "show that?")
+
+
+def clocks_or_error(impl, traces):
+    """``student_clocks`` of ``traces``, or the function of the submission that raised and
+    its error."""
+    try:
+        return student_clocks(impl, traces), None
+    except Exception as error:  # named in the test with the function that raised it
+        frames = [frame.name for frame in traceback.extract_tb(error.__traceback__)
+                  if frame.filename.endswith("trace_analysis.py")]
+        return None, f"{frames[-1] if frames else 'the analysis'} raised {type(error).__name__}: {error}"
+
+
+def test_the_lowest_rank_given_sets_the_clock_when_rank_0_is_not_among_them(impl, run_alone):
+    """One node's ranks, 4 to 7, without rank 0: the offsets are to rank 4's clock, the
+    timeline's processes and the waits are ranks 4 to 7, the straggler one of them."""
+    first, world, straggler = 4, 4, 2
+    traces, truth = skewed_ranks(world, 5, 77, straggler)
+    node = {rank + first: trace for rank, trace in traces.items()}
+    found, raised = run_alone(clocks_or_error, impl, node)
+    ranks = list(range(first, first + world))
+    where = f"traces of ranks {list(node)} (one node's, no rank 0)"
+    assert raised is None, f"{raised} on {where}"
+    offsets, timeline, waits, chosen = found
+    assert sorted(offsets) == ranks, (
+        f"clock_offsets ({where}) returned ranks {sorted(offsets)}, expected {ranks}")
+    for rank in ranks:
+        right = truth["offsets"][rank - first]
+        assert offsets[rank] == pytest.approx(right, abs=1e-9), (
+            f"clock_offsets ({where}): rank {rank} {offsets[rank]:+.9f} s, expected "
+            f"{right:+.9f} s, to the clock of rank {first}, the lowest rank given")
+    assert sorted({e["pid"] for e in timeline}) == ranks, (
+        f"aligned_timeline ({where}) has processes {sorted({e['pid'] for e in timeline})}, "
+        f"expected {ranks}")
+    assert sorted(waits) == ranks and chosen == straggler + first, (
+        f"arrival_waits and straggler ({where}): waits for ranks {sorted(waits)}, straggler "
+        f"rank {chosen}, expected ranks {ranks} and rank {straggler + first}")
 
 
 def test_clocks_timeline_and_straggler(impl, run_alone, sweep_seed):
