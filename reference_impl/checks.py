@@ -7,6 +7,8 @@ the largest absolute error against the tolerance, and the likely cause.
 from __future__ import annotations
 
 import hashlib
+import traceback
+from pathlib import Path
 
 import torch
 
@@ -98,6 +100,14 @@ def attempt(call):
         return call()
     except Exception as error:
         return f"{type(error).__name__}: {error}"
+
+
+def raised_in(error: BaseException, file_name: str) -> str | None:
+    """The function of the file ``file_name`` (a submission's module) innermost in ``error``'s
+    traceback, or None: a test names the function that raised, not only the error."""
+    names = [frame.name for frame in traceback.extract_tb(error.__traceback__)
+             if Path(frame.filename).name == file_name]
+    return names[-1] if names else None
 
 
 def digest(value) -> str:

@@ -57,14 +57,13 @@ observed within 1e-7).
 import functools
 import inspect
 import math
-import traceback
 
 import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from reference_impl.checks import assert_close, assert_close_naming
+from reference_impl.checks import assert_close, assert_close_naming, raised_in
 from reference_impl.comm.comm_contract import check_contract, expected
 from reference_impl.comm.comm_trace import CommTracer
 from reference_impl.comm.device import current_device
@@ -682,9 +681,8 @@ def unused_on_rank(impl, stage: int):
             found.append({name: value.detach().clone()
                           for name, value in zero.full_state_dict().items()})
         except Exception as error:  # named in the test with the step and the function
-            frames = [frame.name for frame in traceback.extract_tb(error.__traceback__)
-                      if frame.filename.endswith("zero.py")]
-            inside = f" in ZeroOptimizer's {frames[-1]}" if frames else ""
+            function = raised_in(error, "zero.py")
+            inside = f" in ZeroOptimizer's {function}" if function else ""
             return found, f"step {step}{inside}: {type(error).__name__}: {error}"
     return found, None
 
@@ -719,5 +717,5 @@ def test_zero_steps_a_parameter_that_got_no_gradient(impl, run_on_ranks, stage):
                 assert_close(mine[name], value, f"{where}, {name} after step {step}",
                              likely_cause=("a parameter that got no gradient must keep its "
                                            "weights and its Adam state (step count included) "
-                                           "until it gets one" if "branch" in name else None),
+                                           "until it gets one" if "branch" in name else ""),
                              **TOLERANCE)

@@ -15,11 +15,11 @@ tolerance 1e-9 s (sums of a few floats).
 """
 import json
 import random
-import traceback
 from pathlib import Path
 
 import pytest
 
+from reference_impl.checks import raised_in
 from reference_impl.course.snapshots import snapshot
 from reference_impl.course.sweeps import draw, label
 from reference_impl.perf.profiling import profile_tp_block_on_rank
@@ -498,9 +498,8 @@ def clocks_or_error(impl, traces):
     try:
         return student_clocks(impl, traces), None
     except Exception as error:  # named in the test with the function that raised it
-        frames = [frame.name for frame in traceback.extract_tb(error.__traceback__)
-                  if frame.filename.endswith("trace_analysis.py")]
-        return None, f"{frames[-1] if frames else 'the analysis'} raised {type(error).__name__}: {error}"
+        function = raised_in(error, "trace_analysis.py") or "the analysis"
+        return None, f"{function} raised {type(error).__name__}: {error}"
 
 
 def test_the_lowest_rank_given_sets_the_clock_when_rank_0_is_not_among_them(impl, run_alone):

@@ -55,10 +55,11 @@ HINT = ("the visible part of the block (the snapshot's visible_part gave its row
 _HANDED: dict = {}
 
 
-def recorded(name: str) -> dict:
-    """The snapshot's table ``name`` ("layouts" or "visible") as this process reads it, and the
-    rows handed to it."""
-    return {**snapshot("lab8", name), **_HANDED.get(name, {})}
+def recorded(name: str, key: str):
+    """Row ``key`` of the snapshot's table ``name`` ("layouts" or "visible"): the one handed to
+    this process, else the snapshot's."""
+    handed = _HANDED.get(name, {})
+    return handed[key] if key in handed else snapshot("lab8", name)[key]
 
 
 def recorded_rows(cps, chunks) -> dict:
@@ -76,7 +77,7 @@ def use_recorded(rows: dict) -> None:
 
 def positions_of(seq: int, cp: int, rank: int) -> list[int]:
     """The global positions of rank ``rank``'s tokens in the load-balanced layout (snapshot)."""
-    return recorded("layouts")[f"{cp}/{seq // (2 * cp)}"][rank].tolist()
+    return recorded("layouts", f"{cp}/{seq // (2 * cp)}")[rank].tolist()
 
 
 def visible_pairs(cp: int, local: int, rank: int, owner: int) -> torch.Tensor:
@@ -90,8 +91,8 @@ def visible_pairs(cp: int, local: int, rank: int, owner: int) -> torch.Tensor:
 def recorded_visible_part(cp: int, rank: int, owner: int, seq_local: int):
     """``visible_part`` as the snapshot records it: the rows, the keys and whether a mask is
     needed inside them."""
-    rows0, rows1, keys0, keys1, masked = recorded("visible")[
-        f"{cp}/{seq_local // 2}"][rank, owner].tolist()
+    rows0, rows1, keys0, keys1, masked = recorded(
+        "visible", f"{cp}/{seq_local // 2}")[rank, owner].tolist()
     return slice(rows0, rows1), slice(keys0, keys1), bool(masked)
 
 

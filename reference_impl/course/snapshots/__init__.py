@@ -61,11 +61,11 @@ def merged(public: dict, hidden: dict) -> dict:
 
 @cache
 def _stored(lab: str) -> dict:
-    public, hidden = _paths(lab)
+    public = _paths(lab)[0]
     if not public.exists():
         raise FileNotFoundError(f"no snapshot {public}: write it with "
                                 "`python -m reference_impl.course.snapshots`")
-    return merged(_load(public), _load(hidden))
+    return merged(*stored_apart(lab))
 
 
 def snapshot(lab: str, key: str):
@@ -109,17 +109,19 @@ def _paths(lab: str) -> tuple[Path, Path]:
     return STORED / f"{lab}.pt", STORED_HIDDEN / f"{lab}.pt"
 
 
+def stored_apart(lab: str) -> tuple[dict, dict]:
+    """``lab``'s stored public values and hidden checks' values, apart (empty where a file is
+    missing)."""
+    public, hidden = _paths(lab)
+    return _load(public), _load(hidden)
+
+
 def out_of_date() -> list[str]:
     """The labs whose stored snapshots differ from what their maker gives (across builds of
     torch: floating-point tensors within :data:`ACROSS_BUILDS`)."""
-    stale = []
-    for lab in makers():
-        public, hidden = _paths(lab)
-        if not public.exists() or not all(
-                same(_load(path), values, across_builds=True)
-                for path, values in zip((public, hidden), made(lab))):
-            stale.append(lab)
-    return stale
+    return [lab for lab in makers() if not _paths(lab)[0].exists() or not all(
+        same(stored, values, across_builds=True)
+        for stored, values in zip(stored_apart(lab), made(lab)))]
 
 
 def main(argv: list[str] | None = None) -> int:
